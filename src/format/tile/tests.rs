@@ -1,0 +1,350 @@
+use super::*;
+use crate::format::MAX_COUNT;
+use proptest::prelude::*;
+
+/// Builds a CSR block from rows of (gene, count).
+fn block(n_genes: u32, rows: &[&[(u32, u32)]]) -> CsrMatrix {
+    let mut m = CsrMatrix::empty(n_genes);
+    for row in rows {
+        for &(g, c) in *row {
+            m.indices.push(g);
+            m.data.push(c);
+        }
+        m.indptr.push(m.indices.len() as u64);
+    }
+    m
+}
+
+fn roundtrip(m: &CsrMatrix, n_chunks: usize) -> CsrMatrix {
+    let blob = TileEncoder::new(n_chunks, 3).encode(m).expect("encodes");
+    let expect = TileExpectation { n_cells: m.n_rows() as u64, nnz: m.nnz() as u64, n_genes: m.n_cols };
+    decode_tile(&blob, Some(&expect)).expect("decodes")
+}
+
+fn set_u32(blob: &mut [u8], off: usize, v: u32) {
+    blob[off..off + 4].copy_from_slice(&v.to_le_bytes());
+}
+
+fn set_u64(blob: &mut [u8], off: usize, v: u64) {
+    blob[off..off + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// Recomputes the CRC after a deliberate change inside the covered bytes.
+fn fix_crc(blob: &mut [u8]) {
+    let crc = crc32fast::hash(&blob[HEADER_LEN..]);
+    set_u32(blob, 56, crc);
+}
+
+fn sample() -> CsrMatrix {
+    block(50, &[&[], &[(0, 1), (1, 300), (7, 2), (49, 1000)], &[(3, 1)], &[], &[(10, 5), (11, 65535), (20, 2)]])
+}
+
+#[test]
+fn header_fields_are_where_the_spec_puts_them() {
+    let m = sample();
+    let blob = TileEncoder::new(2, 3).encode(&m).unwrap();
+    assert_eq!(&blob[0..8], b"DELTACEL"); // magic
+    assert_eq!(u32_at(&blob, 8), 2); // version
+    assert_eq!(u32_at(&blob, 12), 0); // flags
+    assert_eq!(u64_at(&blob, 16), 5); // n_cells
+    assert_eq!(u64_at(&blob, 24), 8); // nnz
+    assert_eq!(u32_at(&blob, 32), 50); // n_genes
+    assert_eq!(u32_at(&blob, 36), 2); // n_chunks
+    assert_eq!(u64_at(&blob, 40), 64 + 2 * 96); // indptr_off right after the chunk table
+    assert_eq!(u64_at(&blob, 48), blob.len() as u64); // total_size
+    assert_eq!(u32_at(&blob, 56), crc32fast::hash(&blob[64..])); // crc32
+    assert_eq!(u32_at(&blob, 60), 0); // reserved
+    // indptr, int64, uncompressed
+    let indptr: Vec<u64> = (0..6).map(|i| u64_at(&blob, 256 + 8 * i)).collect();
+    assert_eq!(indptr, m.indptr);
+    // first chunk's gaps stream starts right after the indptr, 8-byte aligned
+    assert_eq!(u64_at(&blob, 64 + 32), (256 + 48) as u64);
+    // every stream offset is aligned; no trailing padding after the last stream
+    let mut end = 0;
+    for c in 0..2 {
+        for s in 0..4 {
+            let (off, len) = (u64_at(&blob, 64 + 96 * c + 32 + 16 * s), u64_at(&blob, 64 + 96 * c + 40 + 16 * s));
+            if len > 0 {
+                assert_eq!(off % 8, 0);
+                end = end.max(off + len);
+            } else {
+                assert_eq!(off, 0, "writers store 0 for an absent stream");
+            }
+        }
+    }
+    assert_eq!(end, blob.len() as u64);
+}
+
+#[test]
+fn roundtrip_small_blocks() {
+    let m = sample();
+    for chunks in [1, 2, 3, 5, 8, 100] {
+        assert_eq!(roundtrip(&m, chunks), m, "{chunks} chunks");
+    }
+}
+
+#[test]
+fn zero_cell_tile_is_header_and_one_indptr_entry() {
+    let m = CsrMatrix::empty(10);
+    let blob = TileEncoder::new(8, 19).encode(&m).unwrap();
+    assert_eq!(blob.len(), 72);
+    assert_eq!(u32_at(&blob, 36), 0);
+    assert_eq!(decode_tile(&blob, None).unwrap(), m);
+}
+
+#[test]
+fn exceptions_roundtrip() {
+    let n_genes = 200_003;
+    let m = block(
+        n_genes,
+        &[
+            &[(0, 70_000), (65_535, 65_535), (131_071, 2), (200_002, MAX_COUNT)],
+            &[(70_000, 1)],
+            &[(1, 1), (2, 65_536), (65_537, 3)],
+        ],
+    );
+    let blob = TileEncoder::new(2, 3).encode(&m).unwrap();
+    assert_eq!(decode_tile(&blob, None).unwrap(), m);
+}
+
+#[test]
+fn encoder_rejects_what_a_tile_cannot_hold() {
+    let enc = TileEncoder::new(8, 1);
+    assert!(matches!(enc.encode(&block(5, &[&[(2, 1), (2, 1)]])), Err(EncodeError::GeneOrder { cell: 0, gene: 2, .. })));
+    assert!(matches!(enc.encode(&block(5, &[&[], &[(5, 1)]])), Err(EncodeError::GeneRange { cell: 1, gene: 5, .. })));
+    assert!(matches!(enc.encode(&block(5, &[&[(1, 0)]])), Err(EncodeError::Count { count: 0, .. })));
+    assert!(matches!(enc.encode(&block(5, &[&[(1, 1 << 31)]])), Err(EncodeError::Count { .. })));
+    assert!(matches!(enc.encode(&block(0, &[])), Err(EncodeError::NGenes(0))));
+    let many: Vec<(u32, u32)> = (0..1025).map(|g| (g, 70_000)).collect();
+    let err = enc.encode(&block(2000, &[&many])).unwrap_err();
+    assert_eq!(err, EncodeError::TooManyExceptions { what: "counts", limit: 1024, cell: 0, gene: 1024 });
+}
+
+#[test]
+fn chunk_boundaries_follow_decision_3() {
+    // nnz per cell 10, 0, 0, 10, 10, 10: cumulative 0 10 10 10 20 30 40
+    let indptr = [0, 10, 10, 10, 20, 30, 40];
+    // C = 2: target 20 -> boundary 4
+    assert_eq!(chunk_boundaries(&indptr, 2), vec![0, 4, 6]);
+    // C = 4: targets 10, 20, 30 -> 1 (lowest boundary with 10), 4, 5
+    assert_eq!(chunk_boundaries(&indptr, 4), vec![0, 1, 4, 5, 6]);
+    // a tie between 10 (boundary 1) and 20 (boundary 4) for target 15: the lower
+    assert_eq!(chunk_boundaries(&[0, 10, 20, 30], 2), vec![0, 1, 3]);
+    // more chunks than cells: one chunk per cell
+    assert_eq!(chunk_boundaries(&[0, 0, 0], 8), vec![0, 1, 2]);
+    // all nonzeros in the first cell: forced strictly increasing
+    assert_eq!(chunk_boundaries(&[0, 100, 100, 100], 3), vec![0, 1, 2, 3]);
+    // all in the last cell: each chunk still gets a cell
+    assert_eq!(chunk_boundaries(&[0, 0, 0, 100], 3), vec![0, 1, 2, 3]);
+    assert_eq!(chunk_boundaries(&[0], 8), vec![0]);
+}
+
+#[test]
+fn one_changed_header_byte_gives_its_own_error() {
+    let blob = TileEncoder::new(2, 3).encode(&sample()).unwrap();
+    let rule = |f: &dyn Fn(&mut Vec<u8>)| {
+        let mut b = blob.clone();
+        f(&mut b);
+        decode_tile(&b, None).unwrap_err().rule()
+    };
+    assert_eq!(rule(&|b| b[7] = b'X'), "tile:magic");
+    assert_eq!(rule(&|b| set_u32(b, 8, 3)), "tile:version");
+    assert_eq!(rule(&|b| set_u32(b, 12, 1)), "tile:flags");
+    assert_eq!(rule(&|b| set_u32(b, 60, 1)), "tile:reserved");
+    assert_eq!(rule(&|b| set_u32(b, 32, 0)), "tile:n-genes");
+    assert_eq!(rule(&|b| b.truncate(b.len() - 5)), "tile:total-size");
+    assert_eq!(rule(&|b| b.truncate(10)), "tile:total-size");
+    assert_eq!(rule(&|b| b[300] ^= 1), "tile:crc32");
+    assert_eq!(rule(&|b| set_u32(b, 56, 0)), "tile:crc32");
+    assert_eq!(
+        rule(&|b| {
+            set_u64(b, 40, 68);
+        }),
+        "tile:layout"
+    );
+}
+
+#[test]
+fn header_must_agree_with_the_manifest() {
+    let m = sample();
+    let blob = TileEncoder::new(2, 3).encode(&m).unwrap();
+    let good = TileExpectation { n_cells: 5, nnz: 8, n_genes: 50 };
+    assert!(decode_tile(&blob, Some(&good)).is_ok());
+    let err = decode_tile(&blob, Some(&TileExpectation { n_genes: 51, ..good })).unwrap_err();
+    assert_eq!(err, TileError::HeaderMismatch { field: "n_genes", header: 50, expected: 51 });
+    assert_eq!(err.rule(), "tile:n-genes");
+    let err = decode_tile(&blob, Some(&TileExpectation { nnz: 9, ..good })).unwrap_err();
+    assert_eq!(err.rule(), "tile-nnz");
+}
+
+#[test]
+fn structural_corruption_behind_a_valid_crc_is_caught() {
+    let m = sample();
+    let blob = TileEncoder::new(2, 3).encode(&m).unwrap();
+    let indptr_off = 64 + 2 * 96;
+    let mutate = |f: &dyn Fn(&mut Vec<u8>)| {
+        let mut b = blob.clone();
+        f(&mut b);
+        fix_crc(&mut b);
+        decode_tile(&b, None).unwrap_err()
+    };
+    // indptr decreases: [0, 0, 4, 1, ...]
+    let err = mutate(&|b| set_u64(b, indptr_off + 24, 1));
+    assert_eq!(err.rule(), "tile:indptr");
+    // chunk 1 starts where chunk 0 did not end
+    let err = mutate(&|b| set_u64(b, 64 + 96 + 16, 3));
+    assert_eq!(err.rule(), "tile:chunk-table");
+    // gaps stream misaligned
+    let err = mutate(&|b| set_u64(b, 64 + 32, (indptr_off + 48 + 1) as u64));
+    assert_eq!(err.rule(), "tile:frame");
+    // gaps stream overlapping the indptr
+    let err = mutate(&|b| set_u64(b, 64 + 32, indptr_off as u64));
+    assert_eq!(err.rule(), "tile:frame");
+    // gaps stream running past the end
+    let err = mutate(&|b| set_u64(b, 64 + 40, 1 << 40));
+    assert_eq!(err.rule(), "tile:frame");
+}
+
+/// Replaces chunk `c`'s `stream` frame (0 gaps, 1 vals) with the compression of
+/// `raw`, appended at the end of the blob.
+fn replace_stream(blob: &[u8], c: usize, stream: usize, raw: &[u8]) -> Vec<u8> {
+    let mut b = blob.to_vec();
+    while b.len() % 8 != 0 {
+        b.push(0);
+    }
+    let off = b.len() as u64;
+    let frame = compress_frame(raw, 3).unwrap();
+    b.extend_from_slice(&frame);
+    let entry = 64 + 96 * c + 32 + 16 * stream;
+    set_u64(&mut b, entry, off);
+    set_u64(&mut b, entry + 8, frame.len() as u64);
+    let total = b.len() as u64;
+    set_u64(&mut b, 48, total);
+    fix_crc(&mut b);
+    b
+}
+
+#[test]
+fn stream_content_rules() {
+    // one cell, genes 3 and 5, counts 1 and 2, one chunk
+    let m = block(10, &[&[(3, 1), (5, 2)]]);
+    let blob = TileEncoder::new(1, 3).encode(&m).unwrap();
+    // gaps 3,2 -> planes [3,2,0,0]
+    assert_eq!(decode_tile(&replace_stream(&blob, 0, 0, &[3, 2, 0, 0]), None).unwrap(), m);
+    let err = decode_tile(&replace_stream(&blob, 0, 0, &[3, 2, 0, 0, 0, 0]), None).unwrap_err();
+    assert_eq!(err, TileError::FrameSize { chunk: 0, stream: Stream::Gaps, expected: 4, actual: 6 });
+    let err = decode_tile(&replace_stream(&blob, 0, 0, &[3, 0, 0, 0]), None).unwrap_err();
+    assert_eq!(err, TileError::GeneIndexOrder { chunk: 0, cell: 0, position: 1 });
+    let err = decode_tile(&replace_stream(&blob, 0, 0, &[3, 7, 0, 0]), None).unwrap_err();
+    assert_eq!(err, TileError::GeneIndexRange { chunk: 0, cell: 0, position: 1, gene: 10, n_genes: 10 });
+    let err = decode_tile(&replace_stream(&blob, 0, 1, &[1, 0, 0, 0]), None).unwrap_err();
+    assert_eq!(err, TileError::ZeroCount { chunk: 0, position: 1 });
+}
+
+#[test]
+fn frame_rules_of_decision_4() {
+    let m = block(10, &[&[(3, 1), (5, 2)]]);
+    let blob = TileEncoder::new(1, 3).encode(&m).unwrap();
+    let gaps_off = u64_at(&blob, 64 + 32) as usize;
+    let gaps_len = u64_at(&blob, 64 + 40) as usize;
+    // trailing bytes inside the stream's length
+    let mut b = blob.clone();
+    b.extend_from_slice(&[0; 8]);
+    let frame = blob[gaps_off..gaps_off + gaps_len].to_vec();
+    let off = (b.len() - 8).next_multiple_of(8);
+    b.resize(off, 0);
+    b.extend_from_slice(&frame);
+    b.extend_from_slice(&[1, 2, 3]);
+    set_u64(&mut b, 64 + 32, off as u64);
+    set_u64(&mut b, 64 + 40, (frame.len() + 3) as u64);
+    let total = b.len() as u64;
+    set_u64(&mut b, 48, total);
+    fix_crc(&mut b);
+    assert!(matches!(decode_tile(&b, None).unwrap_err(), TileError::Frame { reason, .. } if reason.contains("trailing")));
+    // a frame without its content size
+    let mut enc = zstd::stream::Encoder::new(Vec::new(), 3).unwrap();
+    enc.include_contentsize(false).unwrap();
+    std::io::Write::write_all(&mut enc, &[3, 2, 0, 0]).unwrap();
+    let no_size = enc.finish().unwrap();
+    let mut b = blob.clone();
+    let off = b.len().next_multiple_of(8);
+    b.resize(off, 0);
+    b.extend_from_slice(&no_size);
+    set_u64(&mut b, 64 + 32, off as u64);
+    set_u64(&mut b, 64 + 40, no_size.len() as u64);
+    let total = b.len() as u64;
+    set_u64(&mut b, 48, total);
+    fix_crc(&mut b);
+    assert!(
+        matches!(decode_tile(&b, None).unwrap_err(), TileError::Frame { reason, .. } if reason.contains("content size"))
+    );
+}
+
+fn arb_block() -> impl Strategy<Value = CsrMatrix> {
+    (1u32..300_000, 0usize..40).prop_flat_map(|(n_genes, n_cells)| {
+        let cell = proptest::collection::btree_map(0..n_genes, prop_oneof![8 => 1u32..5, 1 => 1u32..=MAX_COUNT], 0..30);
+        proptest::collection::vec(cell, n_cells).prop_map(move |cells| {
+            let mut m = CsrMatrix::empty(n_genes);
+            for c in cells {
+                for (g, v) in c {
+                    m.indices.push(g);
+                    m.data.push(v);
+                }
+                m.indptr.push(m.indices.len() as u64);
+            }
+            m
+        })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn encode_then_decode_gives_the_block_back(m in arb_block(), chunks in 1usize..10) {
+        prop_assert_eq!(roundtrip(&m, chunks), m);
+    }
+
+    #[test]
+    fn a_mutated_tile_decodes_to_an_error_or_the_original(
+        m in arb_block(), at in any::<proptest::sample::Index>(), byte in any::<u8>(), recrc in any::<bool>()
+    ) {
+        let blob = TileEncoder::new(3, 1).encode(&m).unwrap();
+        let mut b = blob.clone();
+        let i = at.index(b.len());
+        b[i] = byte;
+        if recrc {
+            fix_crc(&mut b);
+        }
+        let decoded = decode_tile(&b, None);
+        if let (Ok(decoded), false) = (decoded, recrc) {
+            // Without a recomputed CRC, only a change the CRC does not cover can
+            // pass, and none of those may change the data.
+            prop_assert_eq!(decoded.indices, m.indices);
+            prop_assert_eq!(decoded.data, m.data);
+            prop_assert_eq!(decoded.indptr, m.indptr);
+        }
+    }
+
+    #[test]
+    fn a_truncated_tile_is_an_error(m in arb_block(), cut in any::<proptest::sample::Index>()) {
+        let blob = TileEncoder::new(3, 1).encode(&m).unwrap();
+        let len = cut.index(blob.len());
+        prop_assert!(decode_tile(&blob[..len], None).is_err());
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600), header in any::<bool>()) {
+        let mut b = bytes;
+        if header && b.len() >= 64 {
+            b[0..8].copy_from_slice(MAGIC);
+            set_u32(&mut b, 8, 2);
+            set_u32(&mut b, 12, 0);
+            set_u32(&mut b, 60, 0);
+            let len = b.len() as u64;
+            set_u64(&mut b, 48, len);
+            fix_crc(&mut b);
+        }
+        let _ = decode_tile(&b, None);
+    }
+}
