@@ -1,0 +1,59 @@
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Context;
+use indicatif::{HumanBytes, HumanCount, ProgressBar, ProgressStyle};
+
+use deltacells::storage;
+use deltacells::verify::{self, VerifyProgress};
+
+use crate::cli::VerifyArgs;
+
+struct Bar(ProgressBar);
+
+impl VerifyProgress for Bar {
+    fn start(&self, _tiles: u64, bytes: u64) {
+        self.0.set_length(bytes);
+    }
+    fn advance(&self, bytes: u64) {
+        self.0.inc(bytes);
+    }
+}
+
+pub(crate) fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
+    super::set_threads(args.threads)?;
+    let started = Instant::now();
+    let store = storage::open(&args.dataset).context("verify")?;
+    let bar = if super::show_progress(args.quiet) {
+        let style = ProgressStyle::with_template("verify {bar:30} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} {eta}")
+            .expect("valid template");
+        ProgressBar::new(0).with_style(style)
+    } else {
+        ProgressBar::hidden()
+    };
+    let report = verify::verify(store.as_ref(), &Bar(bar.clone())).context("verify")?;
+    bar.finish_and_clear();
+    if args.json {
+        super::print_json(&report)?;
+    } else {
+        let mut out = std::io::stdout().lock();
+        for p in &report.problems {
+            writeln!(out, "{}: [{}] {}", store.location(&p.file), p.rule, p.message)?;
+        }
+        let summary = format!(
+            "{} tiles, {} cells, {} nonzeros, {} read in {:.2} s",
+            HumanCount(report.tiles_checked as u64),
+            HumanCount(report.cells),
+            HumanCount(report.nnz),
+            HumanBytes(report.bytes_read),
+            started.elapsed().as_secs_f64()
+        );
+        if report.ok {
+            writeln!(out, "ok: {}: {summary}", report.dataset)?;
+        } else {
+            writeln!(out, "FAILED: {}: {} problems; {summary}", report.dataset, report.problems.len())?;
+        }
+    }
+    Ok(if report.ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}

@@ -1,0 +1,240 @@
+//! Reading a dataset: the manifest, then cells by tile, by range or by list.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use crate::format::{self, npy, CsrMatrix, Manifest, ManifestError, TileError, TileExpectation};
+use crate::storage::{self, Storage, StorageError};
+
+/// Why a dataset could not be opened or read.
+#[derive(Debug, thiserror::Error)]
+pub enum DatasetError {
+    #[error("{location}: incomplete dataset: no manifest.json")]
+    Incomplete { location: String },
+    #[error("{location}: {source}")]
+    Manifest { location: String, source: ManifestError },
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("{location}: missing ({what})")]
+    Missing { location: String, what: String },
+    #[error("{location}: {message}")]
+    Invalid { location: String, message: String },
+    #[error("{location}: tile {tile}: {source}")]
+    Tile { location: String, tile: usize, source: TileError },
+    #[error("cell {cell} is out of range: the dataset has {n_cells} cells")]
+    CellOutOfRange { cell: u64, n_cells: u64 },
+}
+
+/// An open dataset.
+///
+/// ```no_run
+/// use deltacells::Dataset;
+///
+/// let ds = Dataset::open("out/pbmc")?;
+/// println!("{} cells x {} genes in {} tiles", ds.n_cells(), ds.n_genes(), ds.n_tiles());
+/// let first = ds.read_tile(0)?;            // one tile as CSR
+/// let some = ds.read_cells(100..200)?;     // a range of cells
+/// let picked = ds.read_cell_list(&[7, 3, 7])?; // any cells, in the order given
+/// assert_eq!(picked.n_rows(), 3);
+/// # Ok::<(), deltacells::DatasetError>(())
+/// ```
+pub struct Dataset {
+    storage: Arc<dyn Storage>,
+    manifest: Manifest,
+    /// limits[i] = first cell after tile i (cumulative tile_cells).
+    limits: Vec<u64>,
+}
+
+impl Dataset {
+    /// Opens the dataset at `root`, a local folder (or `file://` URL), and checks
+    /// its manifest.
+    pub fn open(root: &str) -> Result<Dataset, DatasetError> {
+        Dataset::from_storage(storage::open(root)?)
+    }
+
+    /// Opens a dataset in any storage backend.
+    pub fn from_storage(storage: Arc<dyn Storage>) -> Result<Dataset, DatasetError> {
+        let manifest = read_manifest(storage.as_ref())?;
+        let limits = cumulative(&manifest.tile_cells);
+        Ok(Dataset { storage, manifest, limits })
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
+    }
+
+    pub fn n_cells(&self) -> u64 {
+        self.manifest.n_cells
+    }
+
+    pub fn n_genes(&self) -> u32 {
+        self.manifest.n_genes as u32
+    }
+
+    pub fn n_tiles(&self) -> usize {
+        self.manifest.n_tiles()
+    }
+
+    /// The cells of tile `tile`.
+    pub fn tile_cells(&self, tile: usize) -> Range<u64> {
+        let start = if tile == 0 { 0 } else { self.limits[tile - 1] };
+        start..self.limits[tile]
+    }
+
+    /// The tile holding global cell `cell`, and its row in that tile.
+    pub fn locate(&self, cell: u64) -> Result<(usize, u64), DatasetError> {
+        if cell >= self.n_cells() {
+            return Err(DatasetError::CellOutOfRange { cell, n_cells: self.n_cells() });
+        }
+        let tile = self.limits.partition_point(|&l| l <= cell);
+        Ok((tile, cell - self.tile_cells(tile).start))
+    }
+
+    /// What the manifest says tile `tile` holds.
+    pub fn tile_expectation(&self, tile: usize) -> TileExpectation {
+        TileExpectation {
+            n_cells: self.manifest.tile_cells[tile],
+            nnz: self.manifest.tile_nnz[tile],
+            n_genes: self.n_genes(),
+        }
+    }
+
+    /// Reads and decodes tile `tile`, checking it against the manifest.
+    pub fn read_tile(&self, tile: usize) -> Result<CsrMatrix, DatasetError> {
+        let key = format::tile_key(tile);
+        let location = self.storage.location(&key);
+        if tile >= self.n_tiles() {
+            return Err(DatasetError::Invalid { location, message: format!("the dataset has {} tiles", self.n_tiles()) });
+        }
+        let blob = self
+            .storage
+            .get(&key)?
+            .ok_or_else(|| DatasetError::Missing { location: location.clone(), what: format!("tile {tile}") })?;
+        let want = self.manifest.tile_bytes[tile];
+        if blob.len() as u64 != want {
+            return Err(DatasetError::Invalid {
+                location,
+                message: format!("tile is {} bytes, the manifest says {want}", blob.len()),
+            });
+        }
+        format::decode_tile(&blob, Some(&self.tile_expectation(tile))).map_err(|source| DatasetError::Tile {
+            location,
+            tile,
+            source,
+        })
+    }
+
+    /// Reads cells `range` (global indices) as one CSR matrix, decoding the tiles
+    /// it touches in parallel.
+    pub fn read_cells(&self, range: Range<u64>) -> Result<CsrMatrix, DatasetError> {
+        if range.end > self.n_cells() || range.start > range.end {
+            let cell = range.end.max(range.start);
+            return Err(DatasetError::CellOutOfRange { cell, n_cells: self.n_cells() });
+        }
+        let mut out = CsrMatrix::empty(self.n_genes());
+        if range.is_empty() {
+            return Ok(out);
+        }
+        let first = self.locate(range.start)?.0;
+        let last = self.locate(range.end - 1)?.0;
+        let tiles: Vec<CsrMatrix> = (first..=last).into_par_iter().map(|t| self.read_tile(t)).collect::<Result<_, _>>()?;
+        for (t, tile) in (first..=last).zip(&tiles) {
+            let cells = self.tile_cells(t);
+            let lo = range.start.max(cells.start) - cells.start;
+            let hi = range.end.min(cells.end) - cells.start;
+            if lo == 0 && hi == cells.end - cells.start {
+                out.append(tile);
+            } else {
+                for r in lo..hi {
+                    out.push_row_from(tile, r as usize);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads the listed cells, in the order given (repeats allowed), as one CSR
+    /// matrix. Each tile needed is read once.
+    pub fn read_cell_list(&self, cells: &[u64]) -> Result<CsrMatrix, DatasetError> {
+        let located: Vec<(usize, u64)> = cells.iter().map(|&c| self.locate(c)).collect::<Result<_, _>>()?;
+        let mut needed: Vec<usize> = located.iter().map(|&(t, _)| t).collect();
+        needed.sort_unstable();
+        needed.dedup();
+        let tiles: Vec<CsrMatrix> = needed.par_iter().map(|&t| self.read_tile(t)).collect::<Result<_, _>>()?;
+        let mut out = CsrMatrix::empty(self.n_genes());
+        for (tile, row) in located {
+            let slot = needed.binary_search(&tile).expect("every needed tile was read");
+            out.push_row_from(&tiles[slot], row as usize);
+        }
+        Ok(out)
+    }
+
+    /// gene_order.npy, when the dataset has it: `gene_order[j]` is the source
+    /// column stored as column j.
+    pub fn gene_order(&self) -> Result<Option<Vec<i32>>, DatasetError> {
+        if !self.manifest.has_gene_order {
+            return Ok(None);
+        }
+        let key = format::GENE_ORDER_KEY;
+        let location = self.storage.location(key);
+        let bytes = self.storage.get(key)?.ok_or_else(|| DatasetError::Missing {
+            location: location.clone(),
+            what: "has_gene_order is true".into(),
+        })?;
+        let order = npy::read_i32(&bytes).map_err(|e| DatasetError::Invalid { location: location.clone(), message: e.to_string() })?;
+        npy::check_permutation(&order, self.manifest.n_genes).map_err(|message| DatasetError::Invalid { location, message })?;
+        Ok(Some(order))
+    }
+
+    /// var_names.txt, when the dataset has it: gene names in column order.
+    pub fn var_names(&self) -> Result<Option<Vec<String>>, DatasetError> {
+        if !self.manifest.has_var_names {
+            return Ok(None);
+        }
+        let key = format::VAR_NAMES_KEY;
+        let location = self.storage.location(key);
+        let bytes = self.storage.get(key)?.ok_or_else(|| DatasetError::Missing {
+            location: location.clone(),
+            what: "has_var_names is true".into(),
+        })?;
+        parse_var_names(&bytes, self.manifest.n_genes).map(Some).map_err(|message| DatasetError::Invalid { location, message })
+    }
+}
+
+/// Reads and checks manifest.json.
+pub fn read_manifest(storage: &dyn Storage) -> Result<Manifest, DatasetError> {
+    let key = format::MANIFEST_KEY;
+    let bytes = storage.get(key)?.ok_or_else(|| DatasetError::Incomplete { location: storage.location("") })?;
+    Manifest::parse_checked(&bytes).map_err(|source| DatasetError::Manifest { location: storage.location(key), source })
+}
+
+/// Cumulative sums: limits[i] is the first cell after tile i.
+pub fn cumulative(tile_cells: &[u64]) -> Vec<u64> {
+    tile_cells
+        .iter()
+        .scan(0u64, |acc, &c| {
+            *acc += c;
+            Some(*acc)
+        })
+        .collect()
+}
+
+/// var_names.txt: UTF-8, one name per line, every line ending in "\n"
+/// (decisions.md 13).
+pub fn parse_var_names(bytes: &[u8], n_genes: u64) -> Result<Vec<String>, String> {
+    let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
+    if !text.is_empty() && !text.ends_with('\n') {
+        return Err("the last line does not end in a newline".into());
+    }
+    let names: Vec<String> = text.split_terminator('\n').map(str::to_string).collect();
+    if names.len() as u64 != n_genes {
+        return Err(format!("has {} lines, expected n_genes {n_genes}", names.len()));
+    }
+    Ok(names)
+}

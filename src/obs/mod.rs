@@ -1,0 +1,161 @@
+//! Obs shards: Parquet files of per-cell metadata beside the tiles, one row group
+//! per tile (format.md, "Obs"). This module checks shards against the schema and
+//! the manifest; it knows the Parquet side, `format::obs_schema` the JSON side.
+
+use arrow_array::{Array, ArrayRef, Int16Array, Int32Array, Int64Array, Int8Array};
+use arrow_schema::DataType;
+use bytes::Bytes;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ProjectionMask;
+
+use crate::format::obs_schema::{ObsKind, ObsSchema};
+
+/// The pyarrow name of an Arrow type (decisions.md 15), if it is one obs may use.
+pub fn arrow_type_name(dt: &DataType) -> Option<&'static str> {
+    Some(match dt {
+        DataType::Int8 => "int8",
+        DataType::Int16 => "int16",
+        DataType::Int32 => "int32",
+        DataType::Int64 => "int64",
+        DataType::UInt8 => "uint8",
+        DataType::UInt16 => "uint16",
+        DataType::UInt32 => "uint32",
+        DataType::UInt64 => "uint64",
+        DataType::Float32 => "float",
+        DataType::Float64 => "double",
+        DataType::Boolean => "bool",
+        DataType::Utf8 => "string",
+        _ => return None,
+    })
+}
+
+/// Checks one shard's Parquet content: row groups (one per tile, each with that
+/// tile's cells), column names and Arrow types against the schema, and category
+/// codes within their vocabulary. Returns (rule, message) for each problem.
+pub fn check_shard(bytes: Bytes, schema: &ObsSchema, tile_cells: &[u64]) -> Vec<(&'static str, String)> {
+    let mut problems = Vec::new();
+    let builder = match ParquetRecordBatchReaderBuilder::try_new(bytes) {
+        Ok(b) => b,
+        Err(e) => return vec![("obs-parquet", format!("not a readable Parquet file: {e}"))],
+    };
+    let meta = builder.metadata().clone();
+    if meta.num_row_groups() != tile_cells.len() {
+        problems.push((
+            "obs-row-groups",
+            format!("has {} row groups, expected one per tile: {}", meta.num_row_groups(), tile_cells.len()),
+        ));
+    } else {
+        for (i, (rg, &cells)) in meta.row_groups().iter().zip(tile_cells).enumerate() {
+            if rg.num_rows() as u64 != cells {
+                problems.push(("obs-row-groups", format!("row group {i} has {} rows, its tile has {cells} cells", rg.num_rows())));
+            }
+        }
+    }
+    let arrow_schema = builder.schema().clone();
+    let names: Vec<&str> = arrow_schema.fields().iter().map(|f| f.name().as_str()).collect();
+    let want: Vec<&str> = schema.columns.iter().map(|c| c.name.as_str()).collect();
+    if names != want {
+        problems.push(("obs-columns", format!("columns are {names:?}, the schema says {want:?}")));
+        return problems;
+    }
+    let mut category_columns = Vec::new();
+    for (i, (field, col)) in arrow_schema.fields().iter().zip(&schema.columns).enumerate() {
+        let have = arrow_type_name(field.data_type());
+        let type_ok = match col.kind {
+            // decisions.md 16: any signed integer type that holds the codes
+            ObsKind::Category => matches!(have, Some("int8" | "int16" | "int32" | "int64")),
+            _ => have == Some(col.arrow_type.as_str()),
+        };
+        if !type_ok {
+            problems.push((
+                "obs-types",
+                format!("column {:?} is {}, the schema says {}", col.name, field.data_type(), col.arrow_type),
+            ));
+        } else if col.kind == ObsKind::Category {
+            category_columns.push(i);
+        }
+    }
+    if category_columns.is_empty() {
+        return problems;
+    }
+    let mask = ProjectionMask::roots(builder.parquet_schema(), category_columns.iter().copied());
+    let reader = match builder.with_projection(mask).build() {
+        Ok(r) => r,
+        Err(e) => {
+            problems.push(("obs-parquet", format!("cannot read category columns: {e}")));
+            return problems;
+        }
+    };
+    let mut row = 0u64;
+    for batch in reader {
+        let batch = match batch {
+            Ok(b) => b,
+            Err(e) => {
+                problems.push(("obs-parquet", format!("cannot read category columns at row {row}: {e}")));
+                return problems;
+            }
+        };
+        for (array, &i) in batch.columns().iter().zip(&category_columns) {
+            let col = &schema.columns[i];
+            let n_categories = col.categories.as_ref().map_or(0, Vec::len) as i64;
+            if let Some((r, code)) = first_bad_code(array, n_categories) {
+                problems.push((
+                    "obs-codes",
+                    format!(
+                        "column {:?}, row {}: code {code} outside -1..{} (it has {n_categories} categories)",
+                        col.name,
+                        row + r as u64,
+                        n_categories
+                    ),
+                ));
+            }
+        }
+        row += batch.num_rows() as u64;
+    }
+    problems
+}
+
+fn first_bad_code(array: &ArrayRef, n_categories: i64) -> Option<(usize, i64)> {
+    fn scan<T: Into<i64> + Copy>(values: impl Iterator<Item = Option<T>>, n: i64) -> Option<(usize, i64)> {
+        values.enumerate().find_map(|(i, v)| {
+            let v: i64 = v?.into();
+            (v < -1 || v >= n).then_some((i, v))
+        })
+    }
+    let any = array.as_any();
+    if let Some(a) = any.downcast_ref::<Int8Array>() {
+        scan(a.iter(), n_categories)
+    } else if let Some(a) = any.downcast_ref::<Int16Array>() {
+        scan(a.iter(), n_categories)
+    } else if let Some(a) = any.downcast_ref::<Int32Array>() {
+        scan(a.iter(), n_categories)
+    } else {
+        array.as_any().downcast_ref::<Int64Array>().and_then(|a| scan(a.iter(), n_categories))
+    }
+}
+
+/// The number of rows of a Parquet file, from its footer.
+pub fn parquet_rows(bytes: Bytes) -> Result<u64, String> {
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| format!("not a readable Parquet file: {e}"))?;
+    Ok(builder.metadata().file_metadata().num_rows() as u64)
+}
+
+/// The columns (name, Arrow type) of a Parquet file and the names of the columns
+/// that pandas metadata marks as the index.
+pub fn parquet_columns(bytes: Bytes) -> Result<(Vec<(String, String)>, Vec<String>), String> {
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| format!("not a readable Parquet file: {e}"))?;
+    let schema = builder.schema();
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| (f.name().clone(), arrow_type_name(f.data_type()).map_or_else(|| f.data_type().to_string(), str::to_string)))
+        .collect();
+    let index = schema
+        .metadata()
+        .get("pandas")
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
+        .and_then(|v| v.get("index_columns").and_then(|c| c.as_array()).cloned())
+        .map(|cols| cols.iter().filter_map(|c| c.as_str().map(str::to_string)).collect())
+        .unwrap_or_default();
+    Ok((columns, index))
+}

@@ -1,0 +1,131 @@
+use std::fs::File;
+use std::io::ErrorKind;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+
+use super::{IoStats, Storage, StorageError};
+
+/// A dataset in a local folder. Reads are positional; writes go to a temporary
+/// name in the same folder and are renamed into place.
+#[derive(Debug)]
+pub struct LocalStorage {
+    root: PathBuf,
+    stats: IoStats,
+}
+
+impl LocalStorage {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        LocalStorage { root: root.into(), stats: IoStats::default() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn path(&self, key: &str) -> PathBuf {
+        if key.is_empty() {
+            self.root.clone()
+        } else {
+            self.root.join(key)
+        }
+    }
+
+    fn io_err(&self, key: &str, source: std::io::Error) -> StorageError {
+        StorageError::Io { location: self.location(key), source }
+    }
+}
+
+fn missing_is_none<T>(r: std::io::Result<T>) -> std::io::Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+impl Storage for LocalStorage {
+    fn location(&self, key: &str) -> String {
+        self.path(key).display().to_string()
+    }
+
+    fn size(&self, key: &str) -> Result<Option<u64>, StorageError> {
+        let meta = missing_is_none(std::fs::metadata(self.path(key))).map_err(|e| self.io_err(key, e))?;
+        Ok(meta.filter(|m| m.is_file()).map(|m| m.len()))
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Bytes>, StorageError> {
+        let data = missing_is_none(std::fs::read(self.path(key))).map_err(|e| self.io_err(key, e))?;
+        if let Some(d) = &data {
+            self.stats.record(d.len() as u64);
+        }
+        Ok(data.map(Bytes::from))
+    }
+
+    fn get_ranges(&self, key: &str, ranges: &[Range<u64>]) -> Result<Option<Vec<Bytes>>, StorageError> {
+        let Some(file) = missing_is_none(File::open(self.path(key))).map_err(|e| self.io_err(key, e))? else {
+            return Ok(None);
+        };
+        let size = file.metadata().map_err(|e| self.io_err(key, e))?.len();
+        let mut out = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            if r.start > r.end || r.end > size {
+                return Err(StorageError::Range { location: self.location(key), start: r.start, end: r.end, size });
+            }
+            let mut buf = vec![0u8; (r.end - r.start) as usize];
+            file.read_exact_at(&mut buf, r.start).map_err(|e| self.io_err(key, e))?;
+            self.stats.record(buf.len() as u64);
+            out.push(Bytes::from(buf));
+        }
+        Ok(Some(out))
+    }
+
+    fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError> {
+        let path = self.path(key);
+        let dir = path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).map_err(|e| self.io_err(key, e))?;
+        let mut tmp = tempfile::Builder::new()
+            .prefix(".deltacells-")
+            .suffix(".tmp")
+            .tempfile_in(dir)
+            .map_err(|e| self.io_err(key, e))?;
+        std::io::Write::write_all(&mut tmp, &data).map_err(|e| self.io_err(key, e))?;
+        tmp.as_file().sync_data().map_err(|e| self.io_err(key, e))?;
+        tmp.persist(&path).map_err(|e| self.io_err(key, e.error))?;
+        Ok(())
+    }
+
+    fn delete(&self, key: &str) -> Result<(), StorageError> {
+        missing_is_none(std::fs::remove_file(self.path(key))).map_err(|e| self.io_err(key, e))?;
+        Ok(())
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
+        let mut out = Vec::new();
+        let mut stack = vec![prefix.trim_end_matches('/').to_string()];
+        while let Some(dir) = stack.pop() {
+            let Some(entries) = missing_is_none(std::fs::read_dir(self.path(&dir))).map_err(|e| self.io_err(&dir, e))?
+            else {
+                continue;
+            };
+            for entry in entries {
+                let entry = entry.map_err(|e| self.io_err(&dir, e))?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let key = if dir.is_empty() { name } else { format!("{dir}/{name}") };
+                if entry.file_type().map_err(|e| self.io_err(&key, e))?.is_dir() {
+                    stack.push(key);
+                } else {
+                    out.push(key);
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    fn stats(&self) -> &IoStats {
+        &self.stats
+    }
+}
