@@ -11,6 +11,7 @@ pub mod info;
 pub mod obs;
 pub mod storage;
 pub mod verify;
+pub mod writer;
 
 pub use dataset::{Dataset, DatasetError};
 pub use format::CsrMatrix;

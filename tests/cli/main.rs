@@ -1,1 +1,7 @@
-fn main() {}
+//! Integration tests: run the `deltacells` binary and use the library, on
+//! datasets the tests write themselves and on the conformance vectors in
+//! ../shared/golden (skipped, with a note, where ../shared is absent).
+
+mod dataset;
+mod golden;
+mod util;

@@ -1,0 +1,124 @@
+//! Writing a dataset: tiles as they are encoded, optional files, and the
+//! manifest last, so that a folder without manifest.json is never mistaken for
+//! a complete dataset. Every object is written atomically by the storage layer.
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+
+use crate::format::{self, manifest, CsrMatrix, Manifest, TileEncoder};
+use crate::storage::{Storage, StorageError};
+
+/// Settings of the tile layout and encoder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteOptions {
+    pub tile_size: u64,
+    pub n_chunks: usize,
+    pub zstd_level: i32,
+}
+
+impl Default for WriteOptions {
+    fn default() -> Self {
+        WriteOptions { tile_size: 10_000, n_chunks: 8, zstd_level: 19 }
+    }
+}
+
+/// What one written tile contributes to the manifest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileRecord {
+    pub cells: u64,
+    pub nnz: u64,
+    pub bytes: u64,
+}
+
+/// Writes tiles, then the manifest.
+pub struct DatasetWriter<'a> {
+    storage: &'a dyn Storage,
+    options: WriteOptions,
+    n_genes: u32,
+    tiles: Vec<TileRecord>,
+}
+
+impl<'a> DatasetWriter<'a> {
+    pub fn new(storage: &'a dyn Storage, options: WriteOptions, n_genes: u32) -> Self {
+        DatasetWriter { storage, options, n_genes, tiles: Vec::new() }
+    }
+
+    pub fn options(&self) -> &WriteOptions {
+        &self.options
+    }
+
+    /// Writes an encoded tile as tile number `index`; tiles must come in order.
+    pub fn put_tile(&mut self, index: usize, blob: Vec<u8>, cells: u64, nnz: u64) -> Result<(), StorageError> {
+        assert_eq!(index, self.tiles.len(), "tiles are written in order");
+        let bytes = blob.len() as u64;
+        self.storage.put(&format::tile_key(index), Bytes::from(blob))?;
+        self.tiles.push(TileRecord { cells, nnz, bytes });
+        Ok(())
+    }
+
+    /// Writes an optional file (gene order, var, obs).
+    pub fn put_file(&self, key: &str, data: Vec<u8>) -> Result<(), StorageError> {
+        self.storage.put(key, Bytes::from(data))
+    }
+
+    /// The manifest of what has been written so far.
+    pub fn manifest(&self, flags: ManifestFlags, metadata: Map<String, Value>) -> Manifest {
+        Manifest {
+            format: manifest::FORMAT_NAME.to_string(),
+            version: manifest::FORMAT_VERSION,
+            n_cells: self.tiles.iter().map(|t| t.cells).sum(),
+            n_genes: self.n_genes.into(),
+            tile_size: self.options.tile_size,
+            tile_cells: self.tiles.iter().map(|t| t.cells).collect(),
+            tile_nnz: self.tiles.iter().map(|t| t.nnz).collect(),
+            tile_bytes: self.tiles.iter().map(|t| t.bytes).collect(),
+            n_chunks: self.options.n_chunks as u64,
+            zstd_level: self.options.zstd_level.into(),
+            has_gene_order: flags.gene_order,
+            has_var_names: flags.var_names,
+            has_var_table: flags.var_table,
+            has_obs: false,
+            obs_tiles_per_file: None,
+            obs_shard_bytes: None,
+            obs_shard_sha256: None,
+            obs_fingerprint: None,
+            metadata,
+        }
+    }
+
+    /// Writes manifest.json, last.
+    pub fn finish(self, manifest: &Manifest) -> Result<(), StorageError> {
+        self.storage.put(format::MANIFEST_KEY, Bytes::from(manifest.to_json()))
+    }
+}
+
+/// Which optional files a dataset has.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ManifestFlags {
+    pub gene_order: bool,
+    pub var_names: bool,
+    pub var_table: bool,
+}
+
+/// Writes a whole in-memory matrix as a dataset (tiles and manifest only). For
+/// tests, examples and benchmarks; `convert` streams instead.
+pub fn write_matrix(storage: &dyn Storage, matrix: &CsrMatrix, options: WriteOptions) -> anyhow::Result<Manifest> {
+    let encoder = TileEncoder::new(options.n_chunks, options.zstd_level);
+    let mut writer = DatasetWriter::new(storage, options, matrix.n_cols);
+    let n = matrix.n_rows() as u64;
+    let mut start = 0u64;
+    while start < n {
+        let end = (start + options.tile_size).min(n);
+        let mut block = CsrMatrix::empty(matrix.n_cols);
+        for r in start..end {
+            block.push_row_from(matrix, r as usize);
+        }
+        let blob = encoder.encode(&block)?;
+        let index = writer.tiles.len();
+        writer.put_tile(index, blob, end - start, block.nnz() as u64)?;
+        start = end;
+    }
+    let manifest = writer.manifest(ManifestFlags::default(), Map::new());
+    writer.finish(&manifest)?;
+    Ok(manifest)
+}

@@ -1,0 +1,139 @@
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use deltacells::format::CsrMatrix;
+
+/// A temporary folder for one test, and a way to run the binary in it. When an
+/// assertion on a run fails, the command, its output and the folder's listing
+/// are printed.
+pub struct TestDir {
+    dir: tempfile::TempDir,
+}
+
+pub struct Run {
+    pub cmd: String,
+    pub output: Output,
+    pub listing: String,
+}
+
+impl Run {
+    pub fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.output.stdout).into_owned()
+    }
+
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+
+    pub fn code(&self) -> i32 {
+        self.output.status.code().unwrap_or(-1)
+    }
+
+    fn explain(&self) -> String {
+        format!(
+            "command: {}\nexit: {:?}\n--- stdout\n{}\n--- stderr\n{}\n--- folder\n{}",
+            self.cmd,
+            self.output.status.code(),
+            self.stdout(),
+            self.stderr(),
+            self.listing
+        )
+    }
+
+    /// Asserts the exit status and returns self.
+    #[track_caller]
+    pub fn expect_code(self, code: i32) -> Self {
+        assert_eq!(self.code(), code, "unexpected exit status\n{}", self.explain());
+        self
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.output.stdout).unwrap_or_else(|e| panic!("stdout is not JSON: {e}\n{}", self.explain()))
+    }
+}
+
+impl TestDir {
+    pub fn new() -> Self {
+        TestDir { dir: tempfile::tempdir().expect("temp dir") }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn join(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    /// Runs `deltacells ARGS...` in this folder.
+    pub fn run(&self, args: &[&str]) -> Run {
+        let output = Command::new(env!("CARGO_BIN_EXE_deltacells"))
+            .args(args)
+            .current_dir(self.path())
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("run deltacells");
+        Run { cmd: format!("deltacells {}", args.join(" ")), output, listing: listing(self.path()) }
+    }
+}
+
+pub fn listing(dir: &Path) -> String {
+    let mut out = String::new();
+    for entry in walk(dir) {
+        let size = std::fs::metadata(&entry).map(|m| m.len()).unwrap_or(0);
+        out.push_str(&format!("{} ({size} bytes)\n", entry.strip_prefix(dir).unwrap_or(&entry).display()));
+    }
+    out
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A deterministic pseudo-random count matrix with a realistic shape: most
+/// counts 1-3, a few large, some empty cells, genes skewed toward low indices.
+pub fn synthetic_matrix(n_cells: usize, n_genes: u32, seed: u64) -> CsrMatrix {
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut m = CsrMatrix::empty(n_genes);
+    for _ in 0..n_cells {
+        if next() % 10 == 0 {
+            m.indptr.push(m.indices.len() as u64);
+            continue;
+        }
+        let mut gene = 0u64;
+        loop {
+            gene += 1 + (next() % 7) * (next() % 5);
+            if gene >= u64::from(n_genes) {
+                break;
+            }
+            let r = next() % 1000;
+            let count = match r {
+                0 => 70_000 + (next() % 1000) as u32,
+                1..=5 => 100 + (next() % 1000) as u32,
+                _ => 1 + (r % 3) as u32,
+            };
+            m.indices.push(gene as u32);
+            m.data.push(count);
+        }
+        m.indptr.push(m.indices.len() as u64);
+    }
+    m
+}
