@@ -7,6 +7,7 @@
 
 pub mod dataset;
 pub mod format;
+pub mod h5ad;
 pub mod info;
 pub mod obs;
 pub mod storage;

@@ -367,9 +367,18 @@ fn decompress_exact(frame: &[u8], dst: &mut [u8], chunk: u64, stream: Stream) ->
 ///
 /// `expect`, when given, is what the manifest says of this tile.
 pub fn decode_tile(blob: &[u8], expect: Option<&TileExpectation>) -> Result<CsrMatrix, TileError> {
+    let mut out = CsrMatrix::default();
+    decode_tile_into(blob, expect, &mut out)?;
+    Ok(out)
+}
+
+/// Like [`decode_tile`], but reuses `out`'s buffers, so that a loop over tiles
+/// allocates (and the kernel zeroes) nothing once they are large enough. On
+/// error, `out` holds unspecified data.
+pub fn decode_tile_into(blob: &[u8], expect: Option<&TileExpectation>, out: &mut CsrMatrix) -> Result<(), TileError> {
     let layout = TileLayout::parse(blob, expect)?;
-    // Every frame's declared size is checked before the output is allocated, so
-    // a lying header cannot make us allocate more than the frames would produce.
+    // Every frame's declared size is checked before the output is sized, so a
+    // lying header cannot make us allocate more than the frames would produce.
     for (c, chunk) in layout.chunks.iter().enumerate() {
         for (stream, r) in [(Stream::Gaps, chunk.gaps), (Stream::Vals, chunk.vals)] {
             let declared = frame_content_size(layout.stream(r), c as u64, stream)?;
@@ -379,10 +388,12 @@ pub fn decode_tile(blob: &[u8], expect: Option<&TileExpectation>) -> Result<CsrM
         }
     }
     let nnz = layout.header.nnz as usize;
-    let mut indices = vec![0u32; nnz];
-    let mut data = vec![0u32; nnz];
+    // Every entry is overwritten by its chunk, so stale values may stay: only
+    // growth is zero-filled.
+    out.indices.resize(nnz, 0);
+    out.data.resize(nnz, 0);
     let mut jobs = Vec::with_capacity(layout.chunks.len());
-    let (mut rest_i, mut rest_d) = (indices.as_mut_slice(), data.as_mut_slice());
+    let (mut rest_i, mut rest_d) = (out.indices.as_mut_slice(), out.data.as_mut_slice());
     for (c, chunk) in layout.chunks.iter().enumerate() {
         let (i, ri) = rest_i.split_at_mut(chunk.n() as usize);
         let (d, rd) = rest_d.split_at_mut(chunk.n() as usize);
@@ -390,8 +401,13 @@ pub fn decode_tile(blob: &[u8], expect: Option<&TileExpectation>) -> Result<CsrM
         jobs.push((c, chunk, i, d));
     }
     jobs.into_par_iter().try_for_each(|(c, chunk, i, d)| decode_chunk(&layout, c as u64, chunk, i, d))?;
-    Ok(CsrMatrix { n_cols: layout.header.n_genes, indptr: layout.indptr, indices, data })
+    out.n_cols = layout.header.n_genes;
+    out.indptr = layout.indptr;
+    Ok(())
 }
+
+/// Longest cell whose u32 prefix sum of uint16 gaps cannot wrap around.
+const MAX_UNCHECKED_CELL: usize = (u32::MAX / STREAM_MAX) as usize;
 
 fn decode_chunk(
     layout: &TileLayout<'_>,
@@ -423,23 +439,44 @@ fn decode_chunk(
 
         let (glo, ghi) = gaps.split_at(n);
         let cell_ptr = &layout.indptr[chunk.cell_lo as usize..=chunk.cell_hi as usize];
+        // Gene indices: a prefix sum of the gaps within each cell. The rules
+        // (no gap of 0 after a cell's first, last index below n_genes) are
+        // checked in separate passes that keep this loop tight; u32 sums cannot
+        // wrap for cells of at most MAX_UNCHECKED_CELL entries, and longer ones
+        // take the checked path.
+        // Gene indices are the prefix sums of the stored gaps within each cell,
+        // computed in one pass that also counts zero gaps (allowed only as a
+        // cell's first). u32 sums cannot wrap for cells of at most
+        // MAX_UNCHECKED_CELL entries; longer ones take a checked path.
         let mut bad = false;
+        let mut zero_gaps = 0u32;
+        let mut zero_firsts = 0u32;
         for w in cell_ptr.windows(2) {
             let (s, e) = ((w[0] - chunk.nnz_lo) as usize, (w[1] - chunk.nnz_lo) as usize);
             if s == e {
                 continue;
             }
-            let mut acc = u64::from(glo[s]) | u64::from(ghi[s]) << 8;
-            indices[s] = acc as u32;
-            for k in s + 1..e {
-                let g = u64::from(glo[k]) | u64::from(ghi[k]) << 8;
-                bad |= g == 0;
-                acc += g;
-                indices[k] = acc as u32;
+            zero_firsts += u32::from(glo[s] == 0 && ghi[s] == 0);
+            if e - s > MAX_UNCHECKED_CELL {
+                let mut acc = 0u64;
+                for k in s..e {
+                    let g = u64::from(glo[k]) | u64::from(ghi[k]) << 8;
+                    zero_gaps += u32::from(g == 0);
+                    acc += g;
+                    if acc >= n_genes {
+                        bad = true;
+                        break;
+                    }
+                    indices[k] = acc as u32;
+                }
+                continue;
             }
-            bad |= acc >= n_genes;
+            let (last, zeros) = cell_gaps_to_indices(&glo[s..e], &ghi[s..e], &mut indices[s..e]);
+            zero_gaps += zeros;
+            bad |= u64::from(last) >= n_genes;
         }
-        if bad {
+        // A zero gap anywhere but at a cell's start breaks strict increase.
+        if bad || zero_gaps != zero_firsts {
             return Err(locate_gap_error(layout, c, chunk, glo, ghi));
         }
 
@@ -490,6 +527,70 @@ fn decode_chunk(
         }
         Ok(())
     })
+}
+
+/// Writes the (wrapping) prefix sums of the gaps whose low and high bytes are
+/// `lo` and `hi` into `out`; returns the last sum and the number of zero gaps.
+#[inline]
+fn cell_gaps_to_indices(lo: &[u8], hi: &[u8], out: &mut [u32]) -> (u32, u32) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        cell_gaps_sse2(lo, hi, out)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        cell_gaps_scalar(lo, hi, out, 0)
+    }
+}
+
+#[inline]
+fn cell_gaps_scalar(lo: &[u8], hi: &[u8], out: &mut [u32], mut acc: u32) -> (u32, u32) {
+    let mut zeros = 0u32;
+    for ((o, &l), &h) in out.iter_mut().zip(lo).zip(hi) {
+        let g = u32::from(l) | u32::from(h) << 8;
+        zeros += u32::from(g == 0);
+        acc = acc.wrapping_add(g);
+        *o = acc;
+    }
+    (acc, zeros)
+}
+
+/// Four gaps at a time: interleaving the low and high bytes gives the uint16
+/// values, widened to u32 lanes; two shifted adds give the prefix sums within
+/// the register, and the running total of the previous block is added. SSE2
+/// is part of every x86_64 processor, so no runtime detection is needed.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn cell_gaps_sse2(lo: &[u8], hi: &[u8], out: &mut [u32]) -> (u32, u32) {
+    use std::arch::x86_64::*;
+    let n = out.len().min(lo.len()).min(hi.len());
+    let blocks = n / 4;
+    // SAFETY: SSE2 is always available on x86_64. Every load reads 4 bytes at
+    // 4 * b of `lo` and `hi` and every store writes 4 u32 at 4 * b of `out`,
+    // with b < n / 4, so all accesses stay inside the slices.
+    unsafe {
+        let zero = _mm_setzero_si128();
+        let mut carry = zero;
+        let mut zeros = zero;
+        for b in 0..blocks {
+            let l = _mm_cvtsi32_si128(i32::from_le_bytes(lo[4 * b..4 * b + 4].try_into().expect("4")));
+            let h = _mm_cvtsi32_si128(i32::from_le_bytes(hi[4 * b..4 * b + 4].try_into().expect("4")));
+            let mut x = _mm_unpacklo_epi16(_mm_unpacklo_epi8(l, h), zero);
+            zeros = _mm_sub_epi32(zeros, _mm_cmpeq_epi32(x, zero));
+            x = _mm_add_epi32(x, _mm_slli_si128::<4>(x));
+            x = _mm_add_epi32(x, _mm_slli_si128::<8>(x));
+            x = _mm_add_epi32(x, carry);
+            _mm_storeu_si128(out.as_mut_ptr().add(4 * b) as *mut __m128i, x);
+            carry = _mm_shuffle_epi32::<0xFF>(x);
+        }
+        let mut lanes = [0u32; 4];
+        _mm_storeu_si128(lanes.as_mut_ptr() as *mut __m128i, zeros);
+        let block_zeros = lanes.iter().fold(0u32, |a, &z| a.wrapping_add(z));
+        let acc = _mm_cvtsi128_si32(carry) as u32;
+        let t = 4 * blocks;
+        let (last, tail_zeros) = cell_gaps_scalar(&lo[t..n], &hi[t..n], &mut out[t..n], acc);
+        (last, block_zeros + tail_zeros)
+    }
 }
 
 /// Finds the first gap that made the fast path fail, for the error message.
@@ -819,6 +920,22 @@ pub fn chunk_boundaries(indptr: &[u64], n_chunks: usize) -> Vec<usize> {
     }
     bounds.push(n_cells);
     bounds
+}
+
+
+/// Every compressed stream of a valid tile (gaps, vals and exception frames, in
+/// chunk order), for tools and benchmarks that work on the frames themselves.
+pub fn stream_frames(blob: &[u8]) -> Result<Vec<&[u8]>, TileError> {
+    let layout = TileLayout::parse(blob, None)?;
+    let mut frames = Vec::new();
+    for chunk in &layout.chunks {
+        for r in [chunk.gaps, chunk.vals, chunk.vexc, chunk.gexc] {
+            if r.len > 0 {
+                frames.push(layout.stream(r));
+            }
+        }
+    }
+    Ok(frames)
 }
 
 #[cfg(test)]

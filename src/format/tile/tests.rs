@@ -108,6 +108,21 @@ fn exceptions_roundtrip() {
 }
 
 #[test]
+fn a_cell_longer_than_the_unchecked_limit_roundtrips_and_is_checked() {
+    // More than 65,537 entries: the u32 fast path could wrap, so these cells
+    // take the checked path.
+    let long: Vec<(u32, u32)> = (0..70_000u32).map(|g| (g * 2 + 1, 1 + g % 3)).collect();
+    let m = block(140_002, &[&[(5, 1)], &long, &[]]);
+    assert_eq!(roundtrip(&m, 2), m);
+    let m = block(140_001, &[&long]);
+    let blob = TileEncoder::new(1, 1).encode(&m).unwrap();
+    let mut small = blob.clone();
+    set_u32(&mut small, 32, 139_999); // n_genes below the last index
+    let err = decode_tile(&small, None).unwrap_err();
+    assert_eq!(err.rule(), "tile:gene-index-range");
+}
+
+#[test]
 fn encoder_rejects_what_a_tile_cannot_hold() {
     let enc = TileEncoder::new(8, 1);
     assert!(matches!(enc.encode(&block(5, &[&[(2, 1), (2, 1)]])), Err(EncodeError::GeneOrder { cell: 0, gene: 2, .. })));

@@ -1,0 +1,528 @@
+//! Reading AnnData `.h5ad` files: a count matrix (X, raw/X or a layer) in row
+//! blocks, and the gene and cell names. Nothing here knows the tile format.
+//!
+//! CSR matrices are read by hyperslab, a slice of indptr and then the matching
+//! slice of indices and data, never whole. Dense matrices are read in row
+//! blocks. CSC matrices cannot be read by rows cheaply, so they are read whole
+//! and converted once: memory is bounded by the file's X.
+//!
+//! HDF5 serializes every call behind one global lock, so reading stays on one
+//! thread; callers parallelize what they do with the rows.
+
+mod strings;
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use hdf5::types::TypeDescriptor;
+
+use crate::format::{CsrMatrix, MAX_COUNT};
+
+pub use strings::{read_string_attr, read_strings};
+
+/// Why an .h5ad file could not be read. Each variant names the file and the
+/// object inside it.
+#[derive(Debug, thiserror::Error)]
+pub enum H5adError {
+    #[error("{path}: cannot open as HDF5: {message}")]
+    Open { path: PathBuf, message: String },
+    #[error("{path}: {object}: {message}")]
+    Invalid { path: PathBuf, object: String, message: String },
+    #[error("{path}: {object}: unsupported: {message}")]
+    Unsupported { path: PathBuf, object: String, message: String },
+    #[error("{path}: {matrix}: cell {row}{obs_name}, gene {gene}{var_name}: {problem}{hint}")]
+    BadCount {
+        path: PathBuf,
+        matrix: String,
+        row: u64,
+        obs_name: String,
+        gene: u64,
+        var_name: String,
+        problem: String,
+        hint: String,
+    },
+}
+
+/// How a matrix is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    Csr,
+    Csc,
+    Dense,
+}
+
+/// An open .h5ad file.
+pub struct H5adFile {
+    path: PathBuf,
+    file: hdf5::File,
+}
+
+/// Rows of a matrix as stored, before they are checked as counts: CSR with
+/// indptr relative to the first row and values of any numeric type as f64.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RawRows {
+    pub indptr: Vec<u64>,
+    pub indices: Vec<u32>,
+    pub values: Vec<f64>,
+}
+
+/// A matrix of an open file, read by rows.
+pub struct MatrixReader<'f> {
+    file: &'f H5adFile,
+    name: String,
+    layout: Layout,
+    n_rows: u64,
+    n_cols: u64,
+    /// data, indices, indptr for sparse; the 2-D dataset for dense.
+    datasets: Vec<hdf5::Dataset>,
+    /// A CSC matrix, converted to CSR on first use.
+    csc_as_csr: Option<RawRows>,
+}
+
+fn h5err(e: hdf5::Error) -> String {
+    e.to_string()
+}
+
+impl H5adFile {
+    /// Opens `path` read-only.
+    pub fn open(path: &Path) -> Result<H5adFile, H5adError> {
+        if !path.is_file() {
+            let message = if path.exists() { "not a file" } else { "no such file" };
+            return Err(H5adError::Open { path: path.to_path_buf(), message: message.into() });
+        }
+        let file = hdf5::File::open(path).map_err(|e| H5adError::Open {
+            path: path.to_path_buf(),
+            message: format!("{} (not an HDF5 file, or truncated)", first_line(&h5err(e))),
+        })?;
+        Ok(H5adFile { path: path.to_path_buf(), file })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn file(&self) -> &hdf5::File {
+        &self.file
+    }
+
+    pub(crate) fn invalid(&self, object: &str, message: impl Into<String>) -> H5adError {
+        H5adError::Invalid { path: self.path.clone(), object: object.to_string(), message: message.into() }
+    }
+
+    pub(crate) fn unsupported(&self, object: &str, message: impl Into<String>) -> H5adError {
+        H5adError::Unsupported { path: self.path.clone(), object: object.to_string(), message: message.into() }
+    }
+
+    /// Whether an object exists at `name` (a path like `raw/X`).
+    pub fn exists(&self, name: &str) -> bool {
+        let mut at = String::new();
+        for part in name.split('/') {
+            if !at.is_empty() {
+                at.push('/');
+            }
+            at.push_str(part);
+            if !self.file.link_exists(&at) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The matrix at `name`: `X`, `raw/X` or `layers/NAME`.
+    pub fn matrix(&self, name: &str) -> Result<MatrixReader<'_>, H5adError> {
+        if !self.exists(name) {
+            let mut message = "not found".to_string();
+            let others = self.matrix_names();
+            if !others.is_empty() {
+                message.push_str(&format!(" (this file has: {})", others.join(", ")));
+            }
+            return Err(self.invalid(name, message));
+        }
+        if let Ok(ds) = self.file.dataset(name) {
+            let shape = ds.shape();
+            if shape.len() != 2 {
+                return Err(self.unsupported(name, format!("a dense matrix must be 2-D, this one has shape {shape:?}")));
+            }
+            check_numeric(self, name, &ds)?;
+            return Ok(MatrixReader {
+                file: self,
+                name: name.into(),
+                layout: Layout::Dense,
+                n_rows: shape[0] as u64,
+                n_cols: shape[1] as u64,
+                datasets: vec![ds],
+                csc_as_csr: None,
+            });
+        }
+        let group = self.file.group(name).map_err(|e| self.invalid(name, h5err(e)))?;
+        let encoding = read_string_attr(&group, "encoding-type").map_err(|e| self.invalid(name, e))?;
+        let legacy = read_string_attr(&group, "h5sparse_format").map_err(|e| self.invalid(name, e))?;
+        let layout = match (encoding.as_deref(), legacy.as_deref()) {
+            (Some("csr_matrix"), _) | (None, Some("csr")) => Layout::Csr,
+            (Some("csc_matrix"), _) | (None, Some("csc")) => Layout::Csc,
+            (Some(other), _) => {
+                return Err(self.unsupported(name, format!("encoding-type {other:?}; expected csr_matrix, csc_matrix or a dense array")))
+            }
+            (None, Some(other)) => return Err(self.unsupported(name, format!("h5sparse_format {other:?}"))),
+            (None, None) => {
+                return Err(self.unsupported(name, "a group without encoding-type or h5sparse_format attributes"))
+            }
+        };
+        let shape_attr = if group.attr("shape").is_ok() { "shape" } else { "h5sparse_shape" };
+        let shape: Vec<i64> = group
+            .attr(shape_attr)
+            .and_then(|a| a.read_raw::<i64>())
+            .map_err(|e| self.invalid(&format!("{name}/@shape"), first_line(&h5err(e))))?;
+        let [n_rows, n_cols] = shape[..] else {
+            return Err(self.invalid(&format!("{name}/@shape"), format!("{shape:?} is not two dimensions")));
+        };
+        if n_rows < 0 || n_cols < 0 {
+            return Err(self.invalid(&format!("{name}/@shape"), format!("{shape:?} is negative")));
+        }
+        let mut datasets = Vec::new();
+        for part in ["data", "indices", "indptr"] {
+            let object = format!("{name}/{part}");
+            let ds = group.dataset(part).map_err(|_| self.invalid(&object, "missing"))?;
+            if ds.shape().len() != 1 {
+                return Err(self.invalid(&object, format!("must be 1-D, has shape {:?}", ds.shape())));
+            }
+            check_numeric(self, &object, &ds)?;
+            datasets.push(ds);
+        }
+        let (data_len, indices_len, indptr_len) = (datasets[0].size(), datasets[1].size(), datasets[2].size());
+        if data_len != indices_len {
+            return Err(self.invalid(name, format!("data has {data_len} entries but indices has {indices_len}")));
+        }
+        let major = if layout == Layout::Csr { n_rows } else { n_cols };
+        if indptr_len as i64 != major + 1 {
+            return Err(self.invalid(
+                &format!("{name}/indptr"),
+                format!("has {indptr_len} entries, but shape {shape:?} needs {}", major + 1),
+            ));
+        }
+        Ok(MatrixReader {
+            file: self,
+            name: name.into(),
+            layout,
+            n_rows: n_rows as u64,
+            n_cols: n_cols as u64,
+            datasets,
+            csc_as_csr: None,
+        })
+    }
+
+    /// The matrices this file holds, among X, raw/X and layers/*.
+    pub fn matrix_names(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        for n in ["X", "raw/X"] {
+            if self.exists(n) {
+                names.push(n.to_string());
+            }
+        }
+        if let Ok(layers) = self.file.group("layers") {
+            for l in layers.member_names().unwrap_or_default() {
+                names.push(format!("layers/{l}"));
+            }
+        }
+        names
+    }
+
+    /// The var (gene) table group that goes with matrix `name`: `raw/var` for
+    /// `raw/X`, `var` otherwise.
+    pub fn var_group_for(name: &str) -> &'static str {
+        if name == "raw/X" {
+            "raw/var"
+        } else {
+            "var"
+        }
+    }
+
+    /// The index (names) of a dataframe group such as `obs` or `var`.
+    pub fn dataframe_index(&self, group_name: &str) -> Result<Vec<String>, H5adError> {
+        let group = self.file.group(group_name).map_err(|_| self.invalid(group_name, "missing"))?;
+        let index = read_string_attr(&group, "_index").map_err(|e| self.invalid(group_name, e))?.unwrap_or_else(|| "_index".into());
+        let object = format!("{group_name}/{index}");
+        let ds = group.dataset(&index).map_err(|_| self.invalid(&object, "the index column is missing"))?;
+        read_strings(&ds).map_err(|e| self.invalid(&object, e))
+    }
+
+    /// The cell names, or None when the file has no readable obs index.
+    pub fn obs_names(&self) -> Option<Vec<String>> {
+        self.dataframe_index("obs").ok()
+    }
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or("").to_string()
+}
+
+fn check_numeric(file: &H5adFile, object: &str, ds: &hdf5::Dataset) -> Result<(), H5adError> {
+    let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.unsupported(object, first_line(&h5err(e))))?;
+    match desc {
+        TypeDescriptor::Integer(_) | TypeDescriptor::Unsigned(_) | TypeDescriptor::Float(_) => Ok(()),
+        TypeDescriptor::Boolean => Ok(()),
+        other => Err(file.unsupported(object, format!("holds {other}, not numbers"))),
+    }
+}
+
+impl MatrixReader<'_> {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    pub fn n_rows(&self) -> u64 {
+        self.n_rows
+    }
+
+    pub fn n_cols(&self) -> u64 {
+        self.n_cols
+    }
+
+    fn object(&self, part: &str) -> String {
+        format!("{}/{part}", self.name)
+    }
+
+    /// Reads rows `rows` as stored (indices checked to be in range; values not
+    /// yet checked as counts).
+    pub fn read_rows(&mut self, rows: Range<u64>) -> Result<RawRows, H5adError> {
+        if rows.end > self.n_rows || rows.start > rows.end {
+            return Err(self.file.invalid(&self.name, format!("rows {rows:?} outside 0..{}", self.n_rows)));
+        }
+        match self.layout {
+            Layout::Csr => self.read_csr_rows(rows),
+            Layout::Dense => self.read_dense_rows(rows),
+            Layout::Csc => {
+                if self.csc_as_csr.is_none() {
+                    self.csc_as_csr = Some(self.read_csc_as_csr()?);
+                }
+                let all = self.csc_as_csr.as_ref().expect("set above");
+                let (lo, hi) = (all.indptr[rows.start as usize] as usize, all.indptr[rows.end as usize] as usize);
+                Ok(RawRows {
+                    indptr: all.indptr[rows.start as usize..=rows.end as usize].iter().map(|&p| p - lo as u64).collect(),
+                    indices: all.indices[lo..hi].to_vec(),
+                    values: all.values[lo..hi].to_vec(),
+                })
+            }
+        }
+    }
+
+    fn read_indptr(&self, range: Range<u64>) -> Result<Vec<u64>, H5adError> {
+        let object = self.object("indptr");
+        let raw: Vec<i64> = self.datasets[2]
+            .read_slice_1d::<i64, _>(range.start as usize..range.end as usize + 1)
+            .map_err(|e| self.file.invalid(&object, first_line(&h5err(e))))?
+            .to_vec();
+        let data_len = self.datasets[0].size() as i64;
+        for (k, w) in raw.windows(2).enumerate() {
+            if w[1] < w[0] {
+                return Err(self.file.invalid(
+                    &format!("{object}[{}]", range.start + k as u64 + 1),
+                    format!("{} is below the previous entry {}", w[1], w[0]),
+                ));
+            }
+        }
+        if let Some((k, &v)) = raw.iter().enumerate().find(|(_, &v)| v < 0 || v > data_len) {
+            return Err(self.file.invalid(
+                &format!("{object}[{}]", range.start + k as u64),
+                format!("{v} points outside the {data_len} stored entries"),
+            ));
+        }
+        Ok(raw.into_iter().map(|v| v as u64).collect())
+    }
+
+    fn read_entries(&self, range: Range<u64>, minor: u64) -> Result<(Vec<u32>, Vec<f64>), H5adError> {
+        let (a, b) = (range.start as usize, range.end as usize);
+        let object = self.object("indices");
+        let raw_indices: Vec<i64> = self.datasets[1]
+            .read_slice_1d::<i64, _>(a..b)
+            .map_err(|e| self.file.invalid(&object, first_line(&h5err(e))))?
+            .to_vec();
+        if let Some((k, &v)) = raw_indices.iter().enumerate().find(|(_, &v)| v < 0 || v as u64 >= minor) {
+            return Err(self.file.invalid(&format!("{object}[{}]", a + k), format!("index {v} outside 0..{minor}")));
+        }
+        let values: Vec<f64> = self.datasets[0]
+            .read_slice_1d::<f64, _>(a..b)
+            .map_err(|e| self.file.invalid(&self.object("data"), first_line(&h5err(e))))?
+            .to_vec();
+        Ok((raw_indices.into_iter().map(|v| v as u32).collect(), values))
+    }
+
+    fn read_csr_rows(&self, rows: Range<u64>) -> Result<RawRows, H5adError> {
+        let indptr = self.read_indptr(rows.clone())?;
+        let (lo, hi) = (indptr[0], *indptr.last().expect("at least one entry"));
+        let (indices, values) = self.read_entries(lo..hi, self.n_cols)?;
+        Ok(RawRows { indptr: indptr.iter().map(|&p| p - lo).collect(), indices, values })
+    }
+
+    fn read_dense_rows(&self, rows: Range<u64>) -> Result<RawRows, H5adError> {
+        let block = self.datasets[0]
+            .read_slice_2d::<f64, _>((rows.start as usize..rows.end as usize, ..))
+            .map_err(|e| self.file.invalid(&self.name, first_line(&h5err(e))))?;
+        let mut out = RawRows { indptr: vec![0], ..Default::default() };
+        for row in block.rows() {
+            for (j, &v) in row.iter().enumerate() {
+                if v != 0.0 {
+                    out.indices.push(j as u32);
+                    out.values.push(v);
+                }
+            }
+            out.indptr.push(out.indices.len() as u64);
+        }
+        Ok(out)
+    }
+
+    fn read_csc_as_csr(&self) -> Result<RawRows, H5adError> {
+        let colptr = self.read_indptr(0..self.n_cols)?;
+        let (rows_of, values) = self.read_entries(0..*colptr.last().expect("entries"), self.n_rows)?;
+        let mut counts = vec![0u64; self.n_rows as usize + 1];
+        for &r in &rows_of {
+            counts[r as usize + 1] += 1;
+        }
+        for i in 1..counts.len() {
+            counts[i] += counts[i - 1];
+        }
+        let indptr = counts.clone();
+        let mut next = counts;
+        let mut indices = vec![0u32; rows_of.len()];
+        let mut out_values = vec![0f64; rows_of.len()];
+        for col in 0..self.n_cols as usize {
+            for k in colptr[col] as usize..colptr[col + 1] as usize {
+                let r = rows_of[k] as usize;
+                let at = next[r] as usize;
+                indices[at] = col as u32;
+                out_values[at] = values[k];
+                next[r] += 1;
+            }
+        }
+        Ok(RawRows { indptr, indices, values: out_values })
+    }
+}
+
+/// A value that is not a count, found by [`to_counts`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct BadValue {
+    /// Row within the block.
+    pub row: u64,
+    pub gene: u64,
+    pub problem: String,
+}
+
+/// Turns stored rows into counts: every value must be a whole number in
+/// 0..2^31-1; zeros are dropped, column indices are mapped through `remap`
+/// (source column -> output column) when given, sorted within each row, and
+/// duplicates summed.
+pub fn to_counts(raw: &RawRows, n_cols: u32, remap: Option<&[u32]>) -> Result<CsrMatrix, BadValue> {
+    let mut out = CsrMatrix::empty(n_cols);
+    out.indices.reserve(raw.indices.len());
+    out.data.reserve(raw.values.len());
+    let mut row_buf: Vec<(u32, u32)> = Vec::new();
+    for (r, w) in raw.indptr.windows(2).enumerate() {
+        row_buf.clear();
+        let mut sorted = true;
+        let mut previous: Option<u32> = None;
+        for k in w[0] as usize..w[1] as usize {
+            let source = raw.indices[k];
+            let v = raw.values[k];
+            if !(v >= 0.0 && v <= f64::from(MAX_COUNT) && v.fract() == 0.0) {
+                let problem = if v.is_nan() {
+                    "value NaN is not a count".to_string()
+                } else if v < 0.0 {
+                    format!("value {v} is negative")
+                } else if v > f64::from(MAX_COUNT) {
+                    format!("value {v} is above the largest count 2^31-1")
+                } else {
+                    format!("value {v} is not an integer count")
+                };
+                return Err(BadValue { row: r as u64, gene: source.into(), problem });
+            }
+            if v == 0.0 {
+                continue;
+            }
+            let column = remap.map_or(source, |m| m[source as usize]);
+            if previous.is_some_and(|p| column <= p) {
+                sorted = false;
+            }
+            previous = Some(column);
+            row_buf.push((column, v as u32));
+        }
+        if !sorted {
+            row_buf.sort_unstable_by_key(|&(c, _)| c);
+            let mut merged: Vec<(u32, u32)> = Vec::with_capacity(row_buf.len());
+            for &(c, v) in &row_buf {
+                match merged.last_mut() {
+                    Some(last) if last.0 == c => {
+                        let sum = u64::from(last.1) + u64::from(v);
+                        if sum > u64::from(MAX_COUNT) {
+                            let gene = raw.indices[w[0] as usize..w[1] as usize]
+                                .iter()
+                                .copied()
+                                .find(|&s| remap.map_or(s, |m| m[s as usize]) == c)
+                                .unwrap_or(c);
+                            return Err(BadValue {
+                                row: r as u64,
+                                gene: gene.into(),
+                                problem: format!("duplicate entries sum to {sum}, above the largest count 2^31-1"),
+                            });
+                        }
+                        last.1 = sum as u32;
+                    }
+                    _ => merged.push((c, v)),
+                }
+            }
+            row_buf = merged;
+        }
+        for &(c, v) in &row_buf {
+            out.indices.push(c);
+            out.data.push(v);
+        }
+        out.indptr.push(out.indices.len() as u64);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(rows: &[&[(u32, f64)]]) -> RawRows {
+        let mut r = RawRows { indptr: vec![0], ..Default::default() };
+        for row in rows {
+            for &(i, v) in *row {
+                r.indices.push(i);
+                r.values.push(v);
+            }
+            r.indptr.push(r.indices.len() as u64);
+        }
+        r
+    }
+
+    #[test]
+    fn counts_are_cleaned() {
+        // explicit zero dropped, unsorted sorted, duplicates summed
+        let m = to_counts(&raw(&[&[(3, 2.0), (1, 0.0), (0, 1.0), (3, 5.0)], &[]]), 5, None).unwrap();
+        assert_eq!(m.indptr, vec![0, 2, 2]);
+        assert_eq!(m.indices, vec![0, 3]);
+        assert_eq!(m.data, vec![1, 7]);
+        // remapped columns are sorted in output order
+        let m = to_counts(&raw(&[&[(0, 1.0), (1, 2.0), (2, 3.0)]]), 3, Some(&[2, 0, 1])).unwrap();
+        assert_eq!((m.indices, m.data), (vec![0, 1, 2], vec![2, 3, 1]));
+    }
+
+    #[test]
+    fn non_counts_are_named() {
+        let bad = |v: f64| to_counts(&raw(&[&[], &[(0, 1.0), (4, v)]]), 5, None).unwrap_err();
+        let e = bad(2.5);
+        assert_eq!((e.row, e.gene), (1, 4));
+        assert!(e.problem.contains("2.5 is not an integer"), "{}", e.problem);
+        assert!(bad(-1.0).problem.contains("negative"));
+        assert!(bad(f64::NAN).problem.contains("NaN"));
+        assert!(bad(2147483648.0).problem.contains("above"));
+        assert!(to_counts(&raw(&[&[(0, 2147483647.0)]]), 5, None).is_ok());
+        let e = to_counts(&raw(&[&[(1, 2147483647.0), (1, 1.0)]]), 5, None).unwrap_err();
+        assert!(e.problem.contains("duplicate"), "{}", e.problem);
+    }
+}

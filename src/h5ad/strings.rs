@@ -1,0 +1,50 @@
+//! Strings in HDF5: variable-length (current anndata) or fixed-length (older
+//! files and other writers), ASCII or UTF-8. HDF5 converts between variable
+//! ASCII and UTF-8, and between fixed-length strings of different sizes, but
+//! not between fixed and variable length, so we branch on the stored type.
+
+use hdf5::types::{FixedAscii, FixedUnicode, TypeDescriptor, VarLenAscii, VarLenUnicode};
+
+/// Reads a fixed-length string array of stored width `width` by letting HDF5
+/// widen it to the smallest of a few buffer sizes that holds it.
+macro_rules! read_fixed {
+    ($container:expr, $width:expr, $ty:ident) => {{
+        let c = $container;
+        let w = $width;
+        if w <= 16 {
+            c.read_raw::<$ty<16>>().map(|v| v.iter().map(|s| s.as_str().to_string()).collect())
+        } else if w <= 64 {
+            c.read_raw::<$ty<64>>().map(|v| v.iter().map(|s| s.as_str().to_string()).collect())
+        } else if w <= 256 {
+            c.read_raw::<$ty<256>>().map(|v| v.iter().map(|s| s.as_str().to_string()).collect())
+        } else if w <= 4096 {
+            c.read_raw::<$ty<4096>>().map(|v| v.iter().map(|s| s.as_str().to_string()).collect())
+        } else {
+            return Err(format!("fixed-length strings of {w} bytes are longer than supported (4096)"));
+        }
+    }};
+}
+
+fn read_any(c: &hdf5::Container) -> Result<Vec<String>, String> {
+    let desc = c.dtype().and_then(|t| t.to_descriptor()).map_err(|e| e.to_string())?;
+    let result: hdf5::Result<Vec<String>> = match desc {
+        TypeDescriptor::VarLenUnicode => c.read_raw::<VarLenUnicode>().map(|v| v.iter().map(|s| s.as_str().to_string()).collect()),
+        TypeDescriptor::VarLenAscii => c.read_raw::<VarLenAscii>().map(|v| v.iter().map(|s| s.as_str().to_string()).collect()),
+        TypeDescriptor::FixedAscii(w) => read_fixed!(c, w, FixedAscii),
+        TypeDescriptor::FixedUnicode(w) => read_fixed!(c, w, FixedUnicode),
+        other => return Err(format!("holds {other}, not strings")),
+    };
+    result.map_err(|e| e.to_string())
+}
+
+/// Reads a 1-D dataset of strings.
+pub fn read_strings(ds: &hdf5::Dataset) -> Result<Vec<String>, String> {
+    read_any(ds)
+}
+
+/// Reads a scalar string attribute, or None when the attribute is absent.
+pub fn read_string_attr(loc: &hdf5::Location, name: &str) -> Result<Option<String>, String> {
+    let Ok(attr) = loc.attr(name) else { return Ok(None) };
+    let values = read_any(&attr).map_err(|e| format!("attribute {name}: {e}"))?;
+    Ok(values.into_iter().next())
+}
