@@ -18,6 +18,26 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
+    /// Convert .h5ad files into a dataset.
+    ///
+    /// Reads the count matrix of each input (in the order given; cells keep
+    /// that order, and tiles run across file boundaries), chooses the gene
+    /// order from the total counts of up to --gene-order-files inputs, and
+    /// writes tiles, gene_order.npy, var_names.txt, var.parquet (the first
+    /// input's gene table) and, last, manifest.json. Every input must have the
+    /// same genes in the same order.
+    ///
+    /// The matrix must hold counts: whole numbers from 0 to 2^31-1 in any
+    /// integer or float type. Explicit zeros are dropped, unsorted genes within
+    /// a cell are sorted and duplicates summed. It may be stored as CSR (read
+    /// in row blocks), dense (read in row blocks) or CSC; a CSC matrix cannot
+    /// be read by rows, so it is read whole: memory grows with that file's X.
+    ///
+    /// Output: a local folder, which must be empty or absent unless
+    /// --overwrite. Every file is written under a temporary name and renamed;
+    /// manifest.json is written last, so an interrupted conversion leaves a
+    /// folder that verify reports as incomplete.
+    Convert(ConvertArgs),
     /// Summarize a dataset: cells, genes, tiles, size, encoding, obs and var.
     Info(InfoArgs),
     /// Check every tile, file and checksum of a dataset, reporting every problem.
@@ -53,4 +73,49 @@ pub(crate) struct VerifyArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ConvertArgs {
+    /// Input .h5ad files, then the output folder (the last argument).
+    #[arg(required = true, value_name = "INPUTS... OUT")]
+    pub paths: Vec<String>,
+    /// Read more input paths from FILE, one per line (after those given).
+    #[arg(long, value_name = "FILE")]
+    pub inputs_from: Option<String>,
+    /// The matrix to convert: X, raw/X or layers/NAME.
+    #[arg(long, default_value = "X")]
+    pub matrix: String,
+    /// Cells per tile.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub tile_size: u64,
+    /// Chunks per tile (units of parallel decoding).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub chunks: u64,
+    /// zstd compression level (1-22; higher is smaller and decodes as fast, but
+    /// compresses slower).
+    #[arg(long, default_value_t = 19, value_parser = clap::value_parser!(i32).range(1..=22))]
+    pub level: i32,
+    /// Worker threads (default: all cores). The output is the same for any value.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// How many inputs (spread evenly, first and last included) are summed to
+    /// choose the gene order; 0 keeps the source order.
+    #[arg(long, default_value_t = 10)]
+    pub gene_order_files: usize,
+    /// Do not write var.parquet.
+    #[arg(long)]
+    pub no_var: bool,
+    /// Replace a dataset already in OUT (its manifest is removed first).
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Add KEY=VALUE to the manifest's metadata (repeatable).
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub metadata: Vec<String>,
+    /// No progress bar and no summary line.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
 }

@@ -5,6 +5,7 @@
 //! tables. [`format`] holds the byte layout; [`Dataset`] reads cells back;
 //! [`verify`] checks a whole dataset; [`storage`] is where the bytes live.
 
+pub mod convert;
 pub mod dataset;
 pub mod format;
 pub mod h5ad;

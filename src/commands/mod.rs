@@ -5,11 +5,13 @@ use std::process::ExitCode;
 
 use crate::cli::{Cli, Command};
 
+mod convert;
 mod info;
 mod verify;
 
 pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Convert(args) => convert::run(&args),
         Command::Info(args) => info::run(&args),
         Command::Verify(args) => verify::run(&args),
     }

@@ -117,13 +117,35 @@ pub enum EncodeError {
     GeneOrder { cell: u64, gene: u32, previous: u32 },
     #[error("cell {cell}, gene {gene}: count {count} outside 1..2^31-1")]
     Count { cell: u64, gene: u32, count: u32 },
-    #[error(
-        "cell {cell}, gene {gene}: more than {limit} {what} above 65535 in one tile; \
-         this does not look like raw counts"
-    )]
+    #[error("cell {cell}, gene {gene}: more than {limit} {what} above 65535 in one tile; this does not look like raw counts")]
     TooManyExceptions { what: &'static str, limit: u64, cell: u64, gene: u32 },
     #[error("a chunk would hold {0} nonzeros, 2^32 or more; use more chunks")]
     ChunkTooLarge(u64),
     #[error("zstd: {0}")]
     Zstd(String),
+}
+
+impl EncodeError {
+    /// The tile-local cell and the gene an error is about, when it is about one.
+    pub fn cell_and_gene(&self) -> Option<(u64, u32)> {
+        match *self {
+            EncodeError::GeneRange { cell, gene, .. }
+            | EncodeError::GeneOrder { cell, gene, .. }
+            | EncodeError::Count { cell, gene, .. }
+            | EncodeError::TooManyExceptions { cell, gene, .. } => Some((cell, gene)),
+            _ => None,
+        }
+    }
+
+    /// The error without its cell and gene, for messages that name them
+    /// another way.
+    pub fn problem(&self) -> String {
+        match self {
+            EncodeError::TooManyExceptions { what, limit, .. } => {
+                format!("more than {limit} {what} above 65535 in one tile; this does not look like raw counts")
+            }
+            EncodeError::Count { count, .. } => format!("count {count} outside 1..2^31-1"),
+            other => other.to_string(),
+        }
+    }
 }

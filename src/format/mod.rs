@@ -16,7 +16,7 @@ pub mod obs_schema;
 pub mod tile;
 
 pub use csr::CsrMatrix;
-pub use error::{Stream, TileError};
+pub use error::{EncodeError, Stream, TileError};
 pub use manifest::{Manifest, ManifestError};
 pub use tile::{decode_tile, decode_tile_into, TileEncoder, TileExpectation, TileHeader};
 

@@ -426,13 +426,7 @@ fn decode_chunk(
         decompress_exact(layout.stream(chunk.vals), vals, c, Stream::Vals)?;
 
         let (vlo, vhi) = vals.split_at(n);
-        let mut zero = false;
-        for ((out, &lo), &hi) in data.iter_mut().zip(vlo).zip(vhi) {
-            let v = u32::from(lo) | u32::from(hi) << 8;
-            zero |= v == 0;
-            *out = v;
-        }
-        if zero {
+        if recombine_counts(vlo, vhi, data) {
             let position = data.iter().position(|&v| v == 0).expect("a zero was seen") as u64;
             return Err(TileError::ZeroCount { chunk: c, position });
         }
@@ -448,6 +442,7 @@ fn decode_chunk(
         // computed in one pass that also counts zero gaps (allowed only as a
         // cell's first). u32 sums cannot wrap for cells of at most
         // MAX_UNCHECKED_CELL entries; longer ones take a checked path.
+        let gaps_kernel = select_gaps_kernel();
         let mut bad = false;
         let mut zero_gaps = 0u32;
         let mut zero_firsts = 0u32;
@@ -471,7 +466,7 @@ fn decode_chunk(
                 }
                 continue;
             }
-            let (last, zeros) = cell_gaps_to_indices(&glo[s..e], &ghi[s..e], &mut indices[s..e]);
+            let (last, zeros) = gaps_kernel(&glo[s..e], &ghi[s..e], &mut indices[s..e]);
             zero_gaps += zeros;
             bad |= u64::from(last) >= n_genes;
         }
@@ -529,18 +524,98 @@ fn decode_chunk(
     })
 }
 
-/// Writes the (wrapping) prefix sums of the gaps whose low and high bytes are
-/// `lo` and `hi` into `out`; returns the last sum and the number of zero gaps.
+/// Writes the counts whose low and high bytes are `lo` and `hi` into `out`;
+/// returns whether any is zero. Uses an AVX2 build of the same loop where the
+/// processor has it (detection is cached by std).
 #[inline]
-fn cell_gaps_to_indices(lo: &[u8], hi: &[u8], out: &mut [u32]) -> (u32, u32) {
+fn recombine_counts(lo: &[u8], hi: &[u8], out: &mut [u32]) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        cell_gaps_sse2(lo, hi, out)
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the processor supports AVX2, checked just above.
+            return unsafe { recombine_counts_avx2(lo, hi, out) };
+        }
+    }
+    recombine_counts_portable(lo, hi, out)
+}
+
+#[inline(always)]
+fn recombine_counts_portable(lo: &[u8], hi: &[u8], out: &mut [u32]) -> bool {
+    let mut zero = false;
+    for ((o, &l), &h) in out.iter_mut().zip(lo).zip(hi) {
+        let v = u32::from(l) | u32::from(h) << 8;
+        zero |= v == 0;
+        *o = v;
+    }
+    zero
+}
+
+/// The same loop, compiled for AVX2 so that it runs 8 lanes wide.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn recombine_counts_avx2(lo: &[u8], hi: &[u8], out: &mut [u32]) -> bool {
+    recombine_counts_portable(lo, hi, out)
+}
+
+/// A function that writes the (wrapping) prefix sums of the gaps whose low and
+/// high bytes are `lo` and `hi` into `out`, and returns the last sum and the
+/// number of zero gaps.
+type GapsKernel = fn(&[u8], &[u8], &mut [u32]) -> (u32, u32);
+
+/// The fastest gaps kernel this processor runs (detection is cached by std).
+fn select_gaps_kernel() -> GapsKernel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return |lo, hi, out| {
+                // SAFETY: the processor supports AVX2, checked above.
+                unsafe { cell_gaps_avx2(lo, hi, out) }
+            };
+        }
+        cell_gaps_sse2
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        cell_gaps_scalar(lo, hi, out, 0)
+        |lo, hi, out| cell_gaps_scalar(lo, hi, out, 0)
     }
+}
+
+/// Eight gaps at a time: prefix sums within each 128-bit half, the first
+/// half's total added to the second, then the running total of the block
+/// before.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn cell_gaps_avx2(lo: &[u8], hi: &[u8], out: &mut [u32]) -> (u32, u32) {
+    use std::arch::x86_64::*;
+    let n = out.len().min(lo.len()).min(hi.len());
+    let blocks = n / 8;
+    let zero = _mm256_setzero_si256();
+    let mut carry = zero;
+    let mut zeros = zero;
+    let last_of_first_half = _mm256_set1_epi32(3);
+    let last = _mm256_set1_epi32(7);
+    let upper_half = _mm256_set_epi32(-1, -1, -1, -1, 0, 0, 0, 0);
+    for b in 0..blocks {
+        // SAFETY: each load reads the 8 bytes at 8 * b of `lo` and `hi`, and the
+        // store writes the 8 u32 at 8 * b of `out`, all below n.
+        let l = _mm_loadl_epi64(lo.as_ptr().add(8 * b) as *const __m128i);
+        let h = _mm_loadl_epi64(hi.as_ptr().add(8 * b) as *const __m128i);
+        let mut x = _mm256_cvtepu16_epi32(_mm_unpacklo_epi8(l, h));
+        zeros = _mm256_sub_epi32(zeros, _mm256_cmpeq_epi32(x, zero));
+        x = _mm256_add_epi32(x, _mm256_slli_si256::<4>(x));
+        x = _mm256_add_epi32(x, _mm256_slli_si256::<8>(x));
+        let first_total = _mm256_and_si256(_mm256_permutevar8x32_epi32(x, last_of_first_half), upper_half);
+        x = _mm256_add_epi32(_mm256_add_epi32(x, first_total), carry);
+        _mm256_storeu_si256(out.as_mut_ptr().add(8 * b) as *mut __m256i, x);
+        carry = _mm256_permutevar8x32_epi32(x, last);
+    }
+    let mut lanes = [0u32; 8];
+    _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, zeros);
+    let block_zeros = lanes.iter().fold(0u32, |a, &z| a.wrapping_add(z));
+    let acc = _mm256_extract_epi32::<0>(carry) as u32;
+    let t = 8 * blocks;
+    let (last_sum, tail_zeros) = cell_gaps_scalar(&lo[t..n], &hi[t..n], &mut out[t..n], acc);
+    (last_sum, block_zeros + tail_zeros)
 }
 
 #[inline]

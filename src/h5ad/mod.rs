@@ -9,6 +9,7 @@
 //! HDF5 serializes every call behind one global lock, so reading stays on one
 //! thread; callers parallelize what they do with the rows.
 
+pub mod frame;
 mod strings;
 
 use std::ops::Range;

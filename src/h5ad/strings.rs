@@ -48,3 +48,8 @@ pub fn read_string_attr(loc: &hdf5::Location, name: &str) -> Result<Option<Strin
     let values = read_any(&attr).map_err(|e| format!("attribute {name}: {e}"))?;
     Ok(values.into_iter().next())
 }
+
+/// Reads an array attribute of strings.
+pub(crate) fn read_attr_strings(attr: &hdf5::Attribute) -> Result<Vec<String>, String> {
+    read_any(attr)
+}

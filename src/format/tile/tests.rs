@@ -363,3 +363,36 @@ proptest! {
         let _ = decode_tile(&b, None);
     }
 }
+
+#[test]
+fn every_gaps_kernel_agrees_with_the_scalar_one() {
+    let mut state = 12345u64;
+    for len in [0usize, 1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 100, 1000] {
+        let mut lo = Vec::with_capacity(len);
+        let mut hi = Vec::with_capacity(len);
+        for _ in 0..len {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+            let v = (state >> 33) as u32;
+            lo.push(if v % 5 == 0 { 0 } else { v as u8 });
+            hi.push(if v % 3 == 0 { (v >> 8) as u8 } else { 0 });
+        }
+        let mut want = vec![0u32; len];
+        let expected = cell_gaps_scalar(&lo, &hi, &mut want, 0);
+        let mut kernels: Vec<(&str, GapsKernel)> = vec![("selected", select_gaps_kernel())];
+        #[cfg(target_arch = "x86_64")]
+        {
+            kernels.push(("sse2", cell_gaps_sse2));
+            if std::arch::is_x86_feature_detected!("avx2") {
+                kernels.push(("avx2", |lo, hi, out| unsafe { cell_gaps_avx2(lo, hi, out) }));
+            }
+        }
+        for (name, kernel) in kernels {
+            let mut got = vec![0u32; len];
+            assert_eq!(kernel(&lo, &hi, &mut got), expected, "{name}, {len} gaps");
+            assert_eq!(got, want, "{name}, {len} gaps");
+        }
+        let mut counts = vec![0u32; len];
+        let zero = recombine_counts(&lo, &hi, &mut counts);
+        assert_eq!(zero, lo.iter().zip(&hi).any(|(&l, &h)| l == 0 && h == 0));
+    }
+}

@@ -1,0 +1,108 @@
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Mutex;
+
+use anyhow::{bail, Context};
+use indicatif::{HumanBytes, HumanCount, ProgressBar, ProgressStyle};
+use serde_json::{Map, Value};
+
+use deltacells::convert::{convert, ConvertOptions, ConvertProgress};
+use deltacells::storage::LocalStorage;
+use deltacells::writer::WriteOptions;
+
+use crate::cli::ConvertArgs;
+
+/// The progress bar: cells done of the phase's total, rate, ETA, current file.
+struct Bar {
+    bar: ProgressBar,
+    phase: Mutex<String>,
+}
+
+impl ConvertProgress for Bar {
+    fn phase(&self, name: &str, total_cells: u64) {
+        *self.phase.lock().expect("not poisoned") = name.to_string();
+        self.bar.set_length(total_cells);
+        self.bar.set_position(0);
+        self.bar.set_prefix(name.to_string());
+    }
+    fn file(&self, path: &Path) {
+        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        self.bar.set_message(name);
+    }
+    fn advance(&self, cells: u64) {
+        self.bar.inc(cells);
+    }
+}
+
+fn inputs_and_output(args: &ConvertArgs) -> anyhow::Result<(Vec<PathBuf>, String)> {
+    let (out, given) = args.paths.split_last().expect("clap requires at least one path");
+    let mut inputs: Vec<PathBuf> = given.iter().map(PathBuf::from).collect();
+    if let Some(list) = &args.inputs_from {
+        let text = std::fs::read_to_string(list).with_context(|| format!("--inputs-from {list}"))?;
+        inputs.extend(text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(PathBuf::from));
+    }
+    if inputs.is_empty() {
+        bail!("no input files: give INPUTS... OUT, or --inputs-from FILE OUT");
+    }
+    Ok((inputs, out.clone()))
+}
+
+fn parse_metadata(pairs: &[String]) -> anyhow::Result<Map<String, Value>> {
+    let mut map = Map::new();
+    for pair in pairs {
+        let Some((k, v)) = pair.split_once('=') else {
+            bail!("--metadata {pair:?}: expected KEY=VALUE");
+        };
+        map.insert(k.to_string(), Value::String(v.to_string()));
+    }
+    Ok(map)
+}
+
+pub(crate) fn run(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
+    super::set_threads(args.threads)?;
+    let (inputs, out) = inputs_and_output(args)?;
+    if out.contains("://") && !out.starts_with("file://") {
+        bail!("convert: {out}: only local output folders are supported by this build");
+    }
+    let out_path = out.strip_prefix("file://").unwrap_or(&out);
+    if Path::new(out_path).is_file() {
+        bail!("convert: {out_path}: is a file, not a folder");
+    }
+    let store = LocalStorage::new(out_path);
+    let options = ConvertOptions {
+        matrix: args.matrix.clone(),
+        write: WriteOptions { tile_size: args.tile_size, n_chunks: args.chunks as usize, zstd_level: args.level },
+        gene_order_files: args.gene_order_files,
+        write_var: !args.no_var,
+        overwrite: args.overwrite,
+        metadata: parse_metadata(&args.metadata)?,
+        ..ConvertOptions::default()
+    };
+    let bar = if super::show_progress(args.quiet) {
+        let style = ProgressStyle::with_template(
+            "{prefix:>10} {bar:30} {human_pos}/{human_len} cells {per_sec} ETA {eta} {wide_msg}",
+        )
+        .expect("valid template");
+        ProgressBar::new(0).with_style(style)
+    } else {
+        ProgressBar::hidden()
+    };
+    let progress = Bar { bar: bar.clone(), phase: Mutex::new(String::new()) };
+    let summary = convert(&inputs, &store, &options, &progress).context("convert")?;
+    bar.finish_and_clear();
+    if args.json {
+        super::print_json(&summary)?;
+    } else if !args.quiet {
+        println!(
+            "{out_path}: {} cells x {} genes in {} tiles, {} ({:.3} bytes per nonzero, {} nonzeros) in {:.1} s",
+            HumanCount(summary.n_cells),
+            HumanCount(summary.n_genes),
+            summary.n_tiles,
+            HumanBytes(summary.tile_bytes),
+            summary.bytes_per_nonzero,
+            HumanCount(summary.nnz),
+            summary.seconds
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,537 @@
+//! Converting .h5ad files into a dataset: scan the inputs, choose the gene
+//! order, stream the cells into tiles, write the optional files, and write the
+//! manifest last.
+//!
+//! Reading HDF5 stays on the calling thread (HDF5 serializes every call). Each
+//! full tile is handed to the rayon pool, which checks its values, maps its genes
+//! to the output order and encodes it (its chunks in parallel too). A single
+//! writer thread writes finished tiles in order. At most `max_in_flight` tiles
+//! exist between reading and writing, so memory does not grow with the input.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use serde_json::{json, Map, Value};
+
+use crate::format::{self, npy, CsrMatrix, TileEncoder, MAX_GENES};
+use crate::h5ad::{to_counts, BadValue, H5adError, H5adFile, RawRows};
+use crate::storage::Storage;
+use crate::writer::{DatasetWriter, ManifestFlags, WriteOptions};
+
+/// What to convert and how.
+#[derive(Clone, Debug)]
+pub struct ConvertOptions {
+    /// `X`, `raw/X` or `layers/NAME`.
+    pub matrix: String,
+    pub write: WriteOptions,
+    /// How many inputs are sampled for the gene order (decisions.md 12); 0
+    /// keeps the source order.
+    pub gene_order_files: usize,
+    /// Write var.parquet.
+    pub write_var: bool,
+    /// Replace an existing dataset in the output.
+    pub overwrite: bool,
+    /// Added to the manifest's metadata, after what convert records itself.
+    pub metadata: Map<String, Value>,
+    /// Tiles read but not yet written, at most.
+    pub max_in_flight: usize,
+}
+
+impl Default for ConvertOptions {
+    fn default() -> Self {
+        ConvertOptions {
+            matrix: "X".into(),
+            write: WriteOptions::default(),
+            gene_order_files: 10,
+            write_var: true,
+            overwrite: false,
+            metadata: Map::new(),
+            max_in_flight: rayon::current_num_threads() + 1,
+        }
+    }
+}
+
+/// Progress of a conversion, for a progress bar.
+pub trait ConvertProgress: Sync {
+    /// A new phase begins ("scanning", "gene order", "converting").
+    fn phase(&self, _name: &str, _total_cells: u64) {}
+    /// Reading moved to another input file.
+    fn file(&self, _path: &Path) {}
+    /// `cells` more cells were processed in the current phase.
+    fn advance(&self, _cells: u64) {}
+}
+
+/// No progress reporting.
+pub struct NoProgress;
+
+impl ConvertProgress for NoProgress {}
+
+/// What a finished conversion produced.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ConvertSummary {
+    pub n_cells: u64,
+    pub n_genes: u64,
+    pub n_tiles: usize,
+    pub nnz: u64,
+    pub tile_bytes: u64,
+    pub bytes_per_nonzero: f64,
+    pub seconds: f64,
+}
+
+/// One input, as scanned.
+struct Input {
+    path: PathBuf,
+    n_rows: u64,
+}
+
+/// Cells of one input that belong to one tile.
+struct Part {
+    input: usize,
+    first_row: u64,
+    rows: RawRows,
+}
+
+/// Why a tile could not be produced; turned into a message that names the file,
+/// cell and gene on the calling thread, where HDF5 may be used.
+enum TileFailure {
+    BadValue { input: usize, row: u64, gene: u64, problem: String },
+    Other(anyhow::Error),
+}
+
+struct EncodedTile {
+    blob: Vec<u8>,
+    cells: u64,
+    nnz: u64,
+}
+
+/// Removes an existing dataset from `out` (manifest first, so that it is never
+/// complete-looking while half-removed), or refuses a non-empty output.
+fn prepare_output(out: &dyn Storage, overwrite: bool) -> anyhow::Result<()> {
+    let keys = out.list("").with_context(|| format!("cannot list the output {}", out.location("")))?;
+    if keys.is_empty() {
+        return Ok(());
+    }
+    if !overwrite {
+        bail!("{} is not empty; use --overwrite to replace the dataset in it", out.location(""));
+    }
+    out.delete(format::MANIFEST_KEY)?;
+    let ours = |k: &str| {
+        k.starts_with("tiles/")
+            || k.starts_with("obs/")
+            || k.contains(".deltacells-")
+            || [format::GENE_ORDER_KEY, format::VAR_NAMES_KEY, format::VAR_TABLE_KEY].contains(&k)
+    };
+    for key in keys.iter().filter(|k| ours(k)) {
+        out.delete(key)?;
+    }
+    Ok(())
+}
+
+/// The sampled inputs of decisions.md 12: k = min(want, n) of them, spread
+/// evenly, the first and the last included.
+pub fn sampled_inputs(n: usize, want: usize) -> Vec<usize> {
+    let k = want.min(n);
+    match k {
+        0 => Vec::new(),
+        1 => vec![0],
+        _ => {
+            let mut picked: Vec<usize> = (0..k).map(|i| ((i * (n - 1)) as f64 / (k - 1) as f64).round() as usize).collect();
+            picked.dedup();
+            picked
+        }
+    }
+}
+
+/// Gene order by decreasing total counts; ties keep the source order.
+pub fn gene_order_from_totals(totals: &[u64]) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..totals.len() as u32).collect();
+    order.sort_by_key(|&g| std::cmp::Reverse(totals[g as usize]));
+    order
+}
+
+/// Rows read from HDF5 at a time while computing totals.
+const SCAN_ROWS: u64 = 10_000;
+
+/// Converts `inputs` into a dataset in `out`.
+pub fn convert(
+    inputs: &[PathBuf],
+    out: &dyn Storage,
+    options: &ConvertOptions,
+    progress: &dyn ConvertProgress,
+) -> anyhow::Result<ConvertSummary> {
+    let started = Instant::now();
+    if inputs.is_empty() {
+        bail!("no input files");
+    }
+    if options.write.tile_size == 0 {
+        bail!("--tile-size must be at least 1");
+    }
+    let (scanned, var_names) = scan_inputs(inputs, &options.matrix, progress)?;
+    let n_genes = var_names.len() as u64;
+    if n_genes == 0 || n_genes > MAX_GENES {
+        bail!("{}: {} has {n_genes} genes; a dataset needs 1..2^31", inputs[0].display(), options.matrix);
+    }
+    prepare_output(out, options.overwrite)?;
+
+    let sampled = sampled_inputs(scanned.len(), options.gene_order_files);
+    let totals = gene_totals(&scanned, &sampled, &options.matrix, n_genes as u32, progress)?;
+    let order = gene_order_from_totals(&totals);
+    let mut remap = vec![0u32; order.len()];
+    for (j, &g) in order.iter().enumerate() {
+        remap[g as usize] = j as u32;
+    }
+
+    let mut writer = DatasetWriter::new(out, options.write, n_genes as u32);
+    write_tiles(&scanned, &options.matrix, &remap, &var_names, options, &mut writer, progress)?;
+
+    let order_i32: Vec<i32> = order.iter().map(|&g| g as i32).collect();
+    writer.put_file(format::GENE_ORDER_KEY, npy::write_i32(&order_i32))?;
+    let mut names_text = String::new();
+    for &g in &order {
+        names_text.push_str(&var_names[g as usize]);
+        names_text.push('\n');
+    }
+    writer.put_file(format::VAR_NAMES_KEY, names_text.into_bytes())?;
+    let mut var_table = false;
+    if options.write_var {
+        let first = H5adFile::open(&scanned[0].path)?;
+        let table = crate::obs::var_table::build(&first, H5adFile::var_group_for(&options.matrix), &order)?;
+        writer.put_file(format::VAR_TABLE_KEY, table)?;
+        var_table = true;
+    }
+
+    let flags = ManifestFlags { gene_order: true, var_names: true, var_table };
+    let mut metadata = Map::new();
+    metadata.insert("generator".into(), json!(format!("deltacells {}", env!("CARGO_PKG_VERSION"))));
+    metadata.insert(
+        "convert".into(),
+        json!({
+            "inputs": scanned.iter().map(|i| i.path.display().to_string()).collect::<Vec<_>>(),
+            "matrix": options.matrix,
+            "gene_order_files": sampled.iter().map(|&i| scanned[i].path.display().to_string()).collect::<Vec<_>>(),
+            "tile_size": options.write.tile_size,
+            "n_chunks": options.write.n_chunks,
+            "zstd_level": options.write.zstd_level,
+        }),
+    );
+    metadata.extend(options.metadata.clone());
+    let manifest = writer.manifest(flags, metadata);
+    writer.finish(&manifest)?;
+
+    let nnz: u64 = manifest.tile_nnz.iter().sum();
+    let tile_bytes: u64 = manifest.tile_bytes.iter().sum();
+    Ok(ConvertSummary {
+        n_cells: manifest.n_cells,
+        n_genes,
+        n_tiles: manifest.n_tiles(),
+        nnz,
+        tile_bytes,
+        bytes_per_nonzero: if nnz == 0 { 0.0 } else { tile_bytes as f64 / nnz as f64 },
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Opens every input: the matrix's shape, and the same genes in the same order
+/// as the first file.
+fn scan_inputs(inputs: &[PathBuf], matrix: &str, progress: &dyn ConvertProgress) -> anyhow::Result<(Vec<Input>, Vec<String>)> {
+    progress.phase("scanning", 0);
+    let mut scanned = Vec::with_capacity(inputs.len());
+    let mut reference: Option<Vec<String>> = None;
+    for path in inputs {
+        progress.file(path);
+        let file = H5adFile::open(path)?;
+        let m = file.matrix(matrix)?;
+        let var_group = H5adFile::var_group_for(matrix);
+        let names = file.dataframe_index(var_group)?;
+        if names.len() as u64 != m.n_cols() {
+            return Err(file
+                .invalid(var_group, format!("has {} genes but {matrix} has {} columns", names.len(), m.n_cols()))
+                .into());
+        }
+        match &reference {
+            None => reference = Some(names),
+            Some(first) => {
+                if let Some(diff) = first_difference(first, &names) {
+                    bail!(
+                        "{}: genes differ from {}: {diff}; every input must have the same genes in the same order",
+                        path.display(),
+                        inputs[0].display()
+                    );
+                }
+            }
+        }
+        scanned.push(Input { path: path.clone(), n_rows: m.n_rows() });
+    }
+    Ok((scanned, reference.expect("at least one input")))
+}
+
+fn first_difference(first: &[String], other: &[String]) -> Option<String> {
+    if let Some(i) = first.iter().zip(other).position(|(a, b)| a != b) {
+        return Some(format!("gene {i} is {:?} here and {:?} in the first file", other[i], first[i]));
+    }
+    (first.len() != other.len()).then(|| format!("{} genes here, {} in the first file", other.len(), first.len()))
+}
+
+/// Total counts per gene over the sampled inputs.
+fn gene_totals(
+    scanned: &[Input],
+    sampled: &[usize],
+    matrix: &str,
+    n_genes: u32,
+    progress: &dyn ConvertProgress,
+) -> anyhow::Result<Vec<u64>> {
+    let mut totals = vec![0u64; n_genes as usize];
+    progress.phase("gene order", sampled.iter().map(|&i| scanned[i].n_rows).sum());
+    for &i in sampled {
+        let input = &scanned[i];
+        progress.file(&input.path);
+        let file = H5adFile::open(&input.path)?;
+        let mut m = file.matrix(matrix)?;
+        let mut start = 0;
+        while start < input.n_rows {
+            let end = (start + SCAN_ROWS).min(input.n_rows);
+            let raw = m.read_rows(start..end)?;
+            let counts = to_counts(&raw, n_genes, None)
+                .map_err(|bad| describe_bad_value(&file, matrix, start + bad.row, &bad, None))?;
+            for (&g, &c) in counts.indices.iter().zip(&counts.data) {
+                totals[g as usize] += u64::from(c);
+            }
+            progress.advance(end - start);
+            start = end;
+        }
+    }
+    Ok(totals)
+}
+
+/// Streams every input's cells into tiles, encodes them in parallel and writes
+/// them in order.
+fn write_tiles(
+    scanned: &[Input],
+    matrix: &str,
+    remap: &[u32],
+    var_names: &[String],
+    options: &ConvertOptions,
+    writer: &mut DatasetWriter<'_>,
+    progress: &dyn ConvertProgress,
+) -> anyhow::Result<()> {
+    let tile_size = options.write.tile_size;
+    let n_genes = remap.len() as u32;
+    let encoder = TileEncoder::new(options.write.n_chunks, options.write.zstd_level);
+    let in_flight = options.max_in_flight.max(1);
+    progress.phase("converting", scanned.iter().map(|i| i.n_rows).sum());
+
+    // A token is taken before a tile is handed out and returned once it is
+    // written (or dropped after a failure): a counting semaphore on channels.
+    let (token_tx, token_rx) = mpsc::sync_channel::<()>(in_flight);
+    for _ in 0..in_flight {
+        token_tx.send(()).expect("the receiver is alive");
+    }
+    let (done_tx, done_rx) = mpsc::channel::<(usize, Result<EncodedTile, TileFailure>)>();
+    let abort = AtomicBool::new(false);
+
+    let (read_result, write_result) = std::thread::scope(|threads| {
+        let abort = &abort;
+        let writer_thread = threads.spawn(move || {
+            let mut pending: BTreeMap<usize, EncodedTile> = BTreeMap::new();
+            let mut next = 0usize;
+            let mut failure: Option<(usize, TileFailure)> = None;
+            for (index, result) in done_rx {
+                match result {
+                    Ok(tile) if failure.is_none() => {
+                        pending.insert(index, tile);
+                    }
+                    Ok(_) => {
+                        let _ = token_tx.send(());
+                    }
+                    Err(e) => {
+                        abort.store(true, Ordering::Relaxed);
+                        // Keep the failure of the earliest tile: the first bad cell in input order.
+                        if failure.as_ref().is_none_or(|(i, _)| index < *i) {
+                            failure = Some((index, e));
+                        }
+                        // Nothing more is written: return the tokens of the tiles
+                        // held back and of this one, so the reader can stop.
+                        for _ in 0..=std::mem::take(&mut pending).len() {
+                            let _ = token_tx.send(());
+                        }
+                    }
+                }
+                while failure.is_none() {
+                    let Some(tile) = pending.remove(&next) else { break };
+                    if let Err(e) = writer.put_tile(next, tile.blob, tile.cells, tile.nnz) {
+                        abort.store(true, Ordering::Relaxed);
+                        failure = Some((next, TileFailure::Other(e.into())));
+                    }
+                    progress.advance(tile.cells);
+                    next += 1;
+                    let _ = token_tx.send(());
+                }
+            }
+            match failure {
+                Some((_, f)) => Err(f),
+                None => Ok(()),
+            }
+        });
+
+        let read_result = rayon::in_place_scope(|pool| -> Result<(), H5adError> {
+            let mut parts: Vec<Part> = Vec::new();
+            let mut cells_in_tile = 0u64;
+            let mut tile_index = 0usize;
+            let dispatch = |parts: Vec<Part>, cells: u64, index: usize| {
+                if token_rx.recv().is_err() {
+                    return;
+                }
+                let done = done_tx.clone();
+                let encoder = &encoder;
+                pool.spawn(move |_| {
+                    let result = encode_tile(parts, cells, n_genes, remap, encoder);
+                    let _ = done.send((index, result));
+                });
+            };
+            for (i, input) in scanned.iter().enumerate() {
+                if abort.load(Ordering::Relaxed) {
+                    break;
+                }
+                progress.file(&input.path);
+                let file = H5adFile::open(&input.path)?;
+                let mut m = file.matrix(matrix)?;
+                let mut row = 0u64;
+                while row < input.n_rows && !abort.load(Ordering::Relaxed) {
+                    let take = (tile_size - cells_in_tile).min(input.n_rows - row);
+                    let rows = m.read_rows(row..row + take)?;
+                    parts.push(Part { input: i, first_row: row, rows });
+                    row += take;
+                    cells_in_tile += take;
+                    if cells_in_tile == tile_size {
+                        dispatch(std::mem::take(&mut parts), cells_in_tile, tile_index);
+                        tile_index += 1;
+                        cells_in_tile = 0;
+                    }
+                }
+            }
+            if cells_in_tile > 0 && !abort.load(Ordering::Relaxed) {
+                dispatch(std::mem::take(&mut parts), cells_in_tile, tile_index);
+            }
+            Ok(())
+        });
+        if read_result.is_err() {
+            abort.store(true, Ordering::Relaxed);
+        }
+        drop(done_tx);
+        let write_result = writer_thread.join().expect("the writer thread does not panic");
+        (read_result, write_result)
+    });
+    read_result?;
+    match write_result {
+        Ok(()) => Ok(()),
+        Err(TileFailure::Other(e)) => Err(e),
+        Err(TileFailure::BadValue { input, row, gene, problem }) => {
+            let path = &scanned[input].path;
+            let file = H5adFile::open(path)?;
+            let bad = BadValue { row, gene, problem };
+            Err(describe_bad_value(&file, matrix, row, &bad, Some(var_names)).into())
+        }
+    }
+}
+
+/// Checks, remaps and encodes one tile's cells.
+fn encode_tile(parts: Vec<Part>, cells: u64, n_genes: u32, remap: &[u32], encoder: &TileEncoder) -> Result<EncodedTile, TileFailure> {
+    let mut block = CsrMatrix::empty(n_genes);
+    let mut origin: Vec<(usize, u64, u64)> = Vec::with_capacity(parts.len()); // (input, first_row, first cell in tile)
+    for part in parts {
+        origin.push((part.input, part.first_row, block.n_rows() as u64));
+        let counts = to_counts(&part.rows, n_genes, Some(remap)).map_err(|bad| TileFailure::BadValue {
+            input: part.input,
+            row: part.first_row + bad.row,
+            gene: bad.gene,
+            problem: bad.problem,
+        })?;
+        drop(part.rows);
+        block.append(&counts);
+    }
+    debug_assert_eq!(block.n_rows() as u64, cells);
+    let nnz = block.nnz() as u64;
+    match encoder.encode(&block) {
+        Ok(blob) => Ok(EncodedTile { blob, cells, nnz }),
+        Err(e) => match e.cell_and_gene() {
+            Some((cell, gene)) => {
+                let (input, first_row, first_cell) =
+                    *origin.iter().rev().find(|o| o.2 <= cell).expect("every cell comes from a part");
+                let source_gene = remap.iter().position(|&j| j == gene).unwrap_or(gene as usize) as u64;
+                Err(TileFailure::BadValue { input, row: first_row + (cell - first_cell), gene: source_gene, problem: e.problem() })
+            }
+            None => Err(TileFailure::Other(e.into())),
+        },
+    }
+}
+
+/// The error for a value that is not a count: file, matrix, cell (row and obs
+/// name), gene (index and name), the value, and a hint when another matrix of
+/// the file holds counts.
+fn describe_bad_value(file: &H5adFile, matrix: &str, row: u64, bad: &BadValue, var_names: Option<&[String]>) -> H5adError {
+    let obs_name = file
+        .obs_names()
+        .and_then(|names| names.get(row as usize).cloned())
+        .map(|n| format!(" ({n})"))
+        .unwrap_or_default();
+    let var_name = var_names
+        .map(<[String]>::to_vec)
+        .or_else(|| file.dataframe_index(H5adFile::var_group_for(matrix)).ok())
+        .and_then(|names| names.get(bad.gene as usize).cloned())
+        .map(|n| format!(" ({n})"))
+        .unwrap_or_default();
+    let hint = counts_hint(file, matrix).map(|m| format!("; {m} holds counts: use --matrix {m}")).unwrap_or_default();
+    H5adError::BadCount {
+        path: file.path().to_path_buf(),
+        matrix: matrix.to_string(),
+        row,
+        obs_name,
+        gene: bad.gene,
+        var_name,
+        problem: bad.problem.clone(),
+        hint,
+    }
+}
+
+/// Another matrix of the file whose first rows are whole non-negative numbers.
+fn counts_hint(file: &H5adFile, matrix: &str) -> Option<String> {
+    for other in file.matrix_names() {
+        if other == matrix {
+            continue;
+        }
+        let Ok(mut m) = file.matrix(&other) else { continue };
+        let rows = m.n_rows().min(1000);
+        if rows == 0 {
+            continue;
+        }
+        if let Ok(raw) = m.read_rows(0..rows) {
+            if to_counts(&raw, m.n_cols() as u32, None).is_ok() {
+                return Some(other);
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_spreads_evenly_with_first_and_last() {
+        assert_eq!(sampled_inputs(1, 10), vec![0]);
+        assert_eq!(sampled_inputs(3, 10), vec![0, 1, 2]);
+        assert_eq!(sampled_inputs(100, 10), vec![0, 11, 22, 33, 44, 55, 66, 77, 88, 99]);
+        assert_eq!(sampled_inputs(5, 2), vec![0, 4]);
+        assert_eq!(sampled_inputs(5, 0), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn gene_order_is_decreasing_totals_stable_on_ties() {
+        assert_eq!(gene_order_from_totals(&[5, 9, 5, 0, 9]), vec![1, 4, 0, 2, 3]);
+    }
+}

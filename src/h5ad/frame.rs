@@ -1,0 +1,232 @@
+//! AnnData dataframes (obs, var): the index and the columns, each read into one
+//! of the four kinds the format stores (category, numeric, bool, string).
+
+use std::sync::Arc;
+
+use arrow_array::{
+    ArrayRef, Float32Array, Float64Array, Int16Array, Int32Array, Int64Array, Int8Array, UInt16Array,
+    UInt32Array, UInt64Array, UInt8Array,
+};
+use hdf5::types::{FloatSize, IntSize, TypeDescriptor};
+
+use super::{read_string_attr, read_strings, H5adError, H5adFile};
+
+/// The vocabulary of a categorical column, in its own type.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Categories {
+    Strings(Vec<String>),
+    Ints(Vec<i64>),
+    Floats(Vec<f64>),
+    Bools(Vec<bool>),
+}
+
+impl Categories {
+    pub fn len(&self) -> usize {
+        match self {
+            Categories::Strings(v) => v.len(),
+            Categories::Ints(v) => v.len(),
+            Categories::Floats(v) => v.len(),
+            Categories::Bools(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One column, as read.
+#[derive(Clone, Debug)]
+pub enum FrameColumn {
+    /// Codes (-1 for missing) into `categories`.
+    Category { codes: Vec<i32>, categories: Categories, ordered: bool },
+    /// An Arrow array of the source's numeric type; missing values (masked, or
+    /// NaN in floats) are nulls.
+    Numeric(ArrayRef),
+    Bool(Vec<Option<bool>>),
+    String(Vec<Option<String>>),
+}
+
+impl FrameColumn {
+    pub fn len(&self) -> usize {
+        match self {
+            FrameColumn::Category { codes, .. } => codes.len(),
+            FrameColumn::Numeric(a) => a.len(),
+            FrameColumn::Bool(v) => v.len(),
+            FrameColumn::String(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A dataframe group: index name and values, and the columns in their order.
+pub struct Frame {
+    pub index_name: String,
+    pub index: Vec<String>,
+    pub columns: Vec<(String, FrameColumn)>,
+}
+
+/// A column of a type the format cannot store.
+fn unsupported_type(file: &H5adFile, object: &str, what: impl std::fmt::Display) -> H5adError {
+    file.unsupported(object, format!("{what}; leave the column out with --obs-exclude (or --no-var)"))
+}
+
+fn read_numeric(file: &H5adFile, object: &str, ds: &hdf5::Dataset, mask: Option<&[bool]>) -> Result<ArrayRef, H5adError> {
+    let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.invalid(object, e.to_string()))?;
+    let err = |e: hdf5::Error| file.invalid(object, e.to_string());
+    macro_rules! nullable {
+        ($t:ty, $array:ty) => {{
+            let v = ds.read_raw::<$t>().map_err(err)?;
+            let it = v.iter().enumerate().map(|(i, &x)| (!mask.is_some_and(|m| m.get(i).copied().unwrap_or(false))).then_some(x));
+            Arc::new(it.collect::<$array>()) as ArrayRef
+        }};
+    }
+    macro_rules! float {
+        ($t:ty, $array:ty) => {{
+            let v = ds.read_raw::<$t>().map_err(err)?;
+            let it = v
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| (!x.is_nan() && !mask.is_some_and(|m| m.get(i).copied().unwrap_or(false))).then_some(x));
+            Arc::new(it.collect::<$array>()) as ArrayRef
+        }};
+    }
+    Ok(match desc {
+        TypeDescriptor::Integer(IntSize::U1) => nullable!(i8, Int8Array),
+        TypeDescriptor::Integer(IntSize::U2) => nullable!(i16, Int16Array),
+        TypeDescriptor::Integer(IntSize::U4) => nullable!(i32, Int32Array),
+        TypeDescriptor::Integer(IntSize::U8) => nullable!(i64, Int64Array),
+        TypeDescriptor::Unsigned(IntSize::U1) => nullable!(u8, UInt8Array),
+        TypeDescriptor::Unsigned(IntSize::U2) => nullable!(u16, UInt16Array),
+        TypeDescriptor::Unsigned(IntSize::U4) => nullable!(u32, UInt32Array),
+        TypeDescriptor::Unsigned(IntSize::U8) => nullable!(u64, UInt64Array),
+        TypeDescriptor::Float(FloatSize::U4) => float!(f32, Float32Array),
+        TypeDescriptor::Float(FloatSize::U8) => float!(f64, Float64Array),
+        other => return Err(unsupported_type(file, object, format!("holds {other}"))),
+    })
+}
+
+fn read_bools(file: &H5adFile, object: &str, ds: &hdf5::Dataset) -> Result<Vec<bool>, H5adError> {
+    ds.read_raw::<bool>().map_err(|e| file.invalid(object, e.to_string()))
+}
+
+fn read_categories(file: &H5adFile, object: &str, ds: &hdf5::Dataset) -> Result<Categories, H5adError> {
+    let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.invalid(object, e.to_string()))?;
+    let err = |e: hdf5::Error| file.invalid(object, e.to_string());
+    Ok(match desc {
+        TypeDescriptor::Integer(_) | TypeDescriptor::Unsigned(_) => Categories::Ints(ds.read_raw::<i64>().map_err(err)?),
+        TypeDescriptor::Float(_) => Categories::Floats(ds.read_raw::<f64>().map_err(err)?),
+        TypeDescriptor::Boolean => Categories::Bools(read_bools(file, object, ds)?),
+        _ => Categories::Strings(read_strings(ds).map_err(|e| file.invalid(object, e))?),
+    })
+}
+
+fn read_codes(file: &H5adFile, object: &str, ds: &hdf5::Dataset, n_categories: usize) -> Result<Vec<i32>, H5adError> {
+    let codes = ds.read_raw::<i64>().map_err(|e| file.invalid(object, e.to_string()))?;
+    codes
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| {
+            if c < -1 || c >= n_categories as i64 {
+                Err(file.invalid(&format!("{object}[{i}]"), format!("code {c} outside -1..{n_categories}")))
+            } else {
+                Ok(c as i32)
+            }
+        })
+        .collect()
+}
+
+/// Reads column `name` of dataframe group `group_name`.
+pub fn read_column(file: &H5adFile, group_name: &str, name: &str) -> Result<FrameColumn, H5adError> {
+    let object = format!("{group_name}/{name}");
+    let group = file.file().group(group_name).map_err(|_| file.invalid(group_name, "missing"))?;
+    if let Ok(sub) = group.group(name) {
+        let encoding = read_string_attr(&sub, "encoding-type").map_err(|e| file.invalid(&object, e))?;
+        let member = |m: &str| sub.dataset(m).map_err(|_| file.invalid(&format!("{object}/{m}"), "missing"));
+        let mask = |sub_object: &str| -> Result<Vec<bool>, H5adError> {
+            read_bools(file, sub_object, &member("mask")?)
+        };
+        return match encoding.as_deref() {
+            Some("categorical") => {
+                let categories = read_categories(file, &format!("{object}/categories"), &member("categories")?)?;
+                let codes = read_codes(file, &format!("{object}/codes"), &member("codes")?, categories.len())?;
+                let ordered = sub.attr("ordered").and_then(|a| a.read_scalar::<bool>()).unwrap_or(false);
+                Ok(FrameColumn::Category { codes, categories, ordered })
+            }
+            Some("nullable-integer") => {
+                let m = mask(&format!("{object}/mask"))?;
+                Ok(FrameColumn::Numeric(read_numeric(file, &format!("{object}/values"), &member("values")?, Some(&m))?))
+            }
+            Some("nullable-boolean") => {
+                let m = mask(&format!("{object}/mask"))?;
+                let v = read_bools(file, &format!("{object}/values"), &member("values")?)?;
+                Ok(FrameColumn::Bool(v.iter().zip(&m).map(|(&v, &missing)| (!missing).then_some(v)).collect()))
+            }
+            Some("nullable-string-array") => {
+                let m = mask(&format!("{object}/mask"))?;
+                let v = read_strings(&member("values")?).map_err(|e| file.invalid(&format!("{object}/values"), e))?;
+                Ok(FrameColumn::String(v.into_iter().zip(&m).map(|(v, &missing)| (!missing).then_some(v)).collect()))
+            }
+            other => Err(unsupported_type(file, &object, format!("encoding-type {}", other.unwrap_or("(none)")))),
+        };
+    }
+    let ds = group.dataset(name).map_err(|_| file.invalid(&object, "missing"))?;
+    if ds.shape().len() != 1 {
+        return Err(unsupported_type(file, &object, format!("a {}-D array", ds.shape().len())));
+    }
+    // anndata before 0.8: categorical codes here, categories in __categories/<name>.
+    if let Ok(cats) = group.dataset(&format!("__categories/{name}")) {
+        let categories = read_categories(file, &format!("{group_name}/__categories/{name}"), &cats)?;
+        let codes = read_codes(file, &object, &ds, categories.len())?;
+        return Ok(FrameColumn::Category { codes, categories, ordered: false });
+    }
+    let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.invalid(&object, e.to_string()))?;
+    match desc {
+        TypeDescriptor::Boolean => Ok(FrameColumn::Bool(read_bools(file, &object, &ds)?.into_iter().map(Some).collect())),
+        TypeDescriptor::VarLenUnicode | TypeDescriptor::VarLenAscii | TypeDescriptor::FixedAscii(_) | TypeDescriptor::FixedUnicode(_) => {
+            Ok(FrameColumn::String(read_strings(&ds).map_err(|e| file.invalid(&object, e))?.into_iter().map(Some).collect()))
+        }
+        _ => Ok(FrameColumn::Numeric(read_numeric(file, &object, &ds, None)?)),
+    }
+}
+
+/// Reads a whole dataframe group: its index and every column in column-order
+/// (then any other member that is not the index or `__categories`).
+pub fn read_frame(file: &H5adFile, group_name: &str) -> Result<Frame, H5adError> {
+    let group = file.file().group(group_name).map_err(|_| file.invalid(group_name, "missing"))?;
+    let index_name = read_string_attr(&group, "_index").map_err(|e| file.invalid(group_name, e))?.unwrap_or_else(|| "_index".into());
+    let index = file.dataframe_index(group_name)?;
+    let mut names: Vec<String> = match group.attr("column-order") {
+        Ok(attr) if attr.size() > 0 => {
+            let as_strings: Result<Vec<String>, String> = (|| {
+                let desc = attr.dtype().and_then(|t| t.to_descriptor()).map_err(|e| e.to_string())?;
+                match desc {
+                    TypeDescriptor::Float(_) => Ok(Vec::new()),
+                    _ => super::strings::read_attr_strings(&attr),
+                }
+            })();
+            as_strings.map_err(|e| file.invalid(&format!("{group_name}/@column-order"), e))?
+        }
+        _ => Vec::new(),
+    };
+    for member in group.member_names().unwrap_or_default() {
+        if member != index_name && member != "__categories" && !names.contains(&member) {
+            names.push(member);
+        }
+    }
+    let mut columns = Vec::with_capacity(names.len());
+    for name in names {
+        let column = read_column(file, group_name, &name)?;
+        if column.len() != index.len() {
+            return Err(file.invalid(
+                &format!("{group_name}/{name}"),
+                format!("has {} rows but the index has {}", column.len(), index.len()),
+            ));
+        }
+        columns.push((name, column));
+    }
+    Ok(Frame { index_name, index, columns })
+}
