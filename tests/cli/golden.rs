@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::util::TestDir;
 
 /// ../shared/golden, or None (with a note) where it is absent, as in a user's clone.
-fn golden() -> Option<PathBuf> {
+pub fn golden() -> Option<PathBuf> {
     let dir = std::env::var_os("DELTACELLS_GOLDEN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/golden"));

@@ -6,6 +6,13 @@ use std::path::Path;
 use hdf5::types::VarLenUnicode;
 use hdf5::H5Type;
 
+/// Creates an HDF5 file that is really closed when the handle is dropped (the
+/// "strong" close degree closes every object still open in it).
+pub fn create(path: &Path) -> hdf5::File {
+    use hdf5::file::FileCloseDegree;
+    hdf5::File::with_options().with_fapl(|p| p.fclose_degree(FileCloseDegree::Strong)).create(path).unwrap()
+}
+
 pub fn vlu(s: &str) -> VarLenUnicode {
     s.parse().expect("no NUL in test strings")
 }
@@ -123,7 +130,7 @@ fn ndarray_like<T: Clone>(flat: &[T], rows: usize, cols: usize) -> ndarray::Arra
 
 /// An AnnData file with integer counts in X (CSR, f32), obs and var indexes.
 pub fn write_counts(path: &Path, rows: &Rows, n_genes: usize, cell_prefix: &str) {
-    let f = hdf5::File::create(path).unwrap();
+    let f = create(path);
     str_attr(&f, "encoding-type", "anndata");
     str_attr(&f, "encoding-version", "0.1.0");
     matrix(&f, "X", rows, n_genes, Layout::Csr, |v| v as f32);

@@ -2,6 +2,8 @@
 //! datasets the tests write themselves and on the conformance vectors in
 //! ../shared/golden (skipped, with a note, where ../shared is absent).
 
+mod convert;
 mod dataset;
 mod golden;
+mod h5;
 mod util;
