@@ -38,6 +38,14 @@ pub(crate) enum Command {
     /// manifest.json is written last, so an interrupted conversion leaves a
     /// folder that verify reports as incomplete.
     Convert(ConvertArgs),
+    /// Write cells of a dataset back as an AnnData .h5ad file.
+    ///
+    /// X is written as an int32 CSR matrix, with the dataset's gene names as
+    /// var and the cell indices (or obs names) as obs. By default genes are in
+    /// the dataset's column order (sorted by total counts); --source-gene-order
+    /// restores the order of the original .h5ad files. The file is written
+    /// under a temporary name and renamed when complete.
+    Export(ExportArgs),
     /// Summarize a dataset: cells, genes, tiles, size, encoding, obs and var.
     Info(InfoArgs),
     /// Check every tile, file and checksum of a dataset, reporting every problem.
@@ -118,4 +126,24 @@ pub(crate) struct ConvertArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ExportArgs {
+    /// The dataset: a local folder or file:// URL.
+    pub dataset: String,
+    /// The .h5ad file to write.
+    pub out: String,
+    /// Only cells START:END (global indices, END excluded; either may be left out).
+    #[arg(long, value_name = "START:END")]
+    pub cells: Option<String>,
+    /// Put genes back in the order of the source files (needs gene_order.npy).
+    #[arg(long)]
+    pub source_gene_order: bool,
+    /// Replace OUT if it exists.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// No progress bar and no summary line.
+    #[arg(long, short)]
+    pub quiet: bool,
 }

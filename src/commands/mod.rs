@@ -6,12 +6,14 @@ use std::process::ExitCode;
 use crate::cli::{Cli, Command};
 
 mod convert;
+mod export;
 mod info;
 mod verify;
 
 pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Convert(args) => convert::run(&args),
+        Command::Export(args) => export::run(&args),
         Command::Info(args) => info::run(&args),
         Command::Verify(args) => verify::run(&args),
     }

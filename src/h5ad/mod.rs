@@ -11,6 +11,7 @@
 
 pub mod frame;
 mod strings;
+pub mod write;
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};

@@ -6,4 +6,5 @@ mod convert;
 mod dataset;
 mod golden;
 mod h5;
+mod pbmc;
 mod util;

@@ -142,3 +142,18 @@ pub fn synthetic_matrix(n_cells: usize, n_genes: u32, seed: u64) -> CsrMatrix {
     }
     m
 }
+
+/// Runs tests/python/check_roundtrip.py with ARGS under $DELTACELLS_PYTHON (set
+/// by scripts/test.sh, whose venv has anndata, pandas and pyarrow); skipped
+/// with a note where it is not set.
+pub fn python_check(args: &[&str]) {
+    let Some(python) = std::env::var_os("DELTACELLS_PYTHON") else {
+        eprintln!("note: DELTACELLS_PYTHON not set; anndata/pandas checks skipped");
+        return;
+    };
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/check_roundtrip.py");
+    let out = Command::new(python).arg(script).args(args).output().expect("run python");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "Python check failed:\n{text}");
+    eprint!("{text}");
+}
