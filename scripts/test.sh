@@ -7,6 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
+# Real data for the end-to-end test, when the shared folder is beside the repo.
+if [ -x ../shared/data/fetch-pbmc.sh ] && [ -z "${DELTACELLS_PBMC:-}" ]; then
+  ../shared/data/fetch-pbmc.sh data/pbmc >/dev/null
+fi
 export DELTACELLS_PYTHON="$PWD/.venv/bin/python"
 cargo test "$@"
 # The benchmarks are not run here (see README, "Performance"), only compiled.
