@@ -50,7 +50,9 @@ impl Default for ConvertOptions {
             write_var: true,
             overwrite: false,
             metadata: Map::new(),
-            max_in_flight: rayon::current_num_threads() + 1,
+            // Each tile's chunks already use every core; one tile encoding while
+            // the next is read keeps memory at two tiles whatever the input size.
+            max_in_flight: 1,
         }
     }
 }
@@ -291,18 +293,39 @@ fn gene_totals(
         progress.file(&input.path);
         let file = H5adFile::open(&input.path)?;
         let mut m = file.matrix(matrix)?;
+        // Reading (HDF5, this thread) overlaps checking and summing the block
+        // read before (the rayon pool).
+        let mut pending: Option<(u64, RawRows)> = None;
         let mut start = 0;
-        while start < input.n_rows {
+        loop {
             let end = (start + SCAN_ROWS).min(input.n_rows);
-            let raw = m.read_rows(start..end)?;
-            let counts = to_counts(&raw, n_genes, None)
-                .map_err(|bad| describe_bad_value(&file, matrix, start + bad.row, &bad, None))?;
-            for (&g, &c) in counts.indices.iter().zip(&counts.data) {
-                totals[g as usize] += u64::from(c);
+            let (next, counted) = rayon::join(
+                || if start < input.n_rows { m.read_rows(start..end).map(Some) } else { Ok(None) },
+                || pending.take().map(|(first, raw)| (first, raw.indptr.len() as u64 - 1, block_totals(&raw, n_genes))),
+            );
+            if let Some((first, rows, result)) = counted {
+                let block = result.map_err(|bad| describe_bad_value(&file, matrix, first + bad.row, &bad, None))?;
+                for (t, b) in totals.iter_mut().zip(&block) {
+                    *t += b;
+                }
+                progress.advance(rows);
             }
-            progress.advance(end - start);
+            match next? {
+                Some(raw) => pending = Some((start, raw)),
+                None => break,
+            }
             start = end;
         }
+    }
+    Ok(totals)
+}
+
+/// Checks one block's values as counts and sums them per gene.
+fn block_totals(raw: &RawRows, n_genes: u32) -> Result<Vec<u64>, BadValue> {
+    let counts = to_counts(raw, n_genes, None)?;
+    let mut totals = vec![0u64; n_genes as usize];
+    for (&g, &c) in counts.indices.iter().zip(&counts.data) {
+        totals[g as usize] += u64::from(c);
     }
     Ok(totals)
 }
