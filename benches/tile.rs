@@ -100,7 +100,15 @@ fn synthetic_tile() -> CsrMatrix {
             }
             let r = next() % 100;
             m.indices.push(gene as u32);
-            m.data.push(if r < 55 { 1 } else if r < 75 { 2 } else if r < 95 { 3 + (r % 5) as u32 } else { 10 + (next() % 200) as u32 });
+            m.data.push(if r < 55 {
+                1
+            } else if r < 75 {
+                2
+            } else if r < 95 {
+                3 + (r % 5) as u32
+            } else {
+                10 + (next() % 200) as u32
+            });
         }
         m.indptr.push(m.indices.len() as u64);
     }

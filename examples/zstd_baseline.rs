@@ -30,9 +30,8 @@ fn main() -> anyhow::Result<()> {
     let bytes: usize = planes.iter().map(Vec::len).sum();
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build()?;
     let started = Instant::now();
-    let compressed: usize = pool.install(|| {
-        planes.par_iter().map(|p| zstd::bulk::compress(p, level).expect("compresses").len()).sum()
-    });
+    let compressed: usize =
+        pool.install(|| planes.par_iter().map(|p| zstd::bulk::compress(p, level).expect("compresses").len()).sum());
     let seconds = started.elapsed().as_secs_f64();
     println!("{} {bytes} {compressed} {seconds:.3}", planes.len());
     Ok(())

@@ -12,10 +12,17 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 want=(cmake anndata h5py pandas pyarrow)
-missing=()
-for pkg in "${want[@]}"; do
-  .venv/bin/python -m pip show --quiet "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
-done
+read -r -a missing < <(.venv/bin/python - "${want[@]}" <<'PY'
+import importlib.metadata, sys
+missing = []
+for name in sys.argv[1:]:
+    try:
+        importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        missing.append(name)
+print(" ".join(missing))
+PY
+)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]} into .venv" >&2
   .venv/bin/python -m pip install --quiet --disable-pip-version-check "${missing[@]}" >&2

@@ -18,7 +18,7 @@ use anyhow::{bail, Context};
 use serde_json::{json, Map, Value};
 
 use crate::format::{self, npy, CsrMatrix, TileEncoder, MAX_GENES};
-use crate::h5ad::{to_counts, BadValue, H5adError, H5adFile, RawRows};
+use crate::h5ad::{to_counts, BadCount, BadValue, H5adError, H5adFile, RawRows};
 use crate::storage::Storage;
 use crate::writer::{DatasetWriter, ManifestFlags, WriteOptions};
 
@@ -141,7 +141,8 @@ pub fn sampled_inputs(n: usize, want: usize) -> Vec<usize> {
         0 => Vec::new(),
         1 => vec![0],
         _ => {
-            let mut picked: Vec<usize> = (0..k).map(|i| ((i * (n - 1)) as f64 / (k - 1) as f64).round() as usize).collect();
+            let mut picked: Vec<usize> =
+                (0..k).map(|i| ((i * (n - 1)) as f64 / (k - 1) as f64).round() as usize).collect();
             picked.dedup();
             picked
         }
@@ -239,7 +240,11 @@ pub fn convert(
 
 /// Opens every input: the matrix's shape, and the same genes in the same order
 /// as the first file.
-fn scan_inputs(inputs: &[PathBuf], matrix: &str, progress: &dyn ConvertProgress) -> anyhow::Result<(Vec<Input>, Vec<String>)> {
+fn scan_inputs(
+    inputs: &[PathBuf],
+    matrix: &str,
+    progress: &dyn ConvertProgress,
+) -> anyhow::Result<(Vec<Input>, Vec<String>)> {
     progress.phase("scanning", 0);
     let mut scanned = Vec::with_capacity(inputs.len());
     let mut reference: Option<Vec<String>> = None;
@@ -462,7 +467,13 @@ fn write_tiles(
 }
 
 /// Checks, remaps and encodes one tile's cells.
-fn encode_tile(parts: Vec<Part>, cells: u64, n_genes: u32, remap: &[u32], encoder: &TileEncoder) -> Result<EncodedTile, TileFailure> {
+fn encode_tile(
+    parts: Vec<Part>,
+    cells: u64,
+    n_genes: u32,
+    remap: &[u32],
+    encoder: &TileEncoder,
+) -> Result<EncodedTile, TileFailure> {
     let mut block = CsrMatrix::empty(n_genes);
     let mut origin: Vec<(usize, u64, u64)> = Vec::with_capacity(parts.len()); // (input, first_row, first cell in tile)
     for part in parts {
@@ -485,7 +496,12 @@ fn encode_tile(parts: Vec<Part>, cells: u64, n_genes: u32, remap: &[u32], encode
                 let (input, first_row, first_cell) =
                     *origin.iter().rev().find(|o| o.2 <= cell).expect("every cell comes from a part");
                 let source_gene = remap.iter().position(|&j| j == gene).unwrap_or(gene as usize) as u64;
-                Err(TileFailure::BadValue { input, row: first_row + (cell - first_cell), gene: source_gene, problem: e.problem() })
+                Err(TileFailure::BadValue {
+                    input,
+                    row: first_row + (cell - first_cell),
+                    gene: source_gene,
+                    problem: e.problem(),
+                })
             }
             None => Err(TileFailure::Other(e.into())),
         },
@@ -495,7 +511,13 @@ fn encode_tile(parts: Vec<Part>, cells: u64, n_genes: u32, remap: &[u32], encode
 /// The error for a value that is not a count: file, matrix, cell (row and obs
 /// name), gene (index and name), the value, and a hint when another matrix of
 /// the file holds counts.
-fn describe_bad_value(file: &H5adFile, matrix: &str, row: u64, bad: &BadValue, var_names: Option<&[String]>) -> H5adError {
+fn describe_bad_value(
+    file: &H5adFile,
+    matrix: &str,
+    row: u64,
+    bad: &BadValue,
+    var_names: Option<&[String]>,
+) -> H5adError {
     let obs_name = file
         .obs_names()
         .and_then(|names| names.get(row as usize).cloned())
@@ -508,7 +530,7 @@ fn describe_bad_value(file: &H5adFile, matrix: &str, row: u64, bad: &BadValue, v
         .map(|n| format!(" ({n})"))
         .unwrap_or_default();
     let hint = counts_hint(file, matrix).map(|m| format!("; {m} holds counts: use --matrix {m}")).unwrap_or_default();
-    H5adError::BadCount {
+    H5adError::BadCount(Box::new(BadCount {
         path: file.path().to_path_buf(),
         matrix: matrix.to_string(),
         row,
@@ -517,7 +539,7 @@ fn describe_bad_value(file: &H5adFile, matrix: &str, row: u64, bad: &BadValue, v
         var_name,
         problem: bad.problem.clone(),
         hint,
-    }
+    }))
 }
 
 /// Another matrix of the file whose first rows are whole non-negative numbers.

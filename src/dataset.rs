@@ -110,7 +110,10 @@ impl Dataset {
         let key = format::tile_key(tile);
         let location = self.storage.location(&key);
         if tile >= self.n_tiles() {
-            return Err(DatasetError::Invalid { location, message: format!("the dataset has {} tiles", self.n_tiles()) });
+            return Err(DatasetError::Invalid {
+                location,
+                message: format!("the dataset has {} tiles", self.n_tiles()),
+            });
         }
         let blob = self
             .storage
@@ -143,7 +146,8 @@ impl Dataset {
         }
         let first = self.locate(range.start)?.0;
         let last = self.locate(range.end - 1)?.0;
-        let tiles: Vec<CsrMatrix> = (first..=last).into_par_iter().map(|t| self.read_tile(t)).collect::<Result<_, _>>()?;
+        let tiles: Vec<CsrMatrix> =
+            (first..=last).into_par_iter().map(|t| self.read_tile(t)).collect::<Result<_, _>>()?;
         for (t, tile) in (first..=last).zip(&tiles) {
             let cells = self.tile_cells(t);
             let lo = range.start.max(cells.start) - cells.start;
@@ -175,20 +179,26 @@ impl Dataset {
         Ok(out)
     }
 
+    /// An optional file whose has_* flag is true: its location and bytes.
+    fn flagged_file(&self, key: &str, flag: &str) -> Result<(String, bytes::Bytes), DatasetError> {
+        let location = self.storage.location(key);
+        match self.storage.get(key)? {
+            Some(bytes) => Ok((location, bytes)),
+            None => Err(DatasetError::Missing { location, what: format!("{flag} is true") }),
+        }
+    }
+
     /// gene_order.npy, when the dataset has it: `gene_order[j]` is the source
     /// column stored as column j.
     pub fn gene_order(&self) -> Result<Option<Vec<i32>>, DatasetError> {
         if !self.manifest.has_gene_order {
             return Ok(None);
         }
-        let key = format::GENE_ORDER_KEY;
-        let location = self.storage.location(key);
-        let bytes = self.storage.get(key)?.ok_or_else(|| DatasetError::Missing {
-            location: location.clone(),
-            what: "has_gene_order is true".into(),
-        })?;
-        let order = npy::read_i32(&bytes).map_err(|e| DatasetError::Invalid { location: location.clone(), message: e.to_string() })?;
-        npy::check_permutation(&order, self.manifest.n_genes).map_err(|message| DatasetError::Invalid { location, message })?;
+        let (location, bytes) = self.flagged_file(format::GENE_ORDER_KEY, "has_gene_order")?;
+        let order = npy::read_i32(&bytes)
+            .map_err(|e| DatasetError::Invalid { location: location.clone(), message: e.to_string() })?;
+        npy::check_permutation(&order, self.manifest.n_genes)
+            .map_err(|message| DatasetError::Invalid { location, message })?;
         Ok(Some(order))
     }
 
@@ -197,13 +207,10 @@ impl Dataset {
         if !self.manifest.has_var_names {
             return Ok(None);
         }
-        let key = format::VAR_NAMES_KEY;
-        let location = self.storage.location(key);
-        let bytes = self.storage.get(key)?.ok_or_else(|| DatasetError::Missing {
-            location: location.clone(),
-            what: "has_var_names is true".into(),
-        })?;
-        parse_var_names(&bytes, self.manifest.n_genes).map(Some).map_err(|message| DatasetError::Invalid { location, message })
+        let (location, bytes) = self.flagged_file(format::VAR_NAMES_KEY, "has_var_names")?;
+        parse_var_names(&bytes, self.manifest.n_genes)
+            .map(Some)
+            .map_err(|message| DatasetError::Invalid { location, message })
     }
 }
 

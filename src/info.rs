@@ -97,10 +97,12 @@ pub fn dataset_info(ds: &Dataset) -> Result<DatasetInfo, DatasetError> {
     let var_columns = if m.has_var_table {
         let key = format::VAR_TABLE_KEY;
         let location = storage.location(key);
-        let bytes = storage
-            .get(key)?
-            .ok_or_else(|| DatasetError::Missing { location: location.clone(), what: "has_var_table is true".into() })?;
-        let (columns, index) = obs::parquet_columns(bytes).map_err(|message| DatasetError::Invalid { location, message })?;
+        let bytes = storage.get(key)?.ok_or_else(|| DatasetError::Missing {
+            location: location.clone(),
+            what: "has_var_table is true".into(),
+        })?;
+        let (columns, index) =
+            obs::parquet_columns(bytes).map_err(|message| DatasetError::Invalid { location, message })?;
         Some(
             columns
                 .into_iter()

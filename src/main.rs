@@ -10,7 +10,9 @@ fn main() -> ExitCode {
     match commands::run(cli) {
         Ok(code) => code,
         Err(err) => {
-            if err.chain().any(|e| e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)) {
+            if err.chain().any(|e| {
+                e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) {
                 return ExitCode::SUCCESS;
             }
             eprintln!("deltacells: {err:#}");

@@ -114,10 +114,16 @@ fn check_tiles(
             };
             progress.advance(blob.len() as u64);
             if blob.len() as u64 != manifest.tile_bytes[t] {
-                add("tile-bytes", format!("tile is {} bytes, the manifest says {}", blob.len(), manifest.tile_bytes[t]));
+                add(
+                    "tile-bytes",
+                    format!("tile is {} bytes, the manifest says {}", blob.len(), manifest.tile_bytes[t]),
+                );
             }
-            let expect =
-                TileExpectation { n_cells: manifest.tile_cells[t], nnz: manifest.tile_nnz[t], n_genes: manifest.n_genes as u32 };
+            let expect = TileExpectation {
+                n_cells: manifest.tile_cells[t],
+                nnz: manifest.tile_nnz[t],
+                n_genes: manifest.n_genes as u32,
+            };
             if let Err(e) = format::decode_tile(&blob, Some(&expect)) {
                 add(e.rule(), format!("tile {t}: {e}"));
             }
@@ -161,22 +167,32 @@ fn flagged_file(
 
 fn check_var(storage: &dyn Storage, manifest: &Manifest, problems: &mut Problems) -> Result<(), StorageError> {
     let n_genes = manifest.n_genes;
-    if let Some(bytes) = flagged_file(storage, format::GENE_ORDER_KEY, "has_gene_order", manifest.has_gene_order, problems)? {
+    if let Some(bytes) =
+        flagged_file(storage, format::GENE_ORDER_KEY, "has_gene_order", manifest.has_gene_order, problems)?
+    {
         match npy::read_i32(&bytes) {
             Err(e) => problems.add(format::GENE_ORDER_KEY, "gene-order", e.to_string()),
             Ok(order) => {
                 if let Err(e) = npy::check_permutation(&order, n_genes) {
-                    problems.add(format::GENE_ORDER_KEY, "gene-order", format!("not a permutation of 0..{n_genes}: {e}"));
+                    problems.add(
+                        format::GENE_ORDER_KEY,
+                        "gene-order",
+                        format!("not a permutation of 0..{n_genes}: {e}"),
+                    );
                 }
             }
         }
     }
-    if let Some(bytes) = flagged_file(storage, format::VAR_NAMES_KEY, "has_var_names", manifest.has_var_names, problems)? {
+    if let Some(bytes) =
+        flagged_file(storage, format::VAR_NAMES_KEY, "has_var_names", manifest.has_var_names, problems)?
+    {
         if let Err(e) = parse_var_names(&bytes, n_genes) {
             problems.add(format::VAR_NAMES_KEY, "var-names", e);
         }
     }
-    if let Some(bytes) = flagged_file(storage, format::VAR_TABLE_KEY, "has_var_table", manifest.has_var_table, problems)? {
+    if let Some(bytes) =
+        flagged_file(storage, format::VAR_TABLE_KEY, "has_var_table", manifest.has_var_table, problems)?
+    {
         match obs::parquet_rows(bytes) {
             Err(e) => problems.add(format::VAR_TABLE_KEY, "var-table", e),
             Ok(rows) if rows != n_genes => {
@@ -226,7 +242,9 @@ fn check_obs(storage: &dyn Storage, manifest: &Manifest, problems: &mut Problems
         .map(|s| {
             let key = format::obs_shard_key(s);
             let mut found = Vec::new();
-            let mut add = |rule: &str, message: String| found.push(Problem { file: key.clone(), tile: None, rule: rule.into(), message });
+            let mut add = |rule: &str, message: String| {
+                found.push(Problem { file: key.clone(), tile: None, rule: rule.into(), message })
+            };
             let Some(bytes) = storage.get(&key)? else {
                 add("obs-shard", format!("shard {s} is missing"));
                 return Ok(found);
@@ -260,7 +278,10 @@ fn check_obs(storage: &dyn Storage, manifest: &Manifest, problems: &mut Problems
             problems.add(
                 format::MANIFEST_KEY,
                 "obs-fingerprint",
-                format!("obs_fingerprint is {}, but schema, tile_cells and shard hashes give {computed}", obs_fields.fingerprint),
+                format!(
+                    "obs_fingerprint is {}, but schema, tile_cells and shard hashes give {computed}",
+                    obs_fields.fingerprint
+                ),
             );
         }
     }

@@ -1,6 +1,5 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Mutex;
 
 use anyhow::{bail, Context};
 use indicatif::{HumanBytes, HumanCount, ProgressBar, ProgressStyle};
@@ -15,12 +14,10 @@ use crate::cli::ConvertArgs;
 /// The progress bar: cells done of the phase's total, rate, ETA, current file.
 struct Bar {
     bar: ProgressBar,
-    phase: Mutex<String>,
 }
 
 impl ConvertProgress for Bar {
     fn phase(&self, name: &str, total_cells: u64) {
-        *self.phase.lock().expect("not poisoned") = name.to_string();
         self.bar.set_length(total_cells);
         self.bar.set_position(0);
         self.bar.set_prefix(name.to_string());
@@ -87,7 +84,7 @@ pub(crate) fn run(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
     } else {
         ProgressBar::hidden()
     };
-    let progress = Bar { bar: bar.clone(), phase: Mutex::new(String::new()) };
+    let progress = Bar { bar: bar.clone() };
     let summary = convert(&inputs, &store, &options, &progress).context("convert")?;
     bar.finish_and_clear();
     if args.json {

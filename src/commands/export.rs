@@ -56,7 +56,10 @@ pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         ds.var_names().context("export")?.unwrap_or_else(|| (0..ds.n_genes()).map(|g| g.to_string()).collect());
     let order = if args.source_gene_order {
         let Some(order) = ds.gene_order().context("export")? else {
-            bail!("export: {}: --source-gene-order needs gene_order.npy, which this dataset does not have", args.dataset);
+            bail!(
+                "export: {}: --source-gene-order needs gene_order.npy, which this dataset does not have",
+                args.dataset
+            );
         };
         let mut source_names = vec![String::new(); var_names.len()];
         for (j, &g) in order.iter().enumerate() {
@@ -70,7 +73,8 @@ pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     let obs_names: Vec<String> = range.clone().map(|c| c.to_string()).collect();
 
     let bar = if super::show_progress(args.quiet) {
-        let style = ProgressStyle::with_template("export {bar:30} {human_pos}/{human_len} cells {per_sec} ETA {eta}").expect("valid");
+        let style = ProgressStyle::with_template("export {bar:30} {human_pos}/{human_len} cells {per_sec} ETA {eta}")
+            .expect("valid");
         ProgressBar::new(range.end - range.start).with_style(style)
     } else {
         ProgressBar::hidden()
@@ -99,7 +103,12 @@ pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     }
     writer.finish(&obs_names, &var_names).with_context(|| format!("export: {}", out.display()))?;
     if !args.quiet {
-        println!("{}: {} cells x {} genes", out.display(), HumanCount(range.end - range.start), HumanCount(ds.n_genes().into()));
+        println!(
+            "{}: {} cells x {} genes",
+            out.display(),
+            HumanCount(range.end - range.start),
+            HumanCount(ds.n_genes().into())
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

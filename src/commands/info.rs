@@ -30,7 +30,11 @@ pub(crate) fn run(args: &InfoArgs) -> anyhow::Result<ExitCode> {
         HumanBytes(info.tile_bytes),
         info.bytes_per_nonzero
     )?;
-    writeln!(out, "encoding     format version {}, {} chunks per tile, zstd level {}", info.version, info.n_chunks, info.zstd_level)?;
+    writeln!(
+        out,
+        "encoding     format version {}, {} chunks per tile, zstd level {}",
+        info.version, info.n_chunks, info.zstd_level
+    )?;
     writeln!(
         out,
         "files        gene_order.npy: {}, var_names.txt: {}, var.parquet: {}, obs: {}",

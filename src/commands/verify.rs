@@ -26,8 +26,10 @@ pub(crate) fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let store = storage::open(&args.dataset).context("verify")?;
     let bar = if super::show_progress(args.quiet) {
-        let style = ProgressStyle::with_template("verify {bar:30} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} {eta}")
-            .expect("valid template");
+        let style = ProgressStyle::with_template(
+            "verify {bar:30} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} {eta}",
+        )
+        .expect("valid template");
         ProgressBar::new(0).with_style(style)
     } else {
         ProgressBar::hidden()

@@ -148,9 +148,11 @@ impl Manifest {
             counts(format!("n_genes {} outside 1..2^31", self.n_genes));
         }
         let n_tiles = if self.tile_size == 0 { 0 } else { self.n_cells.div_ceil(self.tile_size) };
-        for (key, len) in
-            [("tile_cells", self.tile_cells.len()), ("tile_nnz", self.tile_nnz.len()), ("tile_bytes", self.tile_bytes.len())]
-        {
+        for (key, len) in [
+            ("tile_cells", self.tile_cells.len()),
+            ("tile_nnz", self.tile_nnz.len()),
+            ("tile_bytes", self.tile_bytes.len()),
+        ] {
             if len as u64 != n_tiles {
                 counts(format!(
                     "{key} has {len} entries, but {} cells in tiles of {} need {n_tiles}",
@@ -165,7 +167,10 @@ impl Manifest {
         let last = self.tile_cells.len().saturating_sub(1);
         for (i, &cells) in self.tile_cells.iter().enumerate() {
             if i < last && cells != self.tile_size {
-                counts(format!("tile {i} has {cells} cells; every tile but the last must have tile_size {}", self.tile_size));
+                counts(format!(
+                    "tile {i} has {cells} cells; every tile but the last must have tile_size {}",
+                    self.tile_size
+                ));
             }
             if i == last && (cells == 0 || cells > self.tile_size) {
                 counts(format!("last tile {i} has {cells} cells, outside 1..{}", self.tile_size));
@@ -182,7 +187,9 @@ impl Manifest {
                 obs_err("obs_tiles_per_file is 0".into());
             } else {
                 let n_shards = (self.tile_cells.len() as u64).div_ceil(obs.tiles_per_file);
-                for (key, len) in [("obs_shard_bytes", obs.shard_bytes.len()), ("obs_shard_sha256", obs.shard_sha256.len())] {
+                for (key, len) in
+                    [("obs_shard_bytes", obs.shard_bytes.len()), ("obs_shard_sha256", obs.shard_sha256.len())]
+                {
                     if len as u64 != n_shards {
                         obs_err(format!(
                             "{key} has {len} entries, but {} tiles in shards of {} need {n_shards}",

@@ -48,7 +48,9 @@ fn allowed_types(kind: ObsKind) -> &'static [&'static str] {
     match kind {
         // decisions.md 16: any signed integer type that holds the codes
         ObsKind::Category => &["int8", "int16", "int32", "int64"],
-        ObsKind::Numeric => &["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float", "double"],
+        ObsKind::Numeric => {
+            &["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float", "double"]
+        }
         ObsKind::Bool => &["bool"],
         ObsKind::String => &["string"],
     }
@@ -72,10 +74,17 @@ impl ObsSchema {
                 return Err(format!("column {:?} appears twice", c.name));
             }
             if !allowed_types(c.kind).contains(&c.arrow_type.as_str()) {
-                return Err(format!("column {:?}: arrow_type {:?} is not allowed for kind {}", c.name, c.arrow_type, c.kind.as_str()));
+                return Err(format!(
+                    "column {:?}: arrow_type {:?} is not allowed for kind {}",
+                    c.name,
+                    c.arrow_type,
+                    c.kind.as_str()
+                ));
             }
             match (c.kind, &c.categories) {
-                (ObsKind::Category, None) => return Err(format!("column {:?}: a category column needs categories", c.name)),
+                (ObsKind::Category, None) => {
+                    return Err(format!("column {:?}: a category column needs categories", c.name))
+                }
                 (ObsKind::Category, Some(cats)) => {
                     let max = match c.arrow_type.as_str() {
                         "int8" => i8::MAX as usize,
@@ -84,10 +93,17 @@ impl ObsSchema {
                         _ => usize::MAX,
                     };
                     if cats.len() > max + 1 {
-                        return Err(format!("column {:?}: {} categories do not fit codes of {}", c.name, cats.len(), c.arrow_type));
+                        return Err(format!(
+                            "column {:?}: {} categories do not fit codes of {}",
+                            c.name,
+                            cats.len(),
+                            c.arrow_type
+                        ));
                     }
                 }
-                (_, Some(_)) => return Err(format!("column {:?}: categories must be null for kind {}", c.name, c.kind.as_str())),
+                (_, Some(_)) => {
+                    return Err(format!("column {:?}: categories must be null for kind {}", c.name, c.kind.as_str()))
+                }
                 (_, None) => {}
             }
         }

@@ -164,8 +164,10 @@ impl<'a> TileLayout<'a> {
             .checked_mul(CHUNK_ENTRY_LEN as u64)
             .and_then(|t| t.checked_add(HEADER_LEN as u64))
             .filter(|&end| end <= total)
-            .ok_or_else(|| layout_err(format!("chunk table of {} chunks does not fit in {total} bytes", header.n_chunks)))?;
-        if header.indptr_off % 8 != 0 {
+            .ok_or_else(|| {
+                layout_err(format!("chunk table of {} chunks does not fit in {total} bytes", header.n_chunks))
+            })?;
+        if !header.indptr_off.is_multiple_of(8) {
             return Err(layout_err(format!("indptr_off {} is not a multiple of 8", header.indptr_off)));
         }
         if header.indptr_off < table_end {
@@ -244,7 +246,10 @@ fn parse_chunk_table(blob: &[u8], header: &TileHeader, indptr: &[u64]) -> Result
         return Err(TileError::ChunkTable { chunk: 0, reason: "a tile with zero cells must have zero chunks".into() });
     }
     if header.n_cells > 0 && header.n_chunks == 0 {
-        return Err(TileError::ChunkTable { chunk: 0, reason: "a tile with cells must have at least one chunk".into() });
+        return Err(TileError::ChunkTable {
+            chunk: 0,
+            reason: "a tile with cells must have at least one chunk".into(),
+        });
     }
     let mut chunks = Vec::with_capacity(header.n_chunks as usize);
     let (mut cell, mut nnz) = (0u64, 0u64);
@@ -295,14 +300,22 @@ fn parse_chunk_table(blob: &[u8], header: &TileHeader, indptr: &[u64]) -> Result
     Ok(chunks)
 }
 
-fn check_stream_place(chunk: u64, stream: Stream, r: StreamRef, total: u64, forbidden: &[Range<u64>]) -> Result<(), TileError> {
+fn check_stream_place(
+    chunk: u64,
+    stream: Stream,
+    r: StreamRef,
+    total: u64,
+    forbidden: &[Range<u64>],
+) -> Result<(), TileError> {
     let err = |reason: String| TileError::Frame { chunk, stream, reason };
-    if r.off % 8 != 0 {
+    if !r.off.is_multiple_of(8) {
         return Err(err(format!("offset {} is not 8-byte aligned", r.off)));
     }
-    let end = r.off.checked_add(r.len).filter(|&e| e <= total).ok_or_else(|| {
-        err(format!("bytes {}..+{} run past the end of the tile ({total} bytes)", r.off, r.len))
-    })?;
+    let end = r
+        .off
+        .checked_add(r.len)
+        .filter(|&e| e <= total)
+        .ok_or_else(|| err(format!("bytes {}..+{} run past the end of the tile ({total} bytes)", r.off, r.len)))?;
     for f in forbidden {
         if r.off < f.end && f.start < end && r.len > 0 {
             return Err(err(format!(
@@ -383,7 +396,12 @@ pub fn decode_tile_into(blob: &[u8], expect: Option<&TileExpectation>, out: &mut
         for (stream, r) in [(Stream::Gaps, chunk.gaps), (Stream::Vals, chunk.vals)] {
             let declared = frame_content_size(layout.stream(r), c as u64, stream)?;
             if declared != 2 * chunk.n() {
-                return Err(TileError::FrameSize { chunk: c as u64, stream, expected: 2 * chunk.n(), actual: declared });
+                return Err(TileError::FrameSize {
+                    chunk: c as u64,
+                    stream,
+                    expected: 2 * chunk.n(),
+                    actual: declared,
+                });
             }
         }
     }
@@ -698,7 +716,12 @@ fn unreachable_gap_error(chunk: u64) -> TileError {
 
 /// Reads an exception frame: k uint32 positions then k uint32 payloads, with
 /// positions strictly increasing and below the chunk's nnz.
-fn read_exceptions(layout: &TileLayout<'_>, c: u64, chunk: &ChunkEntry, stream: Stream) -> Result<Vec<(u64, u32)>, TileError> {
+fn read_exceptions(
+    layout: &TileLayout<'_>,
+    c: u64,
+    chunk: &ChunkEntry,
+    stream: Stream,
+) -> Result<Vec<(u64, u32)>, TileError> {
     let r = if stream == Stream::Vexc { chunk.vexc } else { chunk.gexc };
     let frame = layout.stream(r);
     let declared = frame_content_size(frame, c, stream)?;
@@ -788,10 +811,8 @@ impl TileEncoder {
         let n_cells = block.n_rows() as u64;
         let nnz = block.nnz() as u64;
         let bounds = chunk_boundaries(&block.indptr, self.n_chunks);
-        let chunks: Vec<EncodedChunk> = bounds
-            .par_windows(2)
-            .map(|w| self.encode_chunk(block, w[0], w[1]))
-            .collect::<Result<_, _>>()?;
+        let chunks: Vec<EncodedChunk> =
+            bounds.par_windows(2).map(|w| self.encode_chunk(block, w[0], w[1])).collect::<Result<_, _>>()?;
 
         let n_chunks = chunks.len();
         let indptr_off = (HEADER_LEN + CHUNK_ENTRY_LEN * n_chunks) as u64;
@@ -847,7 +868,12 @@ impl TileEncoder {
             blob[at..at + 8].copy_from_slice(&(p as i64).to_le_bytes());
         }
         for (ch, e) in chunks.iter().zip(&table) {
-            for (bytes, r) in [(Some(&ch.gaps), e.gaps), (Some(&ch.vals), e.vals), (ch.vexc.as_ref(), e.vexc), (ch.gexc.as_ref(), e.gexc)] {
+            for (bytes, r) in [
+                (Some(&ch.gaps), e.gaps),
+                (Some(&ch.vals), e.vals),
+                (ch.vexc.as_ref(), e.vexc),
+                (ch.gexc.as_ref(), e.gexc),
+            ] {
                 if let Some(b) = bytes {
                     blob[r.off as usize..(r.off + r.len) as usize].copy_from_slice(b);
                 }
@@ -999,7 +1025,6 @@ pub fn chunk_boundaries(indptr: &[u64], n_chunks: usize) -> Vec<usize> {
     bounds.push(n_cells);
     bounds
 }
-
 
 /// Every compressed stream of a valid tile (gaps, vals and exception frames, in
 /// chunk order), for tools and benchmarks that work on the frames themselves.

@@ -1,15 +1,16 @@
 //! AnnData dataframes (obs, var): the index and the columns, each read into one
 //! of the four kinds the format stores (category, numeric, bool, string).
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use arrow_array::{
-    ArrayRef, Float32Array, Float64Array, Int16Array, Int32Array, Int64Array, Int8Array, UInt16Array,
-    UInt32Array, UInt64Array, UInt8Array,
+    ArrayRef, Float32Array, Float64Array, Int16Array, Int32Array, Int64Array, Int8Array, UInt16Array, UInt32Array,
+    UInt64Array, UInt8Array,
 };
 use hdf5::types::{FloatSize, IntSize, TypeDescriptor};
 
-use super::{read_string_attr, read_strings, H5adError, H5adFile};
+use super::{read_string_attr, read_strings, read_strings_range, H5adError, H5adFile};
 
 /// The vocabulary of a categorical column, in its own type.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,7 +40,11 @@ impl Categories {
 #[derive(Clone, Debug)]
 pub enum FrameColumn {
     /// Codes (-1 for missing) into `categories`.
-    Category { codes: Vec<i32>, categories: Categories, ordered: bool },
+    Category {
+        codes: Vec<i32>,
+        categories: Categories,
+        ordered: bool,
+    },
     /// An Arrow array of the source's numeric type; missing values (masked, or
     /// NaN in floats) are nulls.
     Numeric(ArrayRef),
@@ -69,24 +74,50 @@ pub struct Frame {
     pub columns: Vec<(String, FrameColumn)>,
 }
 
+/// Rows to read: all of them, or a range.
+type Rows<'a> = Option<&'a Range<usize>>;
+
+fn read_vec<T: hdf5::H5Type + Clone>(ds: &hdf5::Dataset, rows: Rows<'_>) -> hdf5::Result<Vec<T>> {
+    match rows {
+        None => ds.read_raw::<T>(),
+        Some(r) => ds.read_slice_1d::<T, _>(r.clone()).map(|a| a.to_vec()),
+    }
+}
+
+fn read_string_vec(ds: &hdf5::Dataset, rows: Rows<'_>) -> Result<Vec<String>, String> {
+    match rows {
+        None => read_strings(ds),
+        Some(r) => read_strings_range(ds, r.clone()),
+    }
+}
+
 /// A column of a type the format cannot store.
 fn unsupported_type(file: &H5adFile, object: &str, what: impl std::fmt::Display) -> H5adError {
     file.unsupported(object, format!("{what}; leave the column out with --obs-exclude (or --no-var)"))
 }
 
-fn read_numeric(file: &H5adFile, object: &str, ds: &hdf5::Dataset, mask: Option<&[bool]>) -> Result<ArrayRef, H5adError> {
+fn read_numeric(
+    file: &H5adFile,
+    object: &str,
+    ds: &hdf5::Dataset,
+    mask: Option<&[bool]>,
+    rows: Rows<'_>,
+) -> Result<ArrayRef, H5adError> {
     let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.invalid(object, e.to_string()))?;
     let err = |e: hdf5::Error| file.invalid(object, e.to_string());
     macro_rules! nullable {
         ($t:ty, $array:ty) => {{
-            let v = ds.read_raw::<$t>().map_err(err)?;
-            let it = v.iter().enumerate().map(|(i, &x)| (!mask.is_some_and(|m| m.get(i).copied().unwrap_or(false))).then_some(x));
+            let v = read_vec::<$t>(ds, rows).map_err(err)?;
+            let it = v
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| (!mask.is_some_and(|m| m.get(i).copied().unwrap_or(false))).then_some(x));
             Arc::new(it.collect::<$array>()) as ArrayRef
         }};
     }
     macro_rules! float {
         ($t:ty, $array:ty) => {{
-            let v = ds.read_raw::<$t>().map_err(err)?;
+            let v = read_vec::<$t>(ds, rows).map_err(err)?;
             let it = v
                 .iter()
                 .enumerate()
@@ -109,23 +140,31 @@ fn read_numeric(file: &H5adFile, object: &str, ds: &hdf5::Dataset, mask: Option<
     })
 }
 
-fn read_bools(file: &H5adFile, object: &str, ds: &hdf5::Dataset) -> Result<Vec<bool>, H5adError> {
-    ds.read_raw::<bool>().map_err(|e| file.invalid(object, e.to_string()))
+fn read_bools(file: &H5adFile, object: &str, ds: &hdf5::Dataset, rows: Rows<'_>) -> Result<Vec<bool>, H5adError> {
+    read_vec::<bool>(ds, rows).map_err(|e| file.invalid(object, e.to_string()))
 }
 
 fn read_categories(file: &H5adFile, object: &str, ds: &hdf5::Dataset) -> Result<Categories, H5adError> {
     let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.invalid(object, e.to_string()))?;
     let err = |e: hdf5::Error| file.invalid(object, e.to_string());
     Ok(match desc {
-        TypeDescriptor::Integer(_) | TypeDescriptor::Unsigned(_) => Categories::Ints(ds.read_raw::<i64>().map_err(err)?),
+        TypeDescriptor::Integer(_) | TypeDescriptor::Unsigned(_) => {
+            Categories::Ints(ds.read_raw::<i64>().map_err(err)?)
+        }
         TypeDescriptor::Float(_) => Categories::Floats(ds.read_raw::<f64>().map_err(err)?),
-        TypeDescriptor::Boolean => Categories::Bools(read_bools(file, object, ds)?),
+        TypeDescriptor::Boolean => Categories::Bools(read_bools(file, object, ds, None)?),
         _ => Categories::Strings(read_strings(ds).map_err(|e| file.invalid(object, e))?),
     })
 }
 
-fn read_codes(file: &H5adFile, object: &str, ds: &hdf5::Dataset, n_categories: usize) -> Result<Vec<i32>, H5adError> {
-    let codes = ds.read_raw::<i64>().map_err(|e| file.invalid(object, e.to_string()))?;
+fn read_codes(
+    file: &H5adFile,
+    object: &str,
+    ds: &hdf5::Dataset,
+    n_categories: usize,
+    rows: Rows<'_>,
+) -> Result<Vec<i32>, H5adError> {
+    let codes = read_vec::<i64>(ds, rows).map_err(|e| file.invalid(object, e.to_string()))?;
     codes
         .iter()
         .enumerate()
@@ -139,35 +178,35 @@ fn read_codes(file: &H5adFile, object: &str, ds: &hdf5::Dataset, n_categories: u
         .collect()
 }
 
-/// Reads column `name` of dataframe group `group_name`.
-pub fn read_column(file: &H5adFile, group_name: &str, name: &str) -> Result<FrameColumn, H5adError> {
+/// Reads column `name` of dataframe group `group_name`: all rows, or `rows`.
+/// Categories are always read whole.
+pub fn read_column(file: &H5adFile, group_name: &str, name: &str, rows: Rows<'_>) -> Result<FrameColumn, H5adError> {
     let object = format!("{group_name}/{name}");
     let group = file.file().group(group_name).map_err(|_| file.invalid(group_name, "missing"))?;
     if let Ok(sub) = group.group(name) {
         let encoding = read_string_attr(&sub, "encoding-type").map_err(|e| file.invalid(&object, e))?;
         let member = |m: &str| sub.dataset(m).map_err(|_| file.invalid(&format!("{object}/{m}"), "missing"));
-        let mask = |sub_object: &str| -> Result<Vec<bool>, H5adError> {
-            read_bools(file, sub_object, &member("mask")?)
-        };
+        let mask =
+            |sub_object: &str| -> Result<Vec<bool>, H5adError> { read_bools(file, sub_object, &member("mask")?, rows) };
         return match encoding.as_deref() {
             Some("categorical") => {
                 let categories = read_categories(file, &format!("{object}/categories"), &member("categories")?)?;
-                let codes = read_codes(file, &format!("{object}/codes"), &member("codes")?, categories.len())?;
+                let codes = read_codes(file, &format!("{object}/codes"), &member("codes")?, categories.len(), rows)?;
                 let ordered = sub.attr("ordered").and_then(|a| a.read_scalar::<bool>()).unwrap_or(false);
                 Ok(FrameColumn::Category { codes, categories, ordered })
             }
             Some("nullable-integer") => {
                 let m = mask(&format!("{object}/mask"))?;
-                Ok(FrameColumn::Numeric(read_numeric(file, &format!("{object}/values"), &member("values")?, Some(&m))?))
+                Ok(FrameColumn::Numeric(read_numeric(file, &format!("{object}/values"), &member("values")?, Some(&m), rows)?))
             }
             Some("nullable-boolean") => {
                 let m = mask(&format!("{object}/mask"))?;
-                let v = read_bools(file, &format!("{object}/values"), &member("values")?)?;
+                let v = read_bools(file, &format!("{object}/values"), &member("values")?, rows)?;
                 Ok(FrameColumn::Bool(v.iter().zip(&m).map(|(&v, &missing)| (!missing).then_some(v)).collect()))
             }
             Some("nullable-string-array") => {
                 let m = mask(&format!("{object}/mask"))?;
-                let v = read_strings(&member("values")?).map_err(|e| file.invalid(&format!("{object}/values"), e))?;
+                let v = read_string_vec(&member("values")?, rows).map_err(|e| file.invalid(&format!("{object}/values"), e))?;
                 Ok(FrameColumn::String(v.into_iter().zip(&m).map(|(v, &missing)| (!missing).then_some(v)).collect()))
             }
             other => Err(unsupported_type(file, &object, format!("encoding-type {}", other.unwrap_or("(none)")))),
@@ -180,16 +219,21 @@ pub fn read_column(file: &H5adFile, group_name: &str, name: &str) -> Result<Fram
     // anndata before 0.8: categorical codes here, categories in __categories/<name>.
     if let Ok(cats) = group.dataset(&format!("__categories/{name}")) {
         let categories = read_categories(file, &format!("{group_name}/__categories/{name}"), &cats)?;
-        let codes = read_codes(file, &object, &ds, categories.len())?;
+        let codes = read_codes(file, &object, &ds, categories.len(), rows)?;
         return Ok(FrameColumn::Category { codes, categories, ordered: false });
     }
     let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.invalid(&object, e.to_string()))?;
     match desc {
-        TypeDescriptor::Boolean => Ok(FrameColumn::Bool(read_bools(file, &object, &ds)?.into_iter().map(Some).collect())),
-        TypeDescriptor::VarLenUnicode | TypeDescriptor::VarLenAscii | TypeDescriptor::FixedAscii(_) | TypeDescriptor::FixedUnicode(_) => {
-            Ok(FrameColumn::String(read_strings(&ds).map_err(|e| file.invalid(&object, e))?.into_iter().map(Some).collect()))
+        TypeDescriptor::Boolean => {
+            Ok(FrameColumn::Bool(read_bools(file, &object, &ds, rows)?.into_iter().map(Some).collect()))
         }
-        _ => Ok(FrameColumn::Numeric(read_numeric(file, &object, &ds, None)?)),
+        TypeDescriptor::VarLenUnicode
+        | TypeDescriptor::VarLenAscii
+        | TypeDescriptor::FixedAscii(_)
+        | TypeDescriptor::FixedUnicode(_) => Ok(FrameColumn::String(
+            read_string_vec(&ds, rows).map_err(|e| file.invalid(&object, e))?.into_iter().map(Some).collect(),
+        )),
+        _ => Ok(FrameColumn::Numeric(read_numeric(file, &object, &ds, None, rows)?)),
     }
 }
 
@@ -197,7 +241,8 @@ pub fn read_column(file: &H5adFile, group_name: &str, name: &str) -> Result<Fram
 /// (then any other member that is not the index or `__categories`).
 pub fn read_frame(file: &H5adFile, group_name: &str) -> Result<Frame, H5adError> {
     let group = file.file().group(group_name).map_err(|_| file.invalid(group_name, "missing"))?;
-    let index_name = read_string_attr(&group, "_index").map_err(|e| file.invalid(group_name, e))?.unwrap_or_else(|| "_index".into());
+    let index_name =
+        read_string_attr(&group, "_index").map_err(|e| file.invalid(group_name, e))?.unwrap_or_else(|| "_index".into());
     let index = file.dataframe_index(group_name)?;
     let mut names: Vec<String> = match group.attr("column-order") {
         Ok(attr) if attr.size() > 0 => {
@@ -219,7 +264,7 @@ pub fn read_frame(file: &H5adFile, group_name: &str) -> Result<Frame, H5adError>
     }
     let mut columns = Vec::with_capacity(names.len());
     for name in names {
-        let column = read_column(file, group_name, &name)?;
+        let column = read_column(file, group_name, &name, None)?;
         if column.len() != index.len() {
             return Err(file.invalid(
                 &format!("{group_name}/{name}"),

@@ -20,7 +20,7 @@ use hdf5::types::TypeDescriptor;
 
 use crate::format::{CsrMatrix, MAX_COUNT};
 
-pub use strings::{read_string_attr, read_strings};
+pub use strings::{read_string_attr, read_strings, read_strings_range};
 
 /// Why an .h5ad file could not be read. Each variant names the file and the
 /// object inside it.
@@ -32,17 +32,25 @@ pub enum H5adError {
     Invalid { path: PathBuf, object: String, message: String },
     #[error("{path}: {object}: unsupported: {message}")]
     Unsupported { path: PathBuf, object: String, message: String },
-    #[error("{path}: {matrix}: cell {row}{obs_name}, gene {gene}{var_name}: {problem}{hint}")]
-    BadCount {
-        path: PathBuf,
-        matrix: String,
-        row: u64,
-        obs_name: String,
-        gene: u64,
-        var_name: String,
-        problem: String,
-        hint: String,
-    },
+    #[error("{0}")]
+    BadCount(Box<BadCount>),
+}
+
+/// A value that is not a count, with everything needed to find it.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {matrix}: cell {row}{obs_name}, gene {gene}{var_name}: {problem}{hint}", path = path.display())]
+pub struct BadCount {
+    pub path: PathBuf,
+    pub matrix: String,
+    pub row: u64,
+    /// " (name)" or empty.
+    pub obs_name: String,
+    pub gene: u64,
+    /// " (name)" or empty.
+    pub var_name: String,
+    pub problem: String,
+    /// "; ... use --matrix ..." or empty.
+    pub hint: String,
 }
 
 /// How a matrix is stored.
@@ -163,7 +171,10 @@ impl H5adFile {
             (Some("csr_matrix"), _) | (None, Some("csr")) => Layout::Csr,
             (Some("csc_matrix"), _) | (None, Some("csc")) => Layout::Csc,
             (Some(other), _) => {
-                return Err(self.unsupported(name, format!("encoding-type {other:?}; expected csr_matrix, csc_matrix or a dense array")))
+                return Err(self.unsupported(
+                    name,
+                    format!("encoding-type {other:?}; expected csr_matrix, csc_matrix or a dense array"),
+                ))
             }
             (None, Some(other)) => return Err(self.unsupported(name, format!("h5sparse_format {other:?}"))),
             (None, None) => {
@@ -242,7 +253,9 @@ impl H5adFile {
     /// The index (names) of a dataframe group such as `obs` or `var`.
     pub fn dataframe_index(&self, group_name: &str) -> Result<Vec<String>, H5adError> {
         let group = self.file.group(group_name).map_err(|_| self.invalid(group_name, "missing"))?;
-        let index = read_string_attr(&group, "_index").map_err(|e| self.invalid(group_name, e))?.unwrap_or_else(|| "_index".into());
+        let index = read_string_attr(&group, "_index")
+            .map_err(|e| self.invalid(group_name, e))?
+            .unwrap_or_else(|| "_index".into());
         let object = format!("{group_name}/{index}");
         let ds = group.dataset(&index).map_err(|_| self.invalid(&object, "the index column is missing"))?;
         read_strings(&ds).map_err(|e| self.invalid(&object, e))
@@ -259,7 +272,8 @@ fn first_line(s: &str) -> String {
 }
 
 fn check_numeric(file: &H5adFile, object: &str, ds: &hdf5::Dataset) -> Result<(), H5adError> {
-    let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.unsupported(object, first_line(&h5err(e))))?;
+    let desc =
+        ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.unsupported(object, first_line(&h5err(e))))?;
     match desc {
         TypeDescriptor::Integer(_) | TypeDescriptor::Unsigned(_) | TypeDescriptor::Float(_) => Ok(()),
         TypeDescriptor::Boolean => Ok(()),
@@ -304,7 +318,10 @@ impl MatrixReader<'_> {
                 let all = self.csc_as_csr.as_ref().expect("set above");
                 let (lo, hi) = (all.indptr[rows.start as usize] as usize, all.indptr[rows.end as usize] as usize);
                 Ok(RawRows {
-                    indptr: all.indptr[rows.start as usize..=rows.end as usize].iter().map(|&p| p - lo as u64).collect(),
+                    indptr: all.indptr[rows.start as usize..=rows.end as usize]
+                        .iter()
+                        .map(|&p| p - lo as u64)
+                        .collect(),
                     indices: all.indices[lo..hi].to_vec(),
                     values: all.values[lo..hi].to_vec(),
                 })

@@ -28,8 +28,12 @@ macro_rules! read_fixed {
 fn read_any(c: &hdf5::Container) -> Result<Vec<String>, String> {
     let desc = c.dtype().and_then(|t| t.to_descriptor()).map_err(|e| e.to_string())?;
     let result: hdf5::Result<Vec<String>> = match desc {
-        TypeDescriptor::VarLenUnicode => c.read_raw::<VarLenUnicode>().map(|v| v.iter().map(|s| s.as_str().to_string()).collect()),
-        TypeDescriptor::VarLenAscii => c.read_raw::<VarLenAscii>().map(|v| v.iter().map(|s| s.as_str().to_string()).collect()),
+        TypeDescriptor::VarLenUnicode => {
+            c.read_raw::<VarLenUnicode>().map(|v| v.iter().map(|s| s.as_str().to_string()).collect())
+        }
+        TypeDescriptor::VarLenAscii => {
+            c.read_raw::<VarLenAscii>().map(|v| v.iter().map(|s| s.as_str().to_string()).collect())
+        }
         TypeDescriptor::FixedAscii(w) => read_fixed!(c, w, FixedAscii),
         TypeDescriptor::FixedUnicode(w) => read_fixed!(c, w, FixedUnicode),
         other => return Err(format!("holds {other}, not strings")),
@@ -40,6 +44,30 @@ fn read_any(c: &hdf5::Container) -> Result<Vec<String>, String> {
 /// Reads a 1-D dataset of strings.
 pub fn read_strings(ds: &hdf5::Dataset) -> Result<Vec<String>, String> {
     read_any(ds)
+}
+
+/// Reads rows `rows` of a 1-D dataset of strings.
+pub fn read_strings_range(ds: &hdf5::Dataset, rows: std::ops::Range<usize>) -> Result<Vec<String>, String> {
+    let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| e.to_string())?;
+    macro_rules! slice {
+        ($t:ty) => {
+            ds.read_slice_1d::<$t, _>(rows.clone()).map(|v| v.iter().map(|s| s.as_str().to_string()).collect())
+        };
+    }
+    let result: hdf5::Result<Vec<String>> = match desc {
+        TypeDescriptor::VarLenUnicode => slice!(VarLenUnicode),
+        TypeDescriptor::VarLenAscii => slice!(VarLenAscii),
+        TypeDescriptor::FixedAscii(w) if w <= 16 => slice!(FixedAscii<16>),
+        TypeDescriptor::FixedAscii(w) if w <= 64 => slice!(FixedAscii<64>),
+        TypeDescriptor::FixedAscii(w) if w <= 256 => slice!(FixedAscii<256>),
+        TypeDescriptor::FixedAscii(w) if w <= 4096 => slice!(FixedAscii<4096>),
+        TypeDescriptor::FixedUnicode(w) if w <= 16 => slice!(FixedUnicode<16>),
+        TypeDescriptor::FixedUnicode(w) if w <= 64 => slice!(FixedUnicode<64>),
+        TypeDescriptor::FixedUnicode(w) if w <= 256 => slice!(FixedUnicode<256>),
+        TypeDescriptor::FixedUnicode(w) if w <= 4096 => slice!(FixedUnicode<4096>),
+        other => return Err(format!("holds {other}, not strings (or strings longer than 4096 bytes)")),
+    };
+    result.map_err(|e| e.to_string())
 }
 
 /// Reads a scalar string attribute, or None when the attribute is absent.

@@ -105,7 +105,8 @@ impl H5adWriter {
         drop(self.indices);
         drop(self.indptr);
         self.file.close()?;
-        std::fs::rename(&tmp, &path).map_err(|e| hdf5::Error::from(format!("renaming {} to {}: {e}", tmp.display(), path.display())))
+        std::fs::rename(&tmp, &path)
+            .map_err(|e| hdf5::Error::from(format!("renaming {} to {}: {e}", tmp.display(), path.display())))
     }
 
     /// Removes the temporary file (after an error).

@@ -49,7 +49,10 @@ pub fn check_shard(bytes: Bytes, schema: &ObsSchema, tile_cells: &[u64]) -> Vec<
     } else {
         for (i, (rg, &cells)) in meta.row_groups().iter().zip(tile_cells).enumerate() {
             if rg.num_rows() as u64 != cells {
-                problems.push(("obs-row-groups", format!("row group {i} has {} rows, its tile has {cells} cells", rg.num_rows())));
+                problems.push((
+                    "obs-row-groups",
+                    format!("row group {i} has {} rows, its tile has {cells} cells", rg.num_rows()),
+                ));
             }
         }
     }
@@ -138,19 +141,26 @@ fn first_bad_code(array: &ArrayRef, n_categories: i64) -> Option<(usize, i64)> {
 
 /// The number of rows of a Parquet file, from its footer.
 pub fn parquet_rows(bytes: Bytes) -> Result<u64, String> {
-    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| format!("not a readable Parquet file: {e}"))?;
+    let builder =
+        ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| format!("not a readable Parquet file: {e}"))?;
     Ok(builder.metadata().file_metadata().num_rows() as u64)
 }
 
-/// The columns (name, Arrow type) of a Parquet file and the names of the columns
-/// that pandas metadata marks as the index.
-pub fn parquet_columns(bytes: Bytes) -> Result<(Vec<(String, String)>, Vec<String>), String> {
-    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| format!("not a readable Parquet file: {e}"))?;
+/// A Parquet file's columns as (name, Arrow type name), and the names of the
+/// columns that its pandas metadata marks as the index.
+pub type ParquetColumns = (Vec<(String, String)>, Vec<String>);
+
+/// The columns of a Parquet file, from its footer.
+pub fn parquet_columns(bytes: Bytes) -> Result<ParquetColumns, String> {
+    let builder =
+        ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| format!("not a readable Parquet file: {e}"))?;
     let schema = builder.schema();
     let columns = schema
         .fields()
         .iter()
-        .map(|f| (f.name().clone(), arrow_type_name(f.data_type()).map_or_else(|| f.data_type().to_string(), str::to_string)))
+        .map(|f| {
+            (f.name().clone(), arrow_type_name(f.data_type()).map_or_else(|| f.data_type().to_string(), str::to_string))
+        })
         .collect();
     let index = schema
         .metadata()

@@ -5,7 +5,10 @@
 use std::sync::Arc;
 
 use arrow_array::types::Int32Type;
-use arrow_array::{Array, ArrayRef, BooleanArray, DictionaryArray, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray, UInt32Array};
+use arrow_array::{
+    Array, ArrayRef, BooleanArray, DictionaryArray, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
+    UInt32Array,
+};
 use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
@@ -64,7 +67,9 @@ fn to_arrow(column: &FrameColumn, order: &[u32]) -> Result<ArrayRef, String> {
 pub fn build(file: &H5adFile, group: &str, order: &[u32]) -> Result<Vec<u8>, H5adError> {
     let frame = read_frame(file, group)?;
     if frame.index.len() != order.len() {
-        return Err(file.invalid(group, format!("has {} rows, the matrix has {} genes", frame.index.len(), order.len())));
+        return Err(
+            file.invalid(group, format!("has {} rows, the matrix has {} genes", frame.index.len(), order.len()))
+        );
     }
     let mut fields = Vec::new();
     let mut arrays: Vec<ArrayRef> = Vec::new();
@@ -73,10 +78,14 @@ pub fn build(file: &H5adFile, group: &str, order: &[u32]) -> Result<Vec<u8>, H5a
         let array = to_arrow(column, order).map_err(|e| file.invalid(&format!("{group}/{name}"), e))?;
         let (pandas, numpy) = pandas_type(array.data_type());
         let metadata = match column {
-            FrameColumn::Category { categories, ordered, .. } => json!({"num_categories": categories.len(), "ordered": ordered}),
+            FrameColumn::Category { categories, ordered, .. } => {
+                json!({"num_categories": categories.len(), "ordered": ordered})
+            }
             _ => Value::Null,
         };
-        pandas_columns.push(json!({"name": name, "field_name": name, "pandas_type": pandas, "numpy_type": numpy, "metadata": metadata}));
+        pandas_columns.push(
+            json!({"name": name, "field_name": name, "pandas_type": pandas, "numpy_type": numpy, "metadata": metadata}),
+        );
         fields.push(Field::new(name, array.data_type().clone(), true));
         arrays.push(array);
     }
@@ -86,7 +95,8 @@ pub fn build(file: &H5adFile, group: &str, order: &[u32]) -> Result<Vec<u8>, H5a
     } else {
         (frame.index_name.clone(), Value::String(frame.index_name.clone()))
     };
-    let index: ArrayRef = Arc::new(order.iter().map(|&i| Some(frame.index[i as usize].as_str())).collect::<StringArray>());
+    let index: ArrayRef =
+        Arc::new(order.iter().map(|&i| Some(frame.index[i as usize].as_str())).collect::<StringArray>());
     pandas_columns.push(json!({"name": index_name, "field_name": field_name, "pandas_type": "unicode", "numpy_type": "object", "metadata": null}));
     fields.push(Field::new(&field_name, DataType::Utf8, false));
     arrays.push(index);
@@ -111,4 +121,3 @@ fn write_parquet(batch: &RecordBatch) -> parquet::errors::Result<Vec<u8>> {
     writer.close()?;
     Ok(out)
 }
-

@@ -106,7 +106,8 @@ impl Storage for LocalStorage {
         let mut out = Vec::new();
         let mut stack = vec![prefix.trim_end_matches('/').to_string()];
         while let Some(dir) = stack.pop() {
-            let Some(entries) = missing_is_none(std::fs::read_dir(self.path(&dir))).map_err(|e| self.io_err(&dir, e))?
+            let Some(entries) =
+                missing_is_none(std::fs::read_dir(self.path(&dir))).map_err(|e| self.io_err(&dir, e))?
             else {
                 continue;
             };

@@ -185,7 +185,7 @@ fn zeros_unsorted_and_duplicate_entries_are_cleaned() {
     let rows: Rows = vec![vec![(5, 2.0), (1, 0.0), (3, 1.0), (5, 3.0)], vec![], vec![(0, 65_535.0), (2, 70_000.0)]];
     let path = t.join("messy.h5ad");
     let f = h5::create(&path);
-    h5::matrix(&f, "X", &rows, 6, Layout::Csr, |v| v as f64);
+    h5::matrix(&f, "X", &rows, 6, Layout::Csr, |v| v);
     h5::dataframe(&f, "obs", "_index", &h5::cells(3, "c"));
     h5::dataframe(&f, "var", "_index", &h5::genes(6));
     drop(f);
@@ -308,7 +308,8 @@ fn output_must_be_empty_unless_overwrite() {
     let run = t.run(&["convert", "-q", s(&input), "out"]).expect_code(2);
     assert!(run.stderr().contains("not empty") && run.stderr().contains("--overwrite"), "{}", run.stderr());
     // a smaller dataset over a bigger one: no stray tiles remain
-    t.run(&["convert", "-q", "--overwrite", "--tile-size", "5", "--metadata", "lab=x", s(&input), "out"]).expect_code(0);
+    t.run(&["convert", "-q", "--overwrite", "--tile-size", "5", "--metadata", "lab=x", s(&input), "out"])
+        .expect_code(0);
     t.run(&["verify", "out"]).expect_code(0);
     let ds = Dataset::open(s(&t.join("out"))).unwrap();
     assert_eq!(ds.n_tiles(), 2);
@@ -332,8 +333,17 @@ fn golden_sources_convert_to_their_matrices() {
     let t = TestDir::new();
     for name in ["tiny", "exceptions", "empty_chunk", "obs_kinds"] {
         let out = t.join(name);
-        t.run(&["convert", "-q", "--level", "3", "--tile-size", "5", s(&dir.join(format!("sources/{name}.h5ad"))), s(&out)])
-            .expect_code(0);
+        t.run(&[
+            "convert",
+            "-q",
+            "--level",
+            "3",
+            "--tile-size",
+            "5",
+            s(&dir.join(format!("sources/{name}.h5ad"))),
+            s(&out),
+        ])
+        .expect_code(0);
         t.run(&["verify", s(&out)]).expect_code(0);
         // The reference dataset's expected matrix, back in source order.
         let reference = Dataset::open(s(&dir.join(name))).unwrap();
@@ -341,7 +351,12 @@ fn golden_sources_convert_to_their_matrices() {
             Some(_) => source_order(&reference),
             None => {
                 let m: CsrMatrix = reference.read_cells(0..reference.n_cells()).unwrap();
-                (0..m.n_rows()).map(|r| { let (g, c) = m.row(r); g.iter().copied().zip(c.iter().copied()).collect() }).collect()
+                (0..m.n_rows())
+                    .map(|r| {
+                        let (g, c) = m.row(r);
+                        g.iter().copied().zip(c.iter().copied()).collect()
+                    })
+                    .collect()
             }
         };
         let ds = Dataset::open(s(&out)).unwrap();

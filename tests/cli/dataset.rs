@@ -122,7 +122,9 @@ fn has_flags_must_match_the_files() {
     assert_eq!(rules, vec!["has-flags", "has-flags"]);
     // now say they exist, and break one
     let text = std::fs::read_to_string(dir.join("ds/manifest.json")).unwrap();
-    let text = text.replace("\"has_gene_order\": false", "\"has_gene_order\": true").replace("\"has_var_names\": false", "\"has_var_names\": true");
+    let text = text
+        .replace("\"has_gene_order\": false", "\"has_gene_order\": true")
+        .replace("\"has_var_names\": false", "\"has_var_names\": true");
     std::fs::write(dir.join("ds/manifest.json"), text).unwrap();
     dir.run(&["verify", "ds"]).expect_code(0);
     std::fs::write(dir.join("ds/gene_order.npy"), format::npy::write_i32(&[2, 0, 0])).unwrap();

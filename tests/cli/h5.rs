@@ -66,7 +66,14 @@ fn write_1d<T: H5Type + Copy>(g: &hdf5::Group, name: &str, values: &[T]) {
 }
 
 /// Writes a matrix at `name` (X, raw/X, layers/L) with values converted to T.
-pub fn matrix<T: H5Type + Copy>(file: &hdf5::File, name: &str, rows: &Rows, n_genes: usize, layout: Layout, conv: fn(f64) -> T) {
+pub fn matrix<T: H5Type + Copy>(
+    file: &hdf5::File,
+    name: &str,
+    rows: &Rows,
+    n_genes: usize,
+    layout: Layout,
+    conv: fn(f64) -> T,
+) {
     let parent_and_leaf = name.rsplit_once('/');
     let parent = match parent_and_leaf {
         Some((p, _)) => file.group(p).unwrap_or_else(|_| file.create_group(p).unwrap()),

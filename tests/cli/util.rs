@@ -48,7 +48,8 @@ impl Run {
     }
 
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.output.stdout).unwrap_or_else(|e| panic!("stdout is not JSON: {e}\n{}", self.explain()))
+        serde_json::from_slice(&self.output.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON: {e}\n{}", self.explain()))
     }
 }
 

@@ -54,7 +54,7 @@ fn header_fields_are_where_the_spec_puts_them() {
     assert_eq!(u64_at(&blob, 48), blob.len() as u64); // total_size
     assert_eq!(u32_at(&blob, 56), crc32fast::hash(&blob[64..])); // crc32
     assert_eq!(u32_at(&blob, 60), 0); // reserved
-    // indptr, int64, uncompressed
+                                      // indptr, int64, uncompressed
     let indptr: Vec<u64> = (0..6).map(|i| u64_at(&blob, 256 + 8 * i)).collect();
     assert_eq!(indptr, m.indptr);
     // first chunk's gaps stream starts right after the indptr, 8-byte aligned
@@ -125,7 +125,10 @@ fn a_cell_longer_than_the_unchecked_limit_roundtrips_and_is_checked() {
 #[test]
 fn encoder_rejects_what_a_tile_cannot_hold() {
     let enc = TileEncoder::new(8, 1);
-    assert!(matches!(enc.encode(&block(5, &[&[(2, 1), (2, 1)]])), Err(EncodeError::GeneOrder { cell: 0, gene: 2, .. })));
+    assert!(matches!(
+        enc.encode(&block(5, &[&[(2, 1), (2, 1)]])),
+        Err(EncodeError::GeneOrder { cell: 0, gene: 2, .. })
+    ));
     assert!(matches!(enc.encode(&block(5, &[&[], &[(5, 1)]])), Err(EncodeError::GeneRange { cell: 1, gene: 5, .. })));
     assert!(matches!(enc.encode(&block(5, &[&[(1, 0)]])), Err(EncodeError::Count { count: 0, .. })));
     assert!(matches!(enc.encode(&block(5, &[&[(1, 1 << 31)]])), Err(EncodeError::Count { .. })));
@@ -224,7 +227,7 @@ fn structural_corruption_behind_a_valid_crc_is_caught() {
 /// `raw`, appended at the end of the blob.
 fn replace_stream(blob: &[u8], c: usize, stream: usize, raw: &[u8]) -> Vec<u8> {
     let mut b = blob.to_vec();
-    while b.len() % 8 != 0 {
+    while !b.len().is_multiple_of(8) {
         b.push(0);
     }
     let off = b.len() as u64;
@@ -275,7 +278,9 @@ fn frame_rules_of_decision_4() {
     let total = b.len() as u64;
     set_u64(&mut b, 48, total);
     fix_crc(&mut b);
-    assert!(matches!(decode_tile(&b, None).unwrap_err(), TileError::Frame { reason, .. } if reason.contains("trailing")));
+    assert!(
+        matches!(decode_tile(&b, None).unwrap_err(), TileError::Frame { reason, .. } if reason.contains("trailing"))
+    );
     // a frame without its content size
     let mut enc = zstd::stream::Encoder::new(Vec::new(), 3).unwrap();
     enc.include_contentsize(false).unwrap();
@@ -373,8 +378,8 @@ fn every_gaps_kernel_agrees_with_the_scalar_one() {
         for _ in 0..len {
             state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
             let v = (state >> 33) as u32;
-            lo.push(if v % 5 == 0 { 0 } else { v as u8 });
-            hi.push(if v % 3 == 0 { (v >> 8) as u8 } else { 0 });
+            lo.push(if v.is_multiple_of(5) { 0 } else { v as u8 });
+            hi.push(if v.is_multiple_of(3) { (v >> 8) as u8 } else { 0 });
         }
         let mut want = vec![0u32; len];
         let expected = cell_gaps_scalar(&lo, &hi, &mut want, 0);
