@@ -24,8 +24,10 @@ pub(crate) enum Command {
     /// that order, and tiles run across file boundaries), chooses the gene
     /// order from the total counts of up to --gene-order-files inputs, and
     /// writes tiles, gene_order.npy, var_names.txt, var.parquet (the first
-    /// input's gene table) and, last, manifest.json. Every input must have the
-    /// same genes in the same order.
+    /// input's gene table), the obs table of every input as Parquet shards
+    /// (one row group per tile; categorical columns share one vocabulary
+    /// across files) and, last, manifest.json. Every input must have the same
+    /// genes in the same order, and the same obs columns of the same kinds.
     ///
     /// The matrix must hold counts: whole numbers from 0 to 2^31-1 in any
     /// integer or float type. Explicit zeros are dropped, unsorted genes within
@@ -114,6 +116,23 @@ pub(crate) struct ConvertArgs {
     /// Do not write var.parquet.
     #[arg(long)]
     pub no_var: bool,
+    /// Do not store obs (cell metadata) at all.
+    #[arg(long)]
+    pub no_obs: bool,
+    /// Do not store the cell names (the obs index) as the obs_names column.
+    #[arg(long)]
+    pub no_obs_names: bool,
+    /// Leave these obs columns out (comma-separated), e.g. columns of a type
+    /// obs cannot store, such as datetimes.
+    #[arg(long, value_delimiter = ',', value_name = "A,B")]
+    pub obs_exclude: Vec<String>,
+    /// A categorical obs column with more categories than this is stored as
+    /// strings (for example cell barcodes).
+    #[arg(long, default_value_t = 20_000)]
+    pub max_categories: usize,
+    /// Tiles (one Parquet row group each) per obs shard file.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub obs_tiles_per_file: u64,
     /// Replace a dataset already in OUT (its manifest is removed first).
     #[arg(long)]
     pub overwrite: bool,

@@ -17,8 +17,10 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use serde_json::{json, Map, Value};
 
-use crate::format::{self, npy, CsrMatrix, TileEncoder, MAX_GENES};
+use crate::format::{self, fingerprint, npy, CsrMatrix, TileEncoder, MAX_GENES};
 use crate::h5ad::{to_counts, BadCount, BadValue, H5adError, H5adFile, RawRows};
+use crate::obs::merge::{ObsOptions, ObsPlan};
+use crate::obs::shard::{ShardRecord, ShardWriter};
 use crate::storage::Storage;
 use crate::writer::{DatasetWriter, ManifestFlags, WriteOptions};
 
@@ -33,6 +35,8 @@ pub struct ConvertOptions {
     pub gene_order_files: usize,
     /// Write var.parquet.
     pub write_var: bool,
+    /// What to store of obs; None for no obs.
+    pub obs: Option<ObsOptions>,
     /// Replace an existing dataset in the output.
     pub overwrite: bool,
     /// Added to the manifest's metadata, after what convert records itself.
@@ -48,6 +52,7 @@ impl Default for ConvertOptions {
             write: WriteOptions::default(),
             gene_order_files: 10,
             write_var: true,
+            obs: Some(ObsOptions::default()),
             overwrite: false,
             metadata: Map::new(),
             // Each tile's chunks already use every core; one tile encoding while
@@ -95,6 +100,7 @@ struct Part {
     input: usize,
     first_row: u64,
     rows: RawRows,
+    obs: Option<arrow_array::RecordBatch>,
 }
 
 /// Why a tile could not be produced; turned into a message that names the file,
@@ -108,6 +114,7 @@ struct EncodedTile {
     blob: Vec<u8>,
     cells: u64,
     nnz: u64,
+    obs: Option<arrow_array::RecordBatch>,
 }
 
 /// Removes an existing dataset from `out` (manifest first, so that it is never
@@ -178,6 +185,14 @@ pub fn convert(
     if n_genes == 0 || n_genes > MAX_GENES {
         bail!("{}: {} has {n_genes} genes; a dataset needs 1..2^31", inputs[0].display(), options.matrix);
     }
+    let obs_plan = match &options.obs {
+        Some(o) => {
+            progress.phase("reading obs", 0);
+            let paths: Vec<&Path> = scanned.iter().map(|i| i.path.as_path()).collect();
+            ObsPlan::new(&paths, o)?
+        }
+        None => None,
+    };
     prepare_output(out, options.overwrite)?;
 
     let sampled = sampled_inputs(scanned.len(), options.gene_order_files);
@@ -189,7 +204,8 @@ pub fn convert(
     }
 
     let mut writer = DatasetWriter::new(out, options.write, n_genes as u32);
-    write_tiles(&scanned, &options.matrix, &remap, &var_names, options, &mut writer, progress)?;
+    let shards =
+        write_tiles(&scanned, &options.matrix, &remap, &var_names, obs_plan.as_ref(), options, &mut writer, progress)?;
 
     let order_i32: Vec<i32> = order.iter().map(|&g| g as i32).collect();
     writer.put_file(format::GENE_ORDER_KEY, npy::write_i32(&order_i32))?;
@@ -222,7 +238,17 @@ pub fn convert(
         }),
     );
     metadata.extend(options.metadata.clone());
-    let manifest = writer.manifest(flags, metadata);
+    let mut manifest = writer.manifest(flags, metadata);
+    if let (Some(plan), Some(shards)) = (&obs_plan, shards) {
+        let text = plan.schema_text();
+        writer.put_file(format::OBS_SCHEMA_KEY, text.clone().into_bytes())?;
+        let sha256: Vec<String> = shards.iter().map(|s| s.sha256.clone()).collect();
+        manifest.has_obs = true;
+        manifest.obs_tiles_per_file = options.obs.as_ref().map(|o| o.tiles_per_file.max(1));
+        manifest.obs_shard_bytes = Some(shards.iter().map(|s| s.bytes).collect());
+        manifest.obs_fingerprint = Some(fingerprint::obs_fingerprint(&text, &manifest.tile_cells, &sha256));
+        manifest.obs_shard_sha256 = Some(sha256);
+    }
     writer.finish(&manifest)?;
 
     let nnz: u64 = manifest.tile_nnz.iter().sum();
@@ -337,15 +363,17 @@ fn block_totals(raw: &RawRows, n_genes: u32) -> Result<Vec<u64>, BadValue> {
 
 /// Streams every input's cells into tiles, encodes them in parallel and writes
 /// them in order.
+#[allow(clippy::too_many_arguments)]
 fn write_tiles(
     scanned: &[Input],
     matrix: &str,
     remap: &[u32],
     var_names: &[String],
+    obs_plan: Option<&ObsPlan>,
     options: &ConvertOptions,
     writer: &mut DatasetWriter<'_>,
     progress: &dyn ConvertProgress,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<Vec<ShardRecord>>> {
     let tile_size = options.write.tile_size;
     let n_genes = remap.len() as u32;
     let encoder = TileEncoder::new(options.write.n_chunks, options.write.zstd_level);
@@ -363,6 +391,9 @@ fn write_tiles(
 
     let (read_result, write_result) = std::thread::scope(|threads| {
         let abort = &abort;
+        let mut shard_writer = obs_plan.map(|p| {
+            ShardWriter::new(p.arrow_schema().clone(), options.obs.as_ref().map_or(1000, |o| o.tiles_per_file))
+        });
         let writer_thread = threads.spawn(move || {
             let mut pending: BTreeMap<usize, EncodedTile> = BTreeMap::new();
             let mut next = 0usize;
@@ -390,9 +421,16 @@ fn write_tiles(
                 }
                 while failure.is_none() {
                     let Some(tile) = pending.remove(&next) else { break };
-                    if let Err(e) = writer.put_tile(next, tile.blob, tile.cells, tile.nnz) {
+                    let written = writer
+                        .put_tile(next, tile.blob, tile.cells, tile.nnz)
+                        .map_err(anyhow::Error::from)
+                        .and_then(|()| match (&mut shard_writer, &tile.obs) {
+                            (Some(shards), Some(batch)) => shards.add_tile(batch, writer.storage()),
+                            _ => Ok(()),
+                        });
+                    if let Err(e) = written {
                         abort.store(true, Ordering::Relaxed);
-                        failure = Some((next, TileFailure::Other(e.into())));
+                        failure = Some((next, TileFailure::Other(e)));
                     }
                     progress.advance(tile.cells);
                     next += 1;
@@ -401,7 +439,10 @@ fn write_tiles(
             }
             match failure {
                 Some((_, f)) => Err(f),
-                None => Ok(()),
+                None => match shard_writer {
+                    Some(shards) => shards.finish(writer.storage()).map(Some).map_err(TileFailure::Other),
+                    None => Ok(None),
+                },
             }
         });
 
@@ -431,7 +472,8 @@ fn write_tiles(
                 while row < input.n_rows && !abort.load(Ordering::Relaxed) {
                     let take = (tile_size - cells_in_tile).min(input.n_rows - row);
                     let rows = m.read_rows(row..row + take)?;
-                    parts.push(Part { input: i, first_row: row, rows });
+                    let obs = obs_plan.map(|p| p.batch(i, &file, row..row + take)).transpose()?;
+                    parts.push(Part { input: i, first_row: row, rows, obs });
                     row += take;
                     cells_in_tile += take;
                     if cells_in_tile == tile_size {
@@ -455,7 +497,7 @@ fn write_tiles(
     });
     read_result?;
     match write_result {
-        Ok(()) => Ok(()),
+        Ok(shards) => Ok(shards),
         Err(TileFailure::Other(e)) => Err(e),
         Err(TileFailure::BadValue { input, row, gene, problem }) => {
             let path = &scanned[input].path;
@@ -476,6 +518,15 @@ fn encode_tile(
 ) -> Result<EncodedTile, TileFailure> {
     let mut block = CsrMatrix::empty(n_genes);
     let mut origin: Vec<(usize, u64, u64)> = Vec::with_capacity(parts.len()); // (input, first_row, first cell in tile)
+    let obs_parts: Vec<arrow_array::RecordBatch> = parts.iter().filter_map(|p| p.obs.clone()).collect();
+    let obs = match obs_parts.first() {
+        Some(first) => Some(
+            arrow_select::concat::concat_batches(&first.schema(), &obs_parts)
+                .map_err(|e| TileFailure::Other(anyhow::anyhow!("joining obs rows: {e}")))?,
+        ),
+        None => None,
+    };
+    drop(obs_parts);
     for part in parts {
         origin.push((part.input, part.first_row, block.n_rows() as u64));
         let counts = to_counts(&part.rows, n_genes, Some(remap)).map_err(|bad| TileFailure::BadValue {
@@ -490,7 +541,7 @@ fn encode_tile(
     debug_assert_eq!(block.n_rows() as u64, cells);
     let nnz = block.nnz() as u64;
     match encoder.encode(&block) {
-        Ok(blob) => Ok(EncodedTile { blob, cells, nnz }),
+        Ok(blob) => Ok(EncodedTile { blob, cells, nnz, obs }),
         Err(e) => match e.cell_and_gene() {
             Some((cell, gene)) => {
                 let (input, first_row, first_cell) =

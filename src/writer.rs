@@ -43,6 +43,10 @@ impl<'a> DatasetWriter<'a> {
         DatasetWriter { storage, options, n_genes, tiles: Vec::new() }
     }
 
+    pub fn storage(&self) -> &'a dyn Storage {
+        self.storage
+    }
+
     pub fn options(&self) -> &WriteOptions {
         &self.options
     }

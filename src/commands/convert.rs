@@ -6,6 +6,7 @@ use indicatif::{HumanBytes, HumanCount, ProgressBar, ProgressStyle};
 use serde_json::{Map, Value};
 
 use deltacells::convert::{convert, ConvertOptions, ConvertProgress};
+use deltacells::obs::merge::ObsOptions;
 use deltacells::storage::LocalStorage;
 use deltacells::writer::WriteOptions;
 
@@ -71,6 +72,12 @@ pub(crate) fn run(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
         write: WriteOptions { tile_size: args.tile_size, n_chunks: args.chunks as usize, zstd_level: args.level },
         gene_order_files: args.gene_order_files,
         write_var: !args.no_var,
+        obs: (!args.no_obs).then(|| ObsOptions {
+            names: !args.no_obs_names,
+            exclude: args.obs_exclude.clone(),
+            max_categories: args.max_categories,
+            tiles_per_file: args.obs_tiles_per_file,
+        }),
         overwrite: args.overwrite,
         metadata: parse_metadata(&args.metadata)?,
         ..ConvertOptions::default()

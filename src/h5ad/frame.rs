@@ -197,7 +197,13 @@ pub fn read_column(file: &H5adFile, group_name: &str, name: &str, rows: Rows<'_>
             }
             Some("nullable-integer") => {
                 let m = mask(&format!("{object}/mask"))?;
-                Ok(FrameColumn::Numeric(read_numeric(file, &format!("{object}/values"), &member("values")?, Some(&m), rows)?))
+                Ok(FrameColumn::Numeric(read_numeric(
+                    file,
+                    &format!("{object}/values"),
+                    &member("values")?,
+                    Some(&m),
+                    rows,
+                )?))
             }
             Some("nullable-boolean") => {
                 let m = mask(&format!("{object}/mask"))?;
@@ -206,7 +212,8 @@ pub fn read_column(file: &H5adFile, group_name: &str, name: &str, rows: Rows<'_>
             }
             Some("nullable-string-array") => {
                 let m = mask(&format!("{object}/mask"))?;
-                let v = read_string_vec(&member("values")?, rows).map_err(|e| file.invalid(&format!("{object}/values"), e))?;
+                let v = read_string_vec(&member("values")?, rows)
+                    .map_err(|e| file.invalid(&format!("{object}/values"), e))?;
                 Ok(FrameColumn::String(v.into_iter().zip(&m).map(|(v, &missing)| (!missing).then_some(v)).collect()))
             }
             other => Err(unsupported_type(file, &object, format!("encoding-type {}", other.unwrap_or("(none)")))),

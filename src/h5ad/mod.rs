@@ -20,6 +20,7 @@ use hdf5::types::TypeDescriptor;
 
 use crate::format::{CsrMatrix, MAX_COUNT};
 
+pub(crate) use strings::read_attr_strings;
 pub use strings::{read_string_attr, read_strings, read_strings_range};
 
 /// Why an .h5ad file could not be read. Each variant names the file and the

@@ -10,6 +10,8 @@ use parquet::arrow::ProjectionMask;
 
 use crate::format::obs_schema::{ObsKind, ObsSchema};
 
+pub mod merge;
+pub mod shard;
 pub mod var_table;
 
 /// The pyarrow name of an Arrow type (decisions.md 15), if it is one obs may use.

@@ -6,5 +6,6 @@ mod convert;
 mod dataset;
 mod golden;
 mod h5;
+mod obs;
 mod pbmc;
 mod util;

@@ -148,11 +148,16 @@ pub fn synthetic_matrix(n_cells: usize, n_genes: u32, seed: u64) -> CsrMatrix {
 /// by scripts/test.sh, whose venv has anndata, pandas and pyarrow); skipped
 /// with a note where it is not set.
 pub fn python_check(args: &[&str]) {
+    python_script("check_roundtrip.py", args);
+}
+
+/// Runs tests/python/SCRIPT with ARGS under $DELTACELLS_PYTHON, or notes the skip.
+pub fn python_script(script: &str, args: &[&str]) {
     let Some(python) = std::env::var_os("DELTACELLS_PYTHON") else {
         eprintln!("note: DELTACELLS_PYTHON not set; anndata/pandas checks skipped");
         return;
     };
-    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/check_roundtrip.py");
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python").join(script);
     let out = Command::new(python).arg(script).args(args).output().expect("run python");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "Python check failed:\n{text}");

@@ -1,0 +1,501 @@
+//! Merging the obs tables of many inputs into one schema (decisions.md 15-19):
+//! the same columns and kinds in every file, one global vocabulary per
+//! categorical column (unused categories included, in order of first
+//! appearance), a common numeric type, and categorical columns with more than
+//! `max_categories` entries stored as strings. Then each block of rows is
+//! turned into an Arrow batch of that schema.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::*;
+use arrow_array::{
+    Array, ArrayRef, BooleanArray, Float32Array, Float64Array, Int16Array, Int32Array, Int64Array, Int8Array,
+    RecordBatch, StringArray,
+};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use serde_json::Value;
+
+use super::arrow_type_name;
+use crate::format::obs_schema::{ObsColumn, ObsKind, ObsSchema, SCHEMA_FORMAT, SCHEMA_VERSION};
+use crate::h5ad::frame::{read_column, Categories, FrameColumn};
+use crate::h5ad::{read_string_attr, read_strings_range, H5adError, H5adFile};
+
+/// What convert stores of obs.
+#[derive(Clone, Debug)]
+pub struct ObsOptions {
+    /// Store the cell names as the first column, obs_names.
+    pub names: bool,
+    /// Columns left out.
+    pub exclude: Vec<String>,
+    /// A categorical column with more categories than this is stored as strings.
+    pub max_categories: usize,
+    /// Tiles (row groups) per shard.
+    pub tiles_per_file: u64,
+}
+
+impl Default for ObsOptions {
+    fn default() -> Self {
+        ObsOptions { names: true, exclude: Vec::new(), max_categories: 20_000, tiles_per_file: 1000 }
+    }
+}
+
+/// A column as one file has it.
+#[derive(Clone, Debug, PartialEq)]
+enum Shape {
+    Category(Categories),
+    Numeric(DataType),
+    Bool,
+    String,
+}
+
+impl Shape {
+    fn kind_name(&self) -> &'static str {
+        match self {
+            Shape::Category(_) => "categorical",
+            Shape::Numeric(_) => "numeric",
+            Shape::Bool => "bool",
+            Shape::String => "string",
+        }
+    }
+}
+
+/// One output column and how each input's values map into it.
+struct PlannedColumn {
+    name: String,
+    kind: ObsKind,
+    data_type: DataType,
+    categories: Option<Vec<Value>>,
+    /// For categorical columns: per input, local code -> global code.
+    code_maps: Vec<Vec<i32>>,
+    /// For categorical columns stored as strings: per input, the categories.
+    local_strings: Vec<Vec<String>>,
+}
+
+/// The merged obs schema and how to build batches of it.
+pub struct ObsPlan {
+    names: bool,
+    columns: Vec<PlannedColumn>,
+    arrow_schema: SchemaRef,
+    schema: ObsSchema,
+}
+
+fn category_value(categories: &Categories, i: usize) -> Value {
+    match categories {
+        Categories::Strings(v) => Value::String(v[i].clone()),
+        Categories::Ints(v) => Value::from(v[i]),
+        Categories::Floats(v) => serde_json::Number::from_f64(v[i]).map_or(Value::Null, Value::Number),
+        Categories::Bools(v) => Value::Bool(v[i]),
+    }
+}
+
+fn category_string(categories: &Categories, i: usize) -> String {
+    match category_value(categories, i) {
+        Value::String(s) => s,
+        other => other.to_string(),
+    }
+}
+
+/// The code type for a vocabulary (decisions.md 16, the pandas rule).
+fn code_type(n: usize) -> DataType {
+    if n < 127 {
+        DataType::Int8
+    } else if n < 32767 {
+        DataType::Int16
+    } else {
+        DataType::Int32
+    }
+}
+
+fn int_width(dt: &DataType) -> Option<(bool, u32)> {
+    Some(match dt {
+        DataType::Int8 => (true, 8),
+        DataType::Int16 => (true, 16),
+        DataType::Int32 => (true, 32),
+        DataType::Int64 => (true, 64),
+        DataType::UInt8 => (false, 8),
+        DataType::UInt16 => (false, 16),
+        DataType::UInt32 => (false, 32),
+        DataType::UInt64 => (false, 64),
+        _ => return None,
+    })
+}
+
+fn signed(bits: u32) -> DataType {
+    match bits {
+        8 => DataType::Int8,
+        16 => DataType::Int16,
+        32 => DataType::Int32,
+        _ => DataType::Int64,
+    }
+}
+
+fn unsigned(bits: u32) -> DataType {
+    match bits {
+        8 => DataType::UInt8,
+        16 => DataType::UInt16,
+        32 => DataType::UInt32,
+        _ => DataType::UInt64,
+    }
+}
+
+/// The common numeric type of two (decisions.md 19: integers that meet floats
+/// become double).
+fn common_numeric(a: &DataType, b: &DataType) -> DataType {
+    if a == b {
+        return a.clone();
+    }
+    match (int_width(a), int_width(b)) {
+        (Some((sa, wa)), Some((sb, wb))) if sa == sb => {
+            if sa {
+                signed(wa.max(wb))
+            } else {
+                unsigned(wa.max(wb))
+            }
+        }
+        (Some((sa, wa)), Some((_, wb))) => {
+            let (unsigned_bits, signed_bits) = if sa { (wb, wa) } else { (wa, wb) };
+            if unsigned_bits >= 64 {
+                DataType::Float64
+            } else {
+                signed((unsigned_bits * 2).max(signed_bits))
+            }
+        }
+        _ if *a == DataType::Float32 && *b == DataType::Float32 => DataType::Float32,
+        _ => DataType::Float64,
+    }
+}
+
+/// The obs columns of a file, in column-order and then any other member, less
+/// the index and the excluded ones.
+fn column_names(file: &H5adFile, exclude: &[String]) -> Result<Vec<String>, H5adError> {
+    let group = file.file().group("obs").map_err(|_| file.invalid("obs", "missing"))?;
+    let index =
+        read_string_attr(&group, "_index").map_err(|e| file.invalid("obs", e))?.unwrap_or_else(|| "_index".into());
+    let mut names: Vec<String> = match group.attr("column-order") {
+        Ok(attr) if attr.size() > 0 => crate::h5ad::read_attr_strings(&attr).unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    for member in group.member_names().unwrap_or_default() {
+        if !names.contains(&member) {
+            names.push(member);
+        }
+    }
+    Ok(names.into_iter().filter(|n| *n != index && n != "__categories" && !exclude.contains(n)).collect())
+}
+
+fn shape_of(column: FrameColumn) -> Shape {
+    match column {
+        FrameColumn::Category { categories, .. } => Shape::Category(categories),
+        FrameColumn::Numeric(a) => Shape::Numeric(a.data_type().clone()),
+        FrameColumn::Bool(_) => Shape::Bool,
+        FrameColumn::String(_) => Shape::String,
+    }
+}
+
+impl ObsPlan {
+    /// Reads every input's obs columns (their types and vocabularies, not their
+    /// values) and merges them. None when no input has an obs table at all.
+    pub fn new(inputs: &[&Path], options: &ObsOptions) -> Result<Option<ObsPlan>, anyhow::Error> {
+        let mut with_obs = Vec::with_capacity(inputs.len());
+        for path in inputs {
+            with_obs.push(H5adFile::open(path)?.exists("obs"));
+        }
+        if !with_obs.iter().any(|&b| b) {
+            return Ok(None);
+        }
+        if let Some(i) = with_obs.iter().position(|&b| !b) {
+            anyhow::bail!(
+                "{}: has no obs table, but {} has one; use --no-obs to convert without obs",
+                inputs[i].display(),
+                inputs[with_obs.iter().position(|&b| b).expect("some input has obs")].display()
+            );
+        }
+        let mut names: Vec<String> = Vec::new();
+        // per column: per input, its shape
+        let mut shapes: HashMap<String, Vec<Shape>> = HashMap::new();
+        for (i, path) in inputs.iter().enumerate() {
+            let file = H5adFile::open(path)?;
+            let here = column_names(&file, &options.exclude)?;
+            if i == 0 {
+                names = here.clone();
+            } else {
+                for n in names.iter().filter(|n| !here.contains(n)) {
+                    anyhow::bail!(
+                        "{}: obs column {n:?} is missing (it is in {}); leave it out with --obs-exclude {n}",
+                        path.display(),
+                        inputs[0].display()
+                    );
+                }
+                if let Some(n) = here.iter().find(|n| !names.contains(n)) {
+                    anyhow::bail!(
+                        "{}: obs column {n:?} is not in {}; leave it out with --obs-exclude {n}",
+                        inputs[0].display(),
+                        path.display()
+                    );
+                }
+            }
+            for n in &names {
+                let column = read_column(&file, "obs", n, Some(&(0..0)))?;
+                shapes.entry(n.clone()).or_default().push(shape_of(column));
+            }
+        }
+        let mut columns = Vec::with_capacity(names.len());
+        for name in &names {
+            columns.push(plan_column(name, &shapes[name], inputs, options.max_categories)?);
+        }
+        let mut fields = Vec::new();
+        let mut schema_columns = Vec::new();
+        if options.names {
+            fields.push(Field::new("obs_names", DataType::Utf8, true));
+            schema_columns.push(ObsColumn {
+                name: "obs_names".into(),
+                kind: ObsKind::String,
+                arrow_type: "string".into(),
+                categories: None,
+            });
+        }
+        for c in &columns {
+            if options.names && c.name == "obs_names" {
+                anyhow::bail!(
+                    "{}: an obs column is named \"obs_names\", which is where cell names go; use --no-obs-names or --obs-exclude obs_names",
+                    inputs[0].display()
+                );
+            }
+            fields.push(Field::new(&c.name, c.data_type.clone(), true));
+            schema_columns.push(ObsColumn {
+                name: c.name.clone(),
+                kind: c.kind,
+                arrow_type: arrow_type_name(&c.data_type).expect("planned types have names").into(),
+                categories: c.categories.clone(),
+            });
+        }
+        Ok(Some(ObsPlan {
+            names: options.names,
+            columns,
+            arrow_schema: Arc::new(Schema::new(fields)),
+            schema: ObsSchema { format: SCHEMA_FORMAT.into(), version: SCHEMA_VERSION, columns: schema_columns },
+        }))
+    }
+
+    pub fn schema(&self) -> &ObsSchema {
+        &self.schema
+    }
+
+    pub fn arrow_schema(&self) -> &SchemaRef {
+        &self.arrow_schema
+    }
+
+    /// The exact text of obs/schema.json.
+    pub fn schema_text(&self) -> String {
+        let mut text = serde_json::to_string_pretty(&self.schema).expect("a schema serializes");
+        text.push('\n');
+        text
+    }
+
+    /// Rows `rows` of input `input` (open as `file`) as a batch of the schema.
+    pub fn batch(&self, input: usize, file: &H5adFile, rows: Range<u64>) -> Result<RecordBatch, H5adError> {
+        let range = rows.start as usize..rows.end as usize;
+        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.columns.len() + 1);
+        if self.names {
+            let group = file.file().group("obs").map_err(|_| file.invalid("obs", "missing"))?;
+            let index = read_string_attr(&group, "_index")
+                .map_err(|e| file.invalid("obs", e))?
+                .unwrap_or_else(|| "_index".into());
+            let object = format!("obs/{index}");
+            let ds = group.dataset(&index).map_err(|_| file.invalid(&object, "the index column is missing"))?;
+            let names = read_strings_range(&ds, range.clone()).map_err(|e| file.invalid(&object, e))?;
+            arrays.push(Arc::new(StringArray::from(names)));
+        }
+        for c in &self.columns {
+            let object = format!("obs/{}", c.name);
+            let column = read_column(file, "obs", &c.name, Some(&range))?;
+            if column.len() != range.len() {
+                return Err(
+                    file.invalid(&object, format!("has {} rows where {} were expected", column.len(), range.len()))
+                );
+            }
+            arrays.push(convert_column(c, input, column).map_err(|e| file.invalid(&object, e))?);
+        }
+        RecordBatch::try_new(self.arrow_schema.clone(), arrays).map_err(|e| file.invalid("obs", e.to_string()))
+    }
+}
+
+fn plan_column(name: &str, shapes: &[Shape], inputs: &[&Path], max_categories: usize) -> anyhow::Result<PlannedColumn> {
+    let first = &shapes[0];
+    for (i, s) in shapes.iter().enumerate().skip(1) {
+        if s.kind_name() != first.kind_name() {
+            anyhow::bail!(
+                "obs column {name:?} is {} in {} but {} in {}",
+                first.kind_name(),
+                inputs[0].display(),
+                s.kind_name(),
+                inputs[i].display()
+            );
+        }
+    }
+    let mut planned = PlannedColumn {
+        name: name.to_string(),
+        kind: ObsKind::String,
+        data_type: DataType::Utf8,
+        categories: None,
+        code_maps: Vec::new(),
+        local_strings: Vec::new(),
+    };
+    match first {
+        Shape::Bool => {
+            planned.kind = ObsKind::Bool;
+            planned.data_type = DataType::Boolean;
+        }
+        Shape::String => {}
+        Shape::Numeric(_) => {
+            let mut dt = DataType::Null;
+            for s in shapes {
+                if let Shape::Numeric(t) = s {
+                    dt = if dt == DataType::Null { t.clone() } else { common_numeric(&dt, t) };
+                }
+            }
+            if arrow_type_name(&dt).is_none() {
+                anyhow::bail!(
+                    "obs column {name:?} has type {dt}, which obs cannot store; leave it out with --obs-exclude {name}"
+                );
+            }
+            planned.kind = ObsKind::Numeric;
+            planned.data_type = dt;
+        }
+        Shape::Category(_) => {
+            let mut vocabulary: Vec<Value> = Vec::new();
+            let mut index: HashMap<String, i32> = HashMap::new();
+            for s in shapes {
+                let Shape::Category(cats) = s else { unreachable!("kinds were checked") };
+                let mut map = Vec::with_capacity(cats.len());
+                for i in 0..cats.len() {
+                    let value = category_value(cats, i);
+                    let key = value.to_string();
+                    let code = *index.entry(key).or_insert_with(|| {
+                        vocabulary.push(value);
+                        vocabulary.len() as i32 - 1
+                    });
+                    map.push(code);
+                }
+                planned.code_maps.push(map);
+                planned.local_strings.push((0..cats.len()).map(|i| category_string(cats, i)).collect());
+            }
+            if vocabulary.len() > max_categories {
+                planned.code_maps.clear();
+            } else {
+                planned.local_strings.clear();
+                planned.kind = ObsKind::Category;
+                planned.data_type = code_type(vocabulary.len());
+                planned.categories = Some(vocabulary);
+            }
+        }
+    }
+    Ok(planned)
+}
+
+fn numeric_as_i64(a: &ArrayRef) -> Option<Vec<Option<i64>>> {
+    macro_rules! ints {
+        ($t:ty) => {
+            a.as_primitive_opt::<$t>().map(|p| p.iter().map(|v| v.map(|x| x as i64)).collect())
+        };
+    }
+    ints!(Int8Type)
+        .or_else(|| ints!(Int16Type))
+        .or_else(|| ints!(Int32Type))
+        .or_else(|| ints!(Int64Type))
+        .or_else(|| ints!(UInt8Type))
+        .or_else(|| ints!(UInt16Type))
+        .or_else(|| ints!(UInt32Type))
+}
+
+fn numeric_as_f64(a: &ArrayRef) -> Vec<Option<f64>> {
+    macro_rules! floats {
+        ($t:ty) => {
+            a.as_primitive_opt::<$t>().map(|p| p.iter().map(|v| v.map(|x| x as f64)).collect::<Vec<_>>())
+        };
+    }
+    floats!(Float32Type)
+        .or_else(|| floats!(Float64Type))
+        .or_else(|| floats!(UInt64Type))
+        .or_else(|| numeric_as_i64(a).map(|v| v.into_iter().map(|x| x.map(|x| x as f64)).collect()))
+        .unwrap_or_default()
+}
+
+/// Widens a numeric array to the planned type (the plan only ever widens).
+fn widen(a: ArrayRef, to: &DataType) -> Result<ArrayRef, String> {
+    if a.data_type() == to {
+        return Ok(a);
+    }
+    let ints = || numeric_as_i64(&a).ok_or_else(|| format!("cannot widen {} to {to}", a.data_type()));
+    Ok(match to {
+        DataType::Float64 => Arc::new(Float64Array::from(numeric_as_f64(&a))),
+        DataType::Float32 => {
+            Arc::new(numeric_as_f64(&a).into_iter().map(|v| v.map(|x| x as f32)).collect::<Float32Array>())
+        }
+        DataType::Int16 => Arc::new(ints()?.into_iter().map(|v| v.map(|x| x as i16)).collect::<Int16Array>()),
+        DataType::Int32 => Arc::new(ints()?.into_iter().map(|v| v.map(|x| x as i32)).collect::<Int32Array>()),
+        DataType::Int64 => Arc::new(ints()?.into_iter().collect::<Int64Array>()),
+        DataType::UInt16 => {
+            Arc::new(ints()?.into_iter().map(|v| v.map(|x| x as u16)).collect::<arrow_array::UInt16Array>())
+        }
+        DataType::UInt32 => {
+            Arc::new(ints()?.into_iter().map(|v| v.map(|x| x as u32)).collect::<arrow_array::UInt32Array>())
+        }
+        DataType::UInt64 => {
+            Arc::new(ints()?.into_iter().map(|v| v.map(|x| x as u64)).collect::<arrow_array::UInt64Array>())
+        }
+        other => return Err(format!("cannot widen {} to {other}", a.data_type())),
+    })
+}
+
+fn convert_column(c: &PlannedColumn, input: usize, column: FrameColumn) -> Result<ArrayRef, String> {
+    Ok(match (c.kind, column) {
+        (ObsKind::Category, FrameColumn::Category { codes, .. }) => {
+            let map = &c.code_maps[input];
+            let global = codes.iter().map(|&k| if k < 0 { -1 } else { map[k as usize] });
+            match c.data_type {
+                DataType::Int8 => Arc::new(global.map(|g| g as i8).collect::<Int8Array>()),
+                DataType::Int16 => Arc::new(global.map(|g| g as i16).collect::<Int16Array>()),
+                _ => Arc::new(global.collect::<Int32Array>()),
+            }
+        }
+        (ObsKind::String, FrameColumn::Category { codes, .. }) => {
+            let local = &c.local_strings[input];
+            Arc::new(codes.iter().map(|&k| (k >= 0).then(|| local[k as usize].as_str())).collect::<StringArray>())
+        }
+        (ObsKind::String, FrameColumn::String(v)) => Arc::new(v.iter().map(|s| s.as_deref()).collect::<StringArray>()),
+        (ObsKind::Bool, FrameColumn::Bool(v)) => Arc::new(BooleanArray::from(v)),
+        (ObsKind::Numeric, FrameColumn::Numeric(a)) => widen(a, &c.data_type)?,
+        (kind, other) => return Err(format!("is {other:?}-shaped, the plan says {}", kind.as_str())),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numeric_types_meet_in_a_common_type() {
+        use DataType::*;
+        assert_eq!(common_numeric(&Int8, &Int32), Int32);
+        assert_eq!(common_numeric(&UInt8, &UInt16), UInt16);
+        assert_eq!(common_numeric(&UInt8, &Int8), Int16);
+        assert_eq!(common_numeric(&UInt32, &Int16), Int64);
+        assert_eq!(common_numeric(&UInt64, &Int8), Float64);
+        assert_eq!(common_numeric(&Int64, &Float32), Float64);
+        assert_eq!(common_numeric(&Float32, &Float32), Float32);
+        assert_eq!(common_numeric(&Float32, &Float64), Float64);
+    }
+
+    #[test]
+    fn code_types_follow_pandas() {
+        assert_eq!(code_type(126), DataType::Int8);
+        assert_eq!(code_type(127), DataType::Int16);
+        assert_eq!(code_type(32766), DataType::Int16);
+        assert_eq!(code_type(32767), DataType::Int32);
+    }
+}
