@@ -223,7 +223,7 @@ impl ObsPlan {
             if i == 0 {
                 names = here.clone();
             } else {
-                for n in names.iter().filter(|n| !here.contains(n)) {
+                if let Some(n) = names.iter().find(|n| !here.contains(n)) {
                     anyhow::bail!(
                         "{}: obs column {n:?} is missing (it is in {}); leave it out with --obs-exclude {n}",
                         path.display(),
