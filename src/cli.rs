@@ -50,6 +50,10 @@ pub(crate) enum Command {
     Export(ExportArgs),
     /// Summarize a dataset: cells, genes, tiles, size, encoding, obs and var.
     Info(InfoArgs),
+    /// Cell metadata (obs): what a dataset holds, and copying columns into the
+    /// local cache that training jobs memory-map.
+    #[command(subcommand)]
+    Obs(ObsCommand),
     /// Check every tile, file and checksum of a dataset, reporting every problem.
     ///
     /// Reads the manifest, every tile (header against the manifest, CRC, a full
@@ -83,6 +87,12 @@ pub(crate) struct VerifyArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Also check the obs columns in the local cache against the shards.
+    #[arg(long)]
+    pub cache: bool,
+    /// The cache root (see `obs localize --help`).
+    #[arg(long)]
+    pub cache_dir: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -165,4 +175,57 @@ pub(crate) struct ExportArgs {
     /// No progress bar and no summary line.
     #[arg(long, short)]
     pub quiet: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ObsCommand {
+    /// Every obs column: kind, Arrow type, number of categories, the bytes a
+    /// localize would fetch for it (from the shard footers), and whether it is
+    /// already in the local cache.
+    Info(ObsInfoArgs),
+    /// Copy obs columns into the local cache.
+    ///
+    /// For each column, only its chunk of each row group is read (after one
+    /// read of each shard's footer), and written to
+    /// <cache>/<fingerprint>/obs/<column>.arrow, an uncompressed Arrow IPC file
+    /// with one record batch per tile. The cache is, in order: --cache-dir,
+    /// $DELTACELLS_CACHE, $XDG_CACHE_HOME/deltacells, ~/.cache/deltacells.
+    /// Columns are added one at a time under a lock, so processes started
+    /// together fetch each column once; a cached file that does not match the
+    /// dataset is fetched again.
+    Localize(LocalizeArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ObsInfoArgs {
+    /// The dataset: a local folder or file:// URL.
+    pub dataset: String,
+    /// The cache root (see `obs localize --help`).
+    #[arg(long)]
+    pub cache_dir: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["columns", "all"])))]
+pub(crate) struct LocalizeArgs {
+    /// The dataset: a local folder or file:// URL.
+    pub dataset: String,
+    /// The columns to copy (comma-separated).
+    #[arg(long, value_delimiter = ',', value_name = "A,B")]
+    pub columns: Vec<String>,
+    /// Copy every column.
+    #[arg(long)]
+    pub all: bool,
+    /// Requests in flight (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// The cache root.
+    #[arg(long)]
+    pub cache_dir: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeSet;
 
+use arrow_array::Array;
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -286,4 +287,53 @@ fn check_obs(storage: &dyn Storage, manifest: &Manifest, problems: &mut Problems
         }
     }
     Ok(())
+}
+
+/// Checks the columns of this dataset found in the local cache under `root`
+/// against the shards: one record batch per tile with that tile's rows and the
+/// same values. Returns the problems and how many cached columns were checked.
+pub fn verify_cache(storage: &dyn Storage, root: &std::path::Path) -> anyhow::Result<(Vec<Problem>, usize)> {
+    use crate::obs::localize::{column_path, ObsSource};
+    let manifest = crate::dataset::read_manifest(storage)?;
+    let Some(obs) = manifest.obs() else { return Ok((Vec::new(), 0)) };
+    let source = ObsSource::open(storage, &manifest)?;
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for (i, column) in source.schema.columns.iter().enumerate() {
+        let path = column_path(root, obs.fingerprint, &column.name);
+        if !path.exists() {
+            continue;
+        }
+        checked += 1;
+        let mut add = |message: String| {
+            problems.push(Problem { file: path.display().to_string(), tile: None, rule: "obs-cache".into(), message })
+        };
+        let cached: Result<Vec<arrow_array::RecordBatch>, String> = std::fs::File::open(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|f| arrow_ipc::reader::FileReader::try_new(f, None).map_err(|e| e.to_string()))
+            .and_then(|r| r.collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string()));
+        let cached = match cached {
+            Ok(c) => c,
+            Err(e) => {
+                add(format!("not a readable Arrow IPC file: {e}"));
+                continue;
+            }
+        };
+        let (shards, _, _) = source.fetch_column(i)?;
+        if cached.len() != shards.len() {
+            add(format!("{} record batches, the dataset has {} tiles", cached.len(), shards.len()));
+            continue;
+        }
+        for (t, (c, s)) in cached.iter().zip(&shards).enumerate() {
+            if c.num_columns() != 1 || c.schema().field(0).name() != &column.name {
+                add(format!("tile {t}: the batch is not the single column {:?}", column.name));
+                break;
+            }
+            if c.column(0).to_data() != s.column(0).to_data() {
+                add(format!("tile {t}: values differ from the shard"));
+                break;
+            }
+        }
+    }
+    Ok((problems, checked))
 }

@@ -8,6 +8,7 @@ use crate::cli::{Cli, Command};
 mod convert;
 mod export;
 mod info;
+mod obs;
 mod verify;
 
 pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -15,6 +16,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Convert(args) => convert::run(&args),
         Command::Export(args) => export::run(&args),
         Command::Info(args) => info::run(&args),
+        Command::Obs(cmd) => obs::run(&cmd),
         Command::Verify(args) => verify::run(&args),
     }
 }

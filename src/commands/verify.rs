@@ -34,8 +34,15 @@ pub(crate) fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
     } else {
         ProgressBar::hidden()
     };
-    let report = verify::verify(store.as_ref(), &Bar(bar.clone())).context("verify")?;
+    let mut report = verify::verify(store.as_ref(), &Bar(bar.clone())).context("verify")?;
     bar.finish_and_clear();
+    if args.cache {
+        let root = deltacells::obs::localize::cache_root(args.cache_dir.as_deref().map(std::path::Path::new));
+        let (problems, checked) = verify::verify_cache(store.as_ref(), &root).context("verify --cache")?;
+        eprintln!("verify: {checked} cached obs columns checked in {}", root.display());
+        report.ok &= problems.is_empty();
+        report.problems.extend(problems);
+    }
     if args.json {
         super::print_json(&report)?;
     } else {

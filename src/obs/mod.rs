@@ -10,6 +10,7 @@ use parquet::arrow::ProjectionMask;
 
 use crate::format::obs_schema::{ObsKind, ObsSchema};
 
+pub mod localize;
 pub mod merge;
 pub mod shard;
 pub mod var_table;

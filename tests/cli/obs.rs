@@ -217,3 +217,127 @@ fn obs_columns_that_cannot_be_stored_or_merged_are_named() {
     let run = t.run(&["convert", "-q", "--overwrite", "c.h5ad", "out2"]).expect_code(2);
     assert!(run.stderr().contains("obs/when") && run.stderr().contains("--obs-exclude"), "{}", run.stderr());
 }
+
+fn converted_obs_kinds(t: &TestDir) -> Option<std::path::PathBuf> {
+    let dir = crate::golden::golden()?;
+    let source = dir.join("sources/obs_kinds.h5ad");
+    t.run(&[
+        "convert",
+        "-q",
+        "--level",
+        "3",
+        "--tile-size",
+        "4",
+        "--obs-tiles-per-file",
+        "2",
+        "--max-categories",
+        "1000",
+        source.to_str().unwrap(),
+        "ds",
+    ])
+    .expect_code(0);
+    Some(t.join("ds"))
+}
+
+#[test]
+fn localize_fetches_only_the_column_chunks_and_caches_them() {
+    let t = TestDir::new();
+    let Some(ds) = converted_obs_kinds(&t) else { return };
+    let ds = ds.to_str().unwrap();
+    let cache = t.join("cache");
+    let cache = cache.to_str().unwrap();
+    let info = t.run(&["obs", "info", "--json", "--cache-dir", cache, ds]).expect_code(0).json();
+    let columns = info["columns"].as_array().unwrap();
+    assert_eq!(columns.len(), 12);
+    assert!(columns.iter().all(|c| c["cached"] == false && c["fetch_bytes"].as_u64().unwrap() > 0));
+    let report = t
+        .run(&["obs", "localize", "--json", "--cache-dir", cache, "--columns", "cell_type,score,obs_names", ds])
+        .expect_code(0)
+        .json();
+    assert_eq!(report["fetched"], serde_json::json!(["cell_type", "score", "obs_names"]));
+    // one request per column per tile (6 tiles), one per shard footer (3), and the schema
+    assert_eq!(report["requests"], 3 * 6 + 3 + 1);
+    let again = t
+        .run(&["obs", "localize", "--json", "--cache-dir", cache, "--columns", "score,frac", ds])
+        .expect_code(0)
+        .json();
+    assert_eq!(again["already_local"], serde_json::json!(["score"]));
+    assert_eq!(again["fetched"], serde_json::json!(["frac"]));
+    let info = t.run(&["obs", "info", "--json", "--cache-dir", cache, ds]).expect_code(0).json();
+    let cached: Vec<&str> = info["columns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["cached"] == true)
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(cached, vec!["obs_names", "cell_type", "score", "frac"]);
+    // a damaged cache file is replaced
+    let fingerprint = info["fingerprint"].as_str().unwrap();
+    let path = t.join(&format!("cache/{fingerprint}/obs/score.arrow"));
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    let fixed =
+        t.run(&["obs", "localize", "--json", "--cache-dir", cache, "--columns", "score", ds]).expect_code(0).json();
+    assert_eq!(fixed["replaced"], serde_json::json!(["score"]));
+    assert_eq!(std::fs::read(&path).unwrap(), bytes);
+    // $DELTACELLS_CACHE is the default root
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_deltacells"))
+        .args(["obs", "localize", "--json", "--columns", "batch", ds])
+        .env("DELTACELLS_CACHE", t.join("envcache"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(t.join(&format!("envcache/{fingerprint}/obs/batch.arrow")).is_file());
+    // no temporary files remain
+    let leftovers: Vec<_> = std::fs::read_dir(t.join(&format!("cache/{fingerprint}/obs")))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    crate::util::python_script("check_obs.py", &[ds, "--cache", cache]);
+    t.run(&["verify", "--cache", "--cache-dir", cache, ds]).expect_code(0);
+    // a cache file holding another column's values is reported by verify --cache
+    let frac = std::fs::read(t.join(&format!("cache/{fingerprint}/obs/frac.arrow"))).unwrap();
+    std::fs::write(t.join(&format!("cache/{fingerprint}/obs/cell_type.arrow")), frac).unwrap();
+    let report = t.run(&["verify", "--json", "--cache", "--cache-dir", cache, ds]).expect_code(1).json();
+    let problems = report["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0]["rule"], "obs-cache");
+    assert!(problems[0]["file"].as_str().unwrap().ends_with("cell_type.arrow"));
+    let run = t.run(&["obs", "localize", "--cache-dir", cache, "--columns", "nope", ds]).expect_code(2);
+    assert!(run.stderr().contains("no obs column \"nope\""), "{}", run.stderr());
+}
+
+#[test]
+fn processes_started_together_fetch_each_column_once() {
+    let t = TestDir::new();
+    let Some(ds) = converted_obs_kinds(&t) else { return };
+    let cache = t.join("cache");
+    let children: Vec<_> = (0..8)
+        .map(|_| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_deltacells"))
+                .args(["obs", "localize", "--json", "--cache-dir", cache.to_str().unwrap()])
+                .args(["--columns", "cell_type,donor,note", ds.to_str().unwrap()])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut fetched: std::collections::BTreeMap<String, usize> = Default::default();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        for c in report["fetched"].as_array().unwrap() {
+            *fetched.entry(c.as_str().unwrap().to_string()).or_default() += 1;
+        }
+        assert_eq!(report["fetched"].as_array().unwrap().len() + report["already_local"].as_array().unwrap().len(), 3);
+    }
+    assert_eq!(
+        fetched.into_iter().collect::<Vec<_>>(),
+        vec![("cell_type".into(), 1), ("donor".into(), 1), ("note".into(), 1)]
+    );
+    crate::util::python_script("check_obs.py", &[ds.to_str().unwrap(), "--cache", cache.to_str().unwrap()]);
+}

@@ -1,6 +1,6 @@
 """Checks a dataset's obs with the Python stack.
 
-usage: check_obs.py DATASET [EXPECTED.obs.json]
+usage: check_obs.py DATASET [EXPECTED.obs.json] [--cache DIR]
 
 - pyarrow reads every shard: one row group per tile with that tile's cells, the
   columns and Arrow types of obs/schema.json;
@@ -40,7 +40,7 @@ assert fingerprint == manifest["obs_fingerprint"], (fingerprint, manifest["obs_f
 table = pa.concat_tables(tables) if tables else None
 print(f"pyarrow: {dataset}: {len(tables)} shards, {table.num_rows if table else 0} rows, fingerprint {fingerprint} recomputed")
 
-if len(sys.argv) > 2:
+if len(sys.argv) > 2 and sys.argv[2] != "--cache":
     expected = json.load(open(sys.argv[2]))
     assert [c["name"] for c in schema["columns"]] == list(expected), "column order"
     for c in schema["columns"]:
@@ -51,3 +51,24 @@ if len(sys.argv) > 2:
         same = all((g is None and w is None) or (g is not None and w is not None and abs(g - w) < 1e-6 if isinstance(w, float) else g == w) for g, w in zip(got, want))
         assert same and len(got) == len(want), (c["name"], got, want)
     print(f"pyarrow: every column equals {sys.argv[2]}")
+
+# With --cache DIR: every cached column memory-maps with pyarrow and equals the shards.
+if "--cache" in sys.argv:
+    cache = sys.argv[sys.argv.index("--cache") + 1]
+    import os
+    import urllib.parse
+    checked = 0
+    for c in schema["columns"]:
+        path = os.path.join(cache, manifest["obs_fingerprint"], "obs", urllib.parse.quote(c["name"], safe="") + ".arrow")
+        if not os.path.exists(path):
+            continue
+        with pa.memory_map(path) as source:
+            reader = pa.ipc.open_file(source)
+            assert reader.num_record_batches == len(manifest["tile_cells"]), path
+            rows = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
+            assert rows == manifest["tile_cells"], (path, rows)
+            values = pa.concat_arrays([reader.get_batch(i).column(0) for i in range(reader.num_record_batches)])
+            assert str(values.type) == c["arrow_type"], (path, values.type)
+            assert values.to_pylist() == table.column(c["name"]).to_pylist(), path
+        checked += 1
+    print(f"pyarrow: {checked} cached columns memory-mapped and equal to the shards")

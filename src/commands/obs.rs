@@ -1,0 +1,143 @@
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use indicatif::HumanBytes;
+use serde::Serialize;
+
+use deltacells::obs::localize::{cache_root, cached_file_is_valid, column_path, localize, ObsSource};
+use deltacells::Dataset;
+
+use crate::cli::{LocalizeArgs, ObsCommand, ObsInfoArgs};
+
+pub(crate) fn run(cmd: &ObsCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        ObsCommand::Info(args) => info(args),
+        ObsCommand::Localize(args) => run_localize(args),
+    }
+}
+
+#[derive(Serialize)]
+struct ColumnInfo {
+    name: String,
+    kind: String,
+    arrow_type: String,
+    n_categories: Option<usize>,
+    fetch_bytes: u64,
+    cached: bool,
+}
+
+#[derive(Serialize)]
+struct ObsInfo {
+    dataset: String,
+    fingerprint: String,
+    shards: usize,
+    shard_bytes: u64,
+    cache: String,
+    columns: Vec<ColumnInfo>,
+}
+
+fn info(args: &ObsInfoArgs) -> anyhow::Result<ExitCode> {
+    let ds = Dataset::open(&args.dataset).context("obs info")?;
+    let manifest = ds.manifest();
+    let Some(obs) = manifest.obs() else { bail!("obs info: {}: the dataset has no obs", args.dataset) };
+    let source = ObsSource::open(ds.storage().as_ref(), manifest).context("obs info")?;
+    let root = cache_root(args.cache_dir.as_deref().map(Path::new));
+    let columns = source
+        .schema
+        .columns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| ColumnInfo {
+            name: c.name.clone(),
+            kind: c.kind.as_str().to_string(),
+            arrow_type: c.arrow_type.clone(),
+            n_categories: c.categories.as_ref().map(Vec::len),
+            fetch_bytes: source.column_bytes(i),
+            cached: cached_file_is_valid(&column_path(&root, obs.fingerprint, &c.name), &c.name, &manifest.tile_cells),
+        })
+        .collect();
+    let report = ObsInfo {
+        dataset: ds.storage().location(""),
+        fingerprint: obs.fingerprint.to_string(),
+        shards: obs.shard_bytes.len(),
+        shard_bytes: obs.shard_bytes.iter().sum(),
+        cache: root.join(obs.fingerprint).join("obs").display().to_string(),
+        columns,
+    };
+    if args.json {
+        super::print_json(&report)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "{}: {} obs columns in {} shards ({}), fingerprint {}",
+        report.dataset,
+        report.columns.len(),
+        report.shards,
+        HumanBytes(report.shard_bytes),
+        report.fingerprint
+    )?;
+    writeln!(out, "cache: {}", report.cache)?;
+    let width = report.columns.iter().map(|c| c.name.len()).max().unwrap_or(4).max(6);
+    writeln!(out, "{:width$}  {:8}  {:6}  {:>10}  {:>12}  local", "column", "kind", "type", "categories", "fetch")?;
+    for c in &report.columns {
+        let cats = c.n_categories.map_or(String::new(), |n| n.to_string());
+        let local = if c.cached { "yes" } else { "no" };
+        writeln!(
+            out,
+            "{:width$}  {:8}  {:6}  {cats:>10}  {:>12}  {local}",
+            c.name,
+            c.kind,
+            c.arrow_type,
+            HumanBytes(c.fetch_bytes).to_string()
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_localize(args: &LocalizeArgs) -> anyhow::Result<ExitCode> {
+    super::set_threads(args.threads)?;
+    let ds = Dataset::open(&args.dataset).context("obs localize")?;
+    let manifest = ds.manifest();
+    if manifest.obs().is_none() {
+        bail!("obs localize: {}: the dataset has no obs", args.dataset);
+    }
+    let columns: Vec<String> = if args.all {
+        let text = ds
+            .storage()
+            .get(deltacells::format::OBS_SCHEMA_KEY)?
+            .context("obs localize: obs/schema.json is missing")?;
+        let schema = deltacells::format::obs_schema::ObsSchema::parse(&text).map_err(anyhow::Error::msg)?;
+        schema.columns.into_iter().map(|c| c.name).collect()
+    } else {
+        args.columns.clone()
+    };
+    let root = cache_root(args.cache_dir.as_deref().map(Path::new));
+    let report = localize(ds.storage().as_ref(), manifest, &columns, &root).context("obs localize")?;
+    if args.json {
+        super::print_json(&report)?;
+    } else {
+        let mut out = std::io::stdout().lock();
+        if !report.fetched.is_empty() {
+            writeln!(
+                out,
+                "fetched {} ({} in {} requests, {:.2} s)",
+                report.fetched.join(", "),
+                HumanBytes(report.bytes),
+                report.requests,
+                report.seconds
+            )?;
+        }
+        if !report.already_local.is_empty() {
+            writeln!(out, "already local: {}", report.already_local.join(", "))?;
+        }
+        if !report.replaced.is_empty() {
+            writeln!(out, "replaced invalid cache files: {}", report.replaced.join(", "))?;
+        }
+        writeln!(out, "cache: {}", report.cache)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,377 @@
+//! The local obs cache (format.md, "Local cache"; decisions.md 22-24): the
+//! columns a training job needs, copied once per machine from the shards into
+//! `<cache>/<fingerprint>/obs/<quoted name>.arrow`, an uncompressed Arrow IPC
+//! file with one record batch per tile, ready to be memory-mapped.
+//!
+//! Only the bytes needed are read: each shard's footer (one ranged read of its
+//! tail, two when the footer is large), then the column's chunk in each row
+//! group. Columns are added one at a time under an exclusive lock on
+//! `<cache>/<fingerprint>/obs/.lock`, each written to a temporary file and
+//! renamed, so concurrent processes fetch every column once.
+
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow_array::{RecordBatch, RecordBatchReader};
+use arrow_schema::{Field, Schema};
+use bytes::Bytes;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
+use parquet::arrow::ProjectionMask;
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::reader::{ChunkReader, Length};
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::format::obs_schema::ObsSchema;
+use crate::format::{self, Manifest};
+use crate::storage::Storage;
+
+/// The cache root: `explicit`, else $DELTACELLS_CACHE, else
+/// $XDG_CACHE_HOME/deltacells, else ~/.cache/deltacells.
+pub fn cache_root(explicit: Option<&Path>) -> PathBuf {
+    if let Some(p) = explicit {
+        return p.to_path_buf();
+    }
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    var("DELTACELLS_CACHE")
+        .or_else(|| var("XDG_CACHE_HOME").map(|x| x.join("deltacells")))
+        .or_else(|| var("HOME").map(|h| h.join(".cache/deltacells")))
+        .unwrap_or_else(|| PathBuf::from(".cache/deltacells"))
+}
+
+/// A column name as a file name: Python's `urllib.parse.quote(name, safe="")`
+/// (decisions.md 22).
+pub fn quote(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b"_.-~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The cache folder of a dataset's obs.
+pub fn column_dir(root: &Path, fingerprint: &str) -> PathBuf {
+    root.join(fingerprint).join("obs")
+}
+
+/// The cache file of a column.
+pub fn column_path(root: &Path, fingerprint: &str, column: &str) -> PathBuf {
+    column_dir(root, fingerprint).join(format!("{}.arrow", quote(column)))
+}
+
+/// Whether `path` is a complete cache file for a dataset with these tiles: one
+/// record batch per tile with that tile's rows, one field named `column`.
+pub fn cached_file_is_valid(path: &Path, column: &str, tile_cells: &[u64]) -> bool {
+    let Ok(file) = File::open(path) else { return false };
+    let Ok(reader) = arrow_ipc::reader::FileReader::try_new(file, None) else { return false };
+    let schema = reader.schema();
+    if schema.fields().len() != 1 || schema.field(0).name() != column || reader.num_batches() != tile_cells.len() {
+        return false;
+    }
+    let mut tiles = tile_cells.iter();
+    for batch in reader {
+        match (batch, tiles.next()) {
+            (Ok(b), Some(&cells)) if b.num_rows() as u64 == cells => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// What a localization did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct LocalizeReport {
+    pub cache: String,
+    pub fetched: Vec<String>,
+    pub already_local: Vec<String>,
+    /// Cache files that were invalid and were fetched again.
+    pub replaced: Vec<String>,
+    pub requests: u64,
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
+/// A Parquet file of which only some byte ranges were fetched; reading
+/// anything else is an error, which is how we know only those were needed.
+#[derive(Clone)]
+struct SparseFile {
+    len: u64,
+    parts: Arc<Vec<(u64, Bytes)>>,
+}
+
+impl SparseFile {
+    fn slice(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        for (at, bytes) in self.parts.iter() {
+            if start >= *at && start + length as u64 <= at + bytes.len() as u64 {
+                let from = (start - at) as usize;
+                return Ok(bytes.slice(from..from + length));
+            }
+        }
+        Err(parquet::errors::ParquetError::General(format!("bytes {start}..+{length} were not fetched")))
+    }
+}
+
+impl Length for SparseFile {
+    fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+impl ChunkReader for SparseFile {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        let (at, bytes) = self
+            .parts
+            .iter()
+            .find(|(at, b)| start >= *at && start < at + b.len() as u64)
+            .ok_or_else(|| parquet::errors::ParquetError::General(format!("byte {start} was not fetched")))?;
+        Ok(bytes::Buf::reader(bytes.slice((start - at) as usize..)))
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        self.slice(start, length)
+    }
+}
+
+/// Bytes read from the end of a shard in the first request: most footers fit.
+const TAIL_GUESS: u64 = 64 * 1024;
+
+/// One shard's footer, fetched.
+struct Footer {
+    len: u64,
+    tail: (u64, Bytes),
+    metadata: Arc<ParquetMetaData>,
+}
+
+fn read_footer(storage: &dyn Storage, key: &str, size: u64, requests: &mut u64) -> anyhow::Result<Footer> {
+    let location = storage.location(key);
+    if size < 12 {
+        anyhow::bail!("{location}: {size} bytes is too short for a Parquet file");
+    }
+    let start = size.saturating_sub(TAIL_GUESS);
+    let mut tail = fetch(storage, key, start..size, requests)?;
+    let n = tail.len();
+    if &tail[n - 4..] != b"PAR1" {
+        anyhow::bail!("{location}: not a Parquet file (no PAR1 at the end)");
+    }
+    let meta_len = u64::from(u32::from_le_bytes(tail[n - 8..n - 4].try_into().expect("4 bytes")));
+    if meta_len + 8 > size {
+        anyhow::bail!("{location}: footer length {meta_len} exceeds the file ({size} bytes)");
+    }
+    let mut tail_start = start;
+    if meta_len + 8 > n as u64 {
+        tail_start = size - meta_len - 8;
+        tail = fetch(storage, key, tail_start..size, requests)?;
+    }
+    let footer = &tail[tail.len() - 8 - meta_len as usize..tail.len() - 8];
+    let metadata =
+        ParquetMetaDataReader::decode_metadata(footer).map_err(|e| anyhow::anyhow!("{location}: footer: {e}"))?;
+    Ok(Footer { len: size, tail: (tail_start, tail), metadata: Arc::new(metadata) })
+}
+
+fn fetch(storage: &dyn Storage, key: &str, range: Range<u64>, requests: &mut u64) -> anyhow::Result<Bytes> {
+    *requests += 1;
+    let mut parts = storage
+        .get_ranges(key, std::slice::from_ref(&range))?
+        .ok_or_else(|| anyhow::anyhow!("{}: missing", storage.location(key)))?;
+    Ok(parts.remove(0))
+}
+
+/// The obs of one dataset, for localizing and for `obs info`.
+pub struct ObsSource<'a> {
+    storage: &'a dyn Storage,
+    manifest: &'a Manifest,
+    pub schema: ObsSchema,
+    footers: Vec<Footer>,
+    pub requests: u64,
+}
+
+impl<'a> ObsSource<'a> {
+    /// Reads obs/schema.json and every shard's footer (in parallel).
+    pub fn open(storage: &'a dyn Storage, manifest: &'a Manifest) -> anyhow::Result<ObsSource<'a>> {
+        let obs = manifest.obs().ok_or_else(|| anyhow::anyhow!("{}: the dataset has no obs", storage.location("")))?;
+        let schema_bytes = storage
+            .get(format::OBS_SCHEMA_KEY)?
+            .ok_or_else(|| anyhow::anyhow!("{}: missing", storage.location(format::OBS_SCHEMA_KEY)))?;
+        let schema = ObsSchema::parse(&schema_bytes)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", storage.location(format::OBS_SCHEMA_KEY)))?;
+        let results: Vec<anyhow::Result<(Footer, u64)>> = obs
+            .shard_bytes
+            .par_iter()
+            .enumerate()
+            .map(|(s, &size)| {
+                let mut requests = 0;
+                let footer = read_footer(storage, &format::obs_shard_key(s), size, &mut requests)?;
+                Ok((footer, requests))
+            })
+            .collect();
+        let mut footers = Vec::with_capacity(results.len());
+        let mut requests = 1;
+        for r in results {
+            let (footer, n) = r?;
+            footers.push(footer);
+            requests += n;
+        }
+        Ok(ObsSource { storage, manifest, schema, footers, requests })
+    }
+
+    /// The bytes a localize would fetch for `column`: its chunk in every row
+    /// group of every shard.
+    pub fn column_bytes(&self, column: usize) -> u64 {
+        self.footers
+            .iter()
+            .flat_map(|f| f.metadata.row_groups().iter().map(move |rg| rg.column(column).byte_range().1))
+            .sum()
+    }
+
+    /// Every tile's values of `column`, read with ranged reads of its chunks only.
+    pub fn fetch_column(&self, column: usize) -> anyhow::Result<(Vec<RecordBatch>, u64, u64)> {
+        let k = self.manifest.obs_tiles_per_file.unwrap_or(1) as usize;
+        let per_shard: Vec<anyhow::Result<(Vec<RecordBatch>, u64, u64)>> = self
+            .footers
+            .par_iter()
+            .enumerate()
+            .map(|(s, footer)| {
+                let key = format::obs_shard_key(s);
+                let mut parts = vec![footer.tail.clone()];
+                let (mut requests, mut bytes) = (0u64, 0u64);
+                for rg in footer.metadata.row_groups() {
+                    let (start, len) = rg.column(column).byte_range();
+                    parts.push((start, fetch(self.storage, &key, start..start + len, &mut requests)?));
+                    bytes += len;
+                }
+                let file = SparseFile { len: footer.len, parts: Arc::new(parts) };
+                let meta = ArrowReaderMetadata::try_new(footer.metadata.clone(), ArrowReaderOptions::new())?;
+                let mask = ProjectionMask::roots(meta.parquet_schema(), [column]);
+                let mut batches = Vec::new();
+                for (i, rg) in footer.metadata.row_groups().iter().enumerate() {
+                    let batch = read_row_group(file.clone(), meta.clone(), mask.clone(), i, rg.num_rows() as usize)
+                        .map_err(|e| anyhow::anyhow!("{}: row group {i}: {e}", self.storage.location(&key)))?;
+                    batches.push(batch);
+                }
+                let tiles = s * k..((s + 1) * k).min(self.manifest.n_tiles());
+                if batches.len() != tiles.len() {
+                    anyhow::bail!(
+                        "{}: {} row groups, expected {} (one per tile)",
+                        self.storage.location(&key),
+                        batches.len(),
+                        tiles.len()
+                    );
+                }
+                Ok((batches, requests, bytes))
+            })
+            .collect();
+        let mut all = Vec::new();
+        let (mut requests, mut bytes) = (0, 0);
+        for r in per_shard {
+            let (b, q, n) = r?;
+            all.extend(b);
+            requests += q;
+            bytes += n;
+        }
+        Ok((all, requests, bytes))
+    }
+}
+
+/// Row group `i` of `file`, column(s) `mask`, as one batch.
+fn read_row_group(
+    file: SparseFile,
+    meta: ArrowReaderMetadata,
+    mask: ProjectionMask,
+    i: usize,
+    rows: usize,
+) -> anyhow::Result<RecordBatch> {
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta)
+        .with_row_groups(vec![i])
+        .with_projection(mask)
+        .with_batch_size(rows.max(1))
+        .build()?;
+    let schema = reader.schema();
+    let batches: Vec<RecordBatch> = reader.collect::<Result<_, _>>()?;
+    Ok(arrow_select::concat::concat_batches(&schema, &batches)?)
+}
+
+/// Writes `batches` as an uncompressed Arrow IPC file at `path`, through a
+/// temporary file in the same folder and a rename.
+fn write_ipc(path: &Path, column: &str, batches: &[RecordBatch]) -> anyhow::Result<()> {
+    let dir = path.parent().expect("cache files are in a folder");
+    let field = batches.first().map(|b| b.schema().field(0).clone());
+    let schema = Arc::new(Schema::new(vec![field
+        .unwrap_or_else(|| Field::new(column, arrow_schema::DataType::Utf8, true))
+        .with_name(column)]));
+    let mut tmp = tempfile::Builder::new().prefix(".deltacells-").suffix(".tmp").tempfile_in(dir)?;
+    {
+        let mut writer = arrow_ipc::writer::FileWriter::try_new(tmp.as_file_mut(), &schema)?;
+        for b in batches {
+            writer.write(&RecordBatch::try_new(schema.clone(), b.columns().to_vec())?)?;
+        }
+        writer.finish()?;
+    }
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// Localizes `columns` of the dataset into the cache under `root`.
+pub fn localize(
+    storage: &dyn Storage,
+    manifest: &Manifest,
+    columns: &[String],
+    root: &Path,
+) -> anyhow::Result<LocalizeReport> {
+    let started = Instant::now();
+    let obs = manifest.obs().ok_or_else(|| anyhow::anyhow!("{}: the dataset has no obs", storage.location("")))?;
+    let dir = column_dir(root, obs.fingerprint);
+    std::fs::create_dir_all(&dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    let mut report = LocalizeReport { cache: dir.display().to_string(), ..Default::default() };
+    let mut source: Option<ObsSource<'_>> = None;
+    for name in columns {
+        let lock_path = dir.join(".lock");
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", lock_path.display()))?;
+        lock.lock().map_err(|e| anyhow::anyhow!("{}: cannot lock: {e}", lock_path.display()))?;
+        let path = column_path(root, obs.fingerprint, name);
+        if path.exists() {
+            if cached_file_is_valid(&path, name, &manifest.tile_cells) {
+                report.already_local.push(name.clone());
+                continue;
+            }
+            std::fs::remove_file(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            report.replaced.push(name.clone());
+        }
+        if source.is_none() {
+            source = Some(ObsSource::open(storage, manifest)?);
+        }
+        let src = source.as_ref().expect("set above");
+        let index = src
+            .schema
+            .columns
+            .iter()
+            .position(|c| &c.name == name)
+            .ok_or_else(|| anyhow::anyhow!("{}: no obs column {name:?}", storage.location("")))?;
+        let (batches, requests, bytes) = src.fetch_column(index)?;
+        write_ipc(&path, name, &batches)?;
+        report.requests += requests;
+        report.bytes += bytes;
+        report.fetched.push(name.clone());
+        drop(lock);
+    }
+    if let Some(src) = &source {
+        report.requests += src.requests;
+        report.bytes += src.footers.iter().map(|f| f.tail.1.len() as u64).sum::<u64>();
+    }
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
