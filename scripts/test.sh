@@ -13,5 +13,6 @@ if [ -x ../shared/data/fetch-pbmc.sh ] && [ -z "${DELTACELLS_PBMC:-}" ]; then
 fi
 export DELTACELLS_PYTHON="$PWD/.venv/bin/python"
 cargo test "$@"
-# The benchmarks are not run here (see README, "Performance"), only compiled.
-cargo check --benches --quiet
+# The benchmarks are not run here (see README, "Performance"), only compiled,
+# with the test profile so that nothing is built twice.
+cargo test --benches --no-run --quiet
