@@ -341,3 +341,64 @@ fn processes_started_together_fetch_each_column_once() {
     );
     crate::util::python_script("check_obs.py", &[ds.to_str().unwrap(), "--cache", cache.to_str().unwrap()]);
 }
+
+#[test]
+fn obs_of_every_encoding_written_by_anndata_reads_back() {
+    let Some(python) = std::env::var_os("DELTACELLS_PYTHON") else {
+        eprintln!("note: DELTACELLS_PYTHON not set; anndata-written obs test skipped");
+        return;
+    };
+    let t = TestDir::new();
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/make_obs_encodings.py");
+    let out =
+        std::process::Command::new(python).arg(script).args([t.join("enc.h5ad"), t.join("enc.json")]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    t.run(&["convert", "-q", "--level", "3", "--tile-size", "4", "enc.h5ad", "out"]).expect_code(0);
+    t.run(&["verify", "out"]).expect_code(0);
+    let want: serde_json::Map<String, Value> =
+        serde_json::from_slice(&std::fs::read(t.join("enc.json")).unwrap()).unwrap();
+    let (schema, values) = obs_values(&t.join("out"));
+    assert_eq!(
+        schema.columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+        want.keys().map(String::as_str).collect::<Vec<_>>()
+    );
+    for (c, got) in schema.columns.iter().zip(&values) {
+        let w = &want[&c.name];
+        if let Some(cats) = w.get("categories") {
+            assert_eq!(c.kind.as_str(), "category", "{}", c.name);
+            assert_eq!(&Value::Array(c.categories.clone().unwrap()), cats, "{}", c.name);
+            assert_eq!(&Value::Array(got.clone()), &w["codes"], "{}", c.name);
+        } else {
+            let w = w.as_array().unwrap();
+            for (i, (g, e)) in got.iter().zip(w).enumerate() {
+                assert!(same_value(g, e), "{} row {i}: {g} != {e}", c.name);
+            }
+        }
+    }
+    let kind = |n: &str| schema.column(n).map(|c| (c.kind.as_str(), c.arrow_type.as_str())).unwrap();
+    assert_eq!(kind("uint32"), ("numeric", "uint32"));
+    assert_eq!(kind("float32"), ("numeric", "float"));
+    assert_eq!(kind("nullable_int"), ("numeric", "int32"));
+    assert_eq!(kind("nullable_bool"), ("bool", "bool"));
+    assert_eq!(kind("nullable_str"), ("string", "string"));
+    assert_eq!(kind("cat_int"), ("category", "int8"));
+}
+
+#[test]
+fn the_pre_0_8_layout_with_categories_elsewhere_is_read() {
+    let t = TestDir::new();
+    let path = t.join("old.h5ad");
+    let f = h5::create(&path);
+    h5::matrix(&f, "X", &h5::random_rows(4, 5, 3), 5, h5::Layout::LegacyCsr, |v| v as f32);
+    let obs = h5::dataframe(&f, "obs", "_index", &h5::cells(4, "o"));
+    obs.new_dataset_builder().with_data(&[1i8, 0, 1, -1][..]).create("kind").unwrap();
+    let cats = obs.create_group("__categories").unwrap();
+    h5::strings(&cats, "kind", &["alpha".to_string(), "beta".to_string()]);
+    h5::dataframe(&f, "var", "_index", &h5::genes(5));
+    drop((cats, obs, f));
+    t.run(&["convert", "-q", "old.h5ad", "out"]).expect_code(0);
+    let (schema, values) = obs_values(&t.join("out"));
+    let c = schema.column("kind").unwrap();
+    assert_eq!(c.categories.clone().unwrap(), vec![Value::from("alpha"), Value::from("beta")]);
+    assert_eq!(values[1], vec![Value::from(1), Value::from(0), Value::from(1), Value::from(-1)]);
+}
