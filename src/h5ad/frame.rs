@@ -179,8 +179,16 @@ fn read_codes(
 }
 
 /// Reads column `name` of dataframe group `group_name`: all rows, or `rows`.
-/// Categories are always read whole.
-pub fn read_column(file: &H5adFile, group_name: &str, name: &str, rows: Rows<'_>) -> Result<FrameColumn, H5adError> {
+/// A categorical column's vocabulary is read whole when `with_categories`;
+/// otherwise only its length is (to check the codes) and `categories` is empty,
+/// which is what reading block after block of a known column needs.
+pub fn read_column(
+    file: &H5adFile,
+    group_name: &str,
+    name: &str,
+    rows: Rows<'_>,
+    with_categories: bool,
+) -> Result<FrameColumn, H5adError> {
     let object = format!("{group_name}/{name}");
     let group = file.file().group(group_name).map_err(|_| file.invalid(group_name, "missing"))?;
     if let Ok(sub) = group.group(name) {
@@ -190,8 +198,15 @@ pub fn read_column(file: &H5adFile, group_name: &str, name: &str, rows: Rows<'_>
             |sub_object: &str| -> Result<Vec<bool>, H5adError> { read_bools(file, sub_object, &member("mask")?, rows) };
         return match encoding.as_deref() {
             Some("categorical") => {
-                let categories = read_categories(file, &format!("{object}/categories"), &member("categories")?)?;
-                let codes = read_codes(file, &format!("{object}/codes"), &member("codes")?, categories.len(), rows)?;
+                let cats = member("categories")?;
+                let (categories, n) = if with_categories {
+                    let c = read_categories(file, &format!("{object}/categories"), &cats)?;
+                    let n = c.len();
+                    (c, n)
+                } else {
+                    (Categories::Strings(Vec::new()), cats.size())
+                };
+                let codes = read_codes(file, &format!("{object}/codes"), &member("codes")?, n, rows)?;
                 let ordered = sub.attr("ordered").and_then(|a| a.read_scalar::<bool>()).unwrap_or(false);
                 Ok(FrameColumn::Category { codes, categories, ordered })
             }
@@ -225,8 +240,14 @@ pub fn read_column(file: &H5adFile, group_name: &str, name: &str, rows: Rows<'_>
     }
     // anndata before 0.8: categorical codes here, categories in __categories/<name>.
     if let Ok(cats) = group.dataset(&format!("__categories/{name}")) {
-        let categories = read_categories(file, &format!("{group_name}/__categories/{name}"), &cats)?;
-        let codes = read_codes(file, &object, &ds, categories.len(), rows)?;
+        let (categories, n) = if with_categories {
+            let c = read_categories(file, &format!("{group_name}/__categories/{name}"), &cats)?;
+            let n = c.len();
+            (c, n)
+        } else {
+            (Categories::Strings(Vec::new()), cats.size())
+        };
+        let codes = read_codes(file, &object, &ds, n, rows)?;
         return Ok(FrameColumn::Category { codes, categories, ordered: false });
     }
     let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.invalid(&object, e.to_string()))?;
@@ -271,7 +292,7 @@ pub fn read_frame(file: &H5adFile, group_name: &str) -> Result<Frame, H5adError>
     }
     let mut columns = Vec::with_capacity(names.len());
     for name in names {
-        let column = read_column(file, group_name, &name, None)?;
+        let column = read_column(file, group_name, &name, None, true)?;
         if column.len() != index.len() {
             return Err(file.invalid(
                 &format!("{group_name}/{name}"),

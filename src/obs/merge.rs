@@ -239,7 +239,7 @@ impl ObsPlan {
                 }
             }
             for n in &names {
-                let column = read_column(&file, "obs", n, Some(&(0..0)))?;
+                let column = read_column(&file, "obs", n, Some(&(0..0)), true)?;
                 shapes.entry(n.clone()).or_default().push(shape_of(column));
             }
         }
@@ -312,7 +312,7 @@ impl ObsPlan {
         }
         for c in &self.columns {
             let object = format!("obs/{}", c.name);
-            let column = read_column(file, "obs", &c.name, Some(&range))?;
+            let column = read_column(file, "obs", &c.name, Some(&range), false)?;
             if column.len() != range.len() {
                 return Err(
                     file.invalid(&object, format!("has {} rows where {} were expected", column.len(), range.len()))
