@@ -43,7 +43,8 @@ pub(crate) enum Command {
     /// Write cells of a dataset back as an AnnData .h5ad file.
     ///
     /// X is written as an int32 CSR matrix, with the dataset's gene names as
-    /// var and the cell indices (or obs names) as obs. By default genes are in
+    /// var and its cell names (obs_names; the cell indices when it has none) as
+    /// obs. By default genes are in
     /// the dataset's column order (sorted by total counts); --source-gene-order
     /// restores the order of the original .h5ad files. The file is written
     /// under a temporary name and renamed when complete.

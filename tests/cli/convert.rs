@@ -381,11 +381,14 @@ fn export_gives_back_the_source_counts() {
     assert_eq!(back, expected(&rows));
     let file = deltacells::h5ad::H5adFile::open(&t.join("back.h5ad")).unwrap();
     assert_eq!(file.dataframe_index("var").unwrap(), h5::genes(50));
+    assert_eq!(file.dataframe_index("obs").unwrap(), h5::cells(23, "c"));
     // a range, in stored gene order
     t.run(&["export", "-q", "--cells", "5:14", "ds", "part.h5ad"]).expect_code(0);
     let ds = Dataset::open(s(&t.join("ds"))).unwrap();
     let m = ds.read_cells(5..14).unwrap();
     let part = read_h5ad_rows(&t.join("part.h5ad"));
+    let names = deltacells::h5ad::H5adFile::open(&t.join("part.h5ad")).unwrap().dataframe_index("obs").unwrap();
+    assert_eq!(names, h5::cells(23, "c")[5..14].to_vec());
     let want: Vec<Vec<(u32, u32)>> =
         (0..m.n_rows()).map(|r| m.row(r).0.iter().copied().zip(m.row(r).1.iter().copied()).collect()).collect();
     assert_eq!(part, want);
