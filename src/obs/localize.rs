@@ -320,6 +320,17 @@ fn write_ipc(path: &Path, column: &str, batches: &[RecordBatch]) -> anyhow::Resu
     Ok(())
 }
 
+fn remove_stale_temporaries(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(".deltacells-") && name.ends_with(".tmp") {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// Localizes `columns` of the dataset into the cache under `root`.
 pub fn localize(
     storage: &dyn Storage,
@@ -342,6 +353,9 @@ pub fn localize(
             .open(&lock_path)
             .map_err(|e| anyhow::anyhow!("{}: {e}", lock_path.display()))?;
         lock.lock().map_err(|e| anyhow::anyhow!("{}: cannot lock: {e}", lock_path.display()))?;
+        // Cache files are written only under the lock: a temporary file found
+        // while holding it belongs to a process that died mid-write.
+        remove_stale_temporaries(&dir);
         let path = column_path(root, obs.fingerprint, name);
         if path.exists() {
             if cached_file_is_valid(&path, name, &manifest.tile_cells) {

@@ -6,6 +6,7 @@ mod convert;
 mod dataset;
 mod golden;
 mod h5;
+mod hardening;
 mod obs;
 mod pbmc;
 mod util;
