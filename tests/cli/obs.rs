@@ -402,3 +402,65 @@ fn the_pre_0_8_layout_with_categories_elsewhere_is_read() {
     assert_eq!(c.categories.clone().unwrap(), vec![Value::from("alpha"), Value::from("beta")]);
     assert_eq!(values[1], vec![Value::from(1), Value::from(0), Value::from(1), Value::from(-1)]);
 }
+
+#[test]
+fn sixteen_localizers_some_killed_leave_a_valid_cache() {
+    let t = TestDir::new();
+    let Some(ds) = converted_obs_kinds(&t) else { return };
+    let cache = t.join("cache");
+    let sets = ["cell_type,donor", "donor,note,score", "obs_names", "cell_type,frac,batch,is_ok"];
+    let children: Vec<_> = (0..16)
+        .map(|i| {
+            let child = std::process::Command::new(env!("CARGO_BIN_EXE_deltacells"))
+                .args(["obs", "localize", "--json", "--cache-dir", cache.to_str().unwrap()])
+                .args(["--columns", sets[i % sets.len()], ds.to_str().unwrap()])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            (i, child)
+        })
+        .collect();
+    let mut fetched: std::collections::BTreeMap<String, usize> = Default::default();
+    for (i, mut child) in children {
+        if i % 5 == 2 {
+            std::thread::sleep(std::time::Duration::from_millis(3 * i as u64));
+            let _ = child.kill();
+            let _ = child.wait();
+            continue;
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        for c in report["fetched"].as_array().unwrap() {
+            *fetched.entry(c.as_str().unwrap().to_string()).or_default() += 1;
+        }
+    }
+    // Completed runs fetched each column at most once (a killed run may have
+    // fetched one without reporting it, never the same twice).
+    assert!(fetched.values().all(|&n| n == 1), "{fetched:?}");
+    // A final run completes whatever the killed ones left, and cleans up.
+    let all = "cell_type,donor,note,score,obs_names,frac,batch,is_ok";
+    t.run(&[
+        "obs",
+        "localize",
+        "--json",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--columns",
+        all,
+        ds.to_str().unwrap(),
+    ])
+    .expect_code(0);
+    t.run(&["verify", "--cache", "--cache-dir", cache.to_str().unwrap(), ds.to_str().unwrap()]).expect_code(0);
+    let fingerprint = serde_json::from_slice::<Value>(&std::fs::read(ds.join("manifest.json")).unwrap()).unwrap()
+        ["obs_fingerprint"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let names: Vec<String> = std::fs::read_dir(cache.join(&fingerprint).join("obs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| !n.contains(".tmp")), "{names:?}");
+    assert_eq!(names.iter().filter(|n| n.ends_with(".arrow")).count(), 8, "{names:?}");
+}
