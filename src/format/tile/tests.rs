@@ -401,3 +401,54 @@ fn every_gaps_kernel_agrees_with_the_scalar_one() {
         assert_eq!(zero, lo.iter().zip(&hi).any(|(&l, &h)| l == 0 && h == 0));
     }
 }
+
+/// A zstd frame header that declares `size` bytes of content, followed by one
+/// RLE block of 8 bytes: valid framing, but a lie about the size.
+fn lying_frame(size: u64) -> Vec<u8> {
+    let mut f = vec![0x28, 0xB5, 0x2F, 0xFD]; // magic
+    f.push(0xE0); // frame header descriptor: 8-byte content size, single segment
+    f.extend_from_slice(&size.to_le_bytes());
+    let block: u32 = (8 << 3) | (1 << 1) | 1; // size 8, RLE, last block
+    f.extend_from_slice(&block.to_le_bytes()[..3]);
+    f.push(0);
+    f
+}
+
+#[test]
+fn a_tile_claiming_huge_sizes_is_rejected_before_allocation() {
+    let m = block(10, &[&[(3, 1)]]);
+    let blob = TileEncoder::new(1, 3).encode(&m).unwrap();
+    let huge: u64 = 1 << 31; // below the 2^32 chunk limit, so the frame check is what stops it
+                             // header nnz, indptr[1] and the chunk's nnz_hi all agree on 2^31 nonzeros
+    let mut b = blob.clone();
+    set_u64(&mut b, 24, huge);
+    let indptr_off = u64_at(&b, 40) as usize;
+    set_u64(&mut b, indptr_off + 8, huge);
+    set_u64(&mut b, 64 + 24, huge);
+    // and both frames declare 2 * 2^31 bytes (16 GiB of output if believed)
+    let frame = lying_frame(2 * huge);
+    for stream in 0..2 {
+        while !b.len().is_multiple_of(8) {
+            b.push(0);
+        }
+        let off = b.len() as u64;
+        b.extend_from_slice(&frame);
+        set_u64(&mut b, 64 + 32 + 16 * stream, off);
+        set_u64(&mut b, 64 + 40 + 16 * stream, frame.len() as u64);
+    }
+    let total = b.len() as u64;
+    set_u64(&mut b, 48, total);
+    fix_crc(&mut b);
+    let err = decode_tile(&b, None).unwrap_err();
+    assert!(matches!(&err, TileError::Frame { reason, .. } if reason.contains("cannot hold")), "{err}");
+    // the same claim in the header alone contradicts the indptr
+    let mut b = blob.clone();
+    set_u64(&mut b, 24, huge);
+    fix_crc(&mut b);
+    assert_eq!(decode_tile(&b, None).unwrap_err().rule(), "tile:indptr");
+    // n_cells beyond what the blob can hold is a layout error
+    let mut b = blob;
+    set_u64(&mut b, 16, 1 << 60);
+    fix_crc(&mut b);
+    assert_eq!(decode_tile(&b, None).unwrap_err().rule(), "tile:layout");
+}
