@@ -431,6 +431,10 @@ fn write_tiles(
                     if let Err(e) = written {
                         abort.store(true, Ordering::Relaxed);
                         failure = Some((next, TileFailure::Other(e)));
+                        // As above: tiles held back will never be written.
+                        for _ in 0..std::mem::take(&mut pending).len() {
+                            let _ = token_tx.send(());
+                        }
                     }
                     progress.advance(tile.cells);
                     next += 1;
