@@ -4,6 +4,7 @@
 
 mod convert;
 mod dataset;
+mod fuzz_regressions;
 mod golden;
 mod h5;
 mod hardening;
