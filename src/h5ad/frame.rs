@@ -265,13 +265,12 @@ pub fn read_column(
     }
 }
 
-/// Reads a whole dataframe group: its index and every column in column-order
-/// (then any other member that is not the index or `__categories`).
-pub fn read_frame(file: &H5adFile, group_name: &str) -> Result<Frame, H5adError> {
+/// The columns of a dataframe group: those of its `column-order` attribute
+/// (an empty float array when there are none), then any other member that is
+/// not the index or `__categories`.
+pub fn column_names(file: &H5adFile, group_name: &str) -> Result<Vec<String>, H5adError> {
     let group = file.file().group(group_name).map_err(|_| file.invalid(group_name, "missing"))?;
-    let index_name =
-        read_string_attr(&group, "_index").map_err(|e| file.invalid(group_name, e))?.unwrap_or_else(|| "_index".into());
-    let index = file.dataframe_index(group_name)?;
+    let (index_name, _) = file.index_dataset(group_name)?;
     let mut names: Vec<String> = match group.attr("column-order") {
         Ok(attr) if attr.size() > 0 => {
             let as_strings: Result<Vec<String>, String> = (|| {
@@ -290,6 +289,15 @@ pub fn read_frame(file: &H5adFile, group_name: &str) -> Result<Frame, H5adError>
             names.push(member);
         }
     }
+    Ok(names)
+}
+
+/// Reads a whole dataframe group: its index and every column (see
+/// [`column_names`]).
+pub fn read_frame(file: &H5adFile, group_name: &str) -> Result<Frame, H5adError> {
+    let (index_name, _) = file.index_dataset(group_name)?;
+    let index = file.dataframe_index(group_name)?;
+    let names = column_names(file, group_name)?;
     let mut columns = Vec::with_capacity(names.len());
     for name in names {
         let column = read_column(file, group_name, &name, None, true)?;

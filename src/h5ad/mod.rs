@@ -20,7 +20,6 @@ use hdf5::types::TypeDescriptor;
 
 use crate::format::{CsrMatrix, MAX_COUNT};
 
-pub(crate) use strings::read_attr_strings;
 pub use strings::{read_string_attr, read_strings, read_strings_range};
 
 /// Why an .h5ad file could not be read. Each variant names the file and the
@@ -251,15 +250,22 @@ impl H5adFile {
         }
     }
 
-    /// The index (names) of a dataframe group such as `obs` or `var`.
-    pub fn dataframe_index(&self, group_name: &str) -> Result<Vec<String>, H5adError> {
+    /// The name (the `_index` attribute, "_index" when absent) and dataset of
+    /// the index of a dataframe group such as `obs` or `var`.
+    pub fn index_dataset(&self, group_name: &str) -> Result<(String, hdf5::Dataset), H5adError> {
         let group = self.file.group(group_name).map_err(|_| self.invalid(group_name, "missing"))?;
         let index = read_string_attr(&group, "_index")
             .map_err(|e| self.invalid(group_name, e))?
             .unwrap_or_else(|| "_index".into());
         let object = format!("{group_name}/{index}");
         let ds = group.dataset(&index).map_err(|_| self.invalid(&object, "the index column is missing"))?;
-        read_strings(&ds).map_err(|e| self.invalid(&object, e))
+        Ok((index, ds))
+    }
+
+    /// The index (names) of a dataframe group such as `obs` or `var`.
+    pub fn dataframe_index(&self, group_name: &str) -> Result<Vec<String>, H5adError> {
+        let (index, ds) = self.index_dataset(group_name)?;
+        read_strings(&ds).map_err(|e| self.invalid(&format!("{group_name}/{index}"), e))
     }
 
     /// The cell names, or None when the file has no readable obs index.

@@ -21,8 +21,8 @@ use serde_json::Value;
 
 use super::arrow_type_name;
 use crate::format::obs_schema::{ObsColumn, ObsKind, ObsSchema, SCHEMA_FORMAT, SCHEMA_VERSION};
-use crate::h5ad::frame::{read_column, Categories, FrameColumn};
-use crate::h5ad::{read_string_attr, read_strings_range, H5adError, H5adFile};
+use crate::h5ad::frame::{column_names, read_column, Categories, FrameColumn};
+use crate::h5ad::{read_strings_range, H5adError, H5adFile};
 
 /// What convert stores of obs.
 #[derive(Clone, Debug)]
@@ -169,22 +169,9 @@ fn common_numeric(a: &DataType, b: &DataType) -> DataType {
     }
 }
 
-/// The obs columns of a file, in column-order and then any other member, less
-/// the index and the excluded ones.
-fn column_names(file: &H5adFile, exclude: &[String]) -> Result<Vec<String>, H5adError> {
-    let group = file.file().group("obs").map_err(|_| file.invalid("obs", "missing"))?;
-    let index =
-        read_string_attr(&group, "_index").map_err(|e| file.invalid("obs", e))?.unwrap_or_else(|| "_index".into());
-    let mut names: Vec<String> = match group.attr("column-order") {
-        Ok(attr) if attr.size() > 0 => crate::h5ad::read_attr_strings(&attr).unwrap_or_default(),
-        _ => Vec::new(),
-    };
-    for member in group.member_names().unwrap_or_default() {
-        if !names.contains(&member) {
-            names.push(member);
-        }
-    }
-    Ok(names.into_iter().filter(|n| *n != index && n != "__categories" && !exclude.contains(n)).collect())
+/// The obs columns of a file that are stored: all but the excluded ones.
+fn stored_columns(file: &H5adFile, exclude: &[String]) -> Result<Vec<String>, H5adError> {
+    Ok(column_names(file, "obs")?.into_iter().filter(|n| !exclude.contains(n)).collect())
 }
 
 fn shape_of(column: FrameColumn) -> Shape {
@@ -200,48 +187,54 @@ impl ObsPlan {
     /// Reads every input's obs columns (their types and vocabularies, not their
     /// values) and merges them. None when no input has an obs table at all.
     pub fn new(inputs: &[&Path], options: &ObsOptions) -> Result<Option<ObsPlan>, anyhow::Error> {
-        let mut with_obs = Vec::with_capacity(inputs.len());
-        for path in inputs {
-            with_obs.push(H5adFile::open(path)?.exists("obs"));
-        }
-        if !with_obs.iter().any(|&b| b) {
-            return Ok(None);
-        }
-        if let Some(i) = with_obs.iter().position(|&b| !b) {
-            anyhow::bail!(
-                "{}: has no obs table, but {} has one; use --no-obs to convert without obs",
-                inputs[i].display(),
-                inputs[with_obs.iter().position(|&b| b).expect("some input has obs")].display()
-            );
-        }
+        // One pass, each file opened once: which inputs have obs, and the
+        // columns and shapes of those that do.
+        let mut first_with: Option<usize> = None;
+        let mut first_without: Option<usize> = None;
         let mut names: Vec<String> = Vec::new();
         // per column: per input, its shape
         let mut shapes: HashMap<String, Vec<Shape>> = HashMap::new();
         for (i, path) in inputs.iter().enumerate() {
             let file = H5adFile::open(path)?;
-            let here = column_names(&file, &options.exclude)?;
-            if i == 0 {
-                names = here.clone();
-            } else {
-                if let Some(n) = names.iter().find(|n| !here.contains(n)) {
-                    anyhow::bail!(
-                        "{}: obs column {n:?} is missing (it is in {}); leave it out with --obs-exclude {n}",
-                        path.display(),
-                        inputs[0].display()
-                    );
+            if !file.exists("obs") {
+                first_without.get_or_insert(i);
+                continue;
+            }
+            let here = stored_columns(&file, &options.exclude)?;
+            match first_with {
+                None => {
+                    first_with = Some(i);
+                    names = here.clone();
                 }
-                if let Some(n) = here.iter().find(|n| !names.contains(n)) {
-                    anyhow::bail!(
-                        "{}: obs column {n:?} is not in {}; leave it out with --obs-exclude {n}",
-                        inputs[0].display(),
-                        path.display()
-                    );
+                Some(first) => {
+                    if let Some(n) = names.iter().find(|n| !here.contains(n)) {
+                        anyhow::bail!(
+                            "{}: obs column {n:?} is missing (it is in {}); leave it out with --obs-exclude {n}",
+                            path.display(),
+                            inputs[first].display()
+                        );
+                    }
+                    if let Some(n) = here.iter().find(|n| !names.contains(n)) {
+                        anyhow::bail!(
+                            "{}: obs column {n:?} is not in {}; leave it out with --obs-exclude {n}",
+                            inputs[first].display(),
+                            path.display()
+                        );
+                    }
                 }
             }
             for n in &names {
                 let column = read_column(&file, "obs", n, Some(&(0..0)), true)?;
                 shapes.entry(n.clone()).or_default().push(shape_of(column));
             }
+        }
+        let Some(first) = first_with else { return Ok(None) };
+        if let Some(i) = first_without {
+            anyhow::bail!(
+                "{}: has no obs table, but {} has one; use --no-obs to convert without obs",
+                inputs[i].display(),
+                inputs[first].display()
+            );
         }
         let mut columns = Vec::with_capacity(names.len());
         for name in &names {
@@ -301,12 +294,8 @@ impl ObsPlan {
         let range = rows.start as usize..rows.end as usize;
         let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.columns.len() + 1);
         if self.names {
-            let group = file.file().group("obs").map_err(|_| file.invalid("obs", "missing"))?;
-            let index = read_string_attr(&group, "_index")
-                .map_err(|e| file.invalid("obs", e))?
-                .unwrap_or_else(|| "_index".into());
+            let (index, ds) = file.index_dataset("obs")?;
             let object = format!("obs/{index}");
-            let ds = group.dataset(&index).map_err(|_| file.invalid(&object, "the index column is missing"))?;
             let names = read_strings_range(&ds, range.clone()).map_err(|e| file.invalid(&object, e))?;
             arrays.push(Arc::new(StringArray::from(names)));
         }
