@@ -578,12 +578,13 @@ fn describe_bad_value(
         .and_then(|names| names.get(row as usize).cloned())
         .map(|n| format!(" ({n})"))
         .unwrap_or_default();
-    let var_name = var_names
-        .map(<[String]>::to_vec)
-        .or_else(|| file.dataframe_index(H5adFile::var_group_for(matrix)).ok())
-        .and_then(|names| names.get(bad.gene as usize).cloned())
-        .map(|n| format!(" ({n})"))
-        .unwrap_or_default();
+    let gene_name = match var_names {
+        Some(names) => names.get(bad.gene as usize).cloned(),
+        None => {
+            file.dataframe_index(H5adFile::var_group_for(matrix)).ok().and_then(|n| n.get(bad.gene as usize).cloned())
+        }
+    };
+    let var_name = gene_name.map(|n| format!(" ({n})")).unwrap_or_default();
     let hint = counts_hint(file, matrix).map(|m| format!("; {m} holds counts: use --matrix {m}")).unwrap_or_default();
     H5adError::BadCount(Box::new(BadCount {
         path: file.path().to_path_buf(),
