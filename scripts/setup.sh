@@ -3,7 +3,9 @@
 # into .venv in the repository (nothing system-wide):
 #   - cmake >= 3.26 from PyPI, for the statically linked HDF5 build;
 #   - anndata, h5py, pandas and pyarrow, for the tests that check that Python
-#     reads what we write.
+#     reads what we write;
+#   - moto[server] and gcp-storage-emulator, the S3 and GCS servers the
+#     object-store tests start on 127.0.0.1.
 # Safe to run again: it only installs what is missing.
 # Prints the line to source for the environment: `. .venv/bin/activate`.
 set -euo pipefail
@@ -11,7 +13,7 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-want=(cmake anndata h5py pandas pyarrow)
+want=(cmake anndata h5py pandas pyarrow moto flask gcp-storage-emulator)
 read -r -a missing < <(.venv/bin/python - "${want[@]}" <<'PY'
 import importlib.metadata, sys
 missing = []
@@ -24,6 +26,9 @@ print(" ".join(missing))
 PY
 )
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]} into .venv" >&2
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check "${missing[@]}" >&2
+  # moto's server needs its extra (flask among it)
+  specs=("${missing[@]/#moto/moto[server]}")
+  specs=("${specs[@]/#flask/moto[server]}")
+  echo "setup: installing ${specs[*]} into .venv" >&2
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check "${specs[@]}" >&2
 fi

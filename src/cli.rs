@@ -35,10 +35,12 @@ pub(crate) enum Command {
     /// in row blocks), dense (read in row blocks) or CSC; a CSC matrix cannot
     /// be read by rows, so it is read whole: memory grows with that file's X.
     ///
-    /// Output: a local folder, which must be empty or absent unless
-    /// --overwrite. Every file is written under a temporary name and renamed;
-    /// manifest.json is written last, so an interrupted conversion leaves a
-    /// folder that verify reports as incomplete.
+    /// Output: a local folder, or an s3:// or gs:// prefix, which must be
+    /// empty or absent unless --overwrite. Every file is written under a
+    /// temporary name and renamed (in a bucket, an object appears only when its
+    /// upload is complete; large ones are uploaded in parts); manifest.json is
+    /// written last, so an interrupted conversion leaves a dataset that verify
+    /// reports as incomplete.
     Convert(ConvertArgs),
     /// Write cells of a dataset back as an AnnData .h5ad file.
     ///
@@ -66,10 +68,28 @@ pub(crate) enum Command {
     Verify(VerifyArgs),
 }
 
+/// How to reach a dataset in an object store.
+#[derive(Debug, Args, Clone, Default)]
+#[command(next_help_heading = "Object stores")]
+pub(crate) struct StoreArgs {
+    /// Send no credentials (public buckets).
+    #[arg(long)]
+    pub anonymous: bool,
+    /// The store's address, for S3-compatible stores and emulators (else
+    /// $AWS_ENDPOINT_URL for s3://, $STORAGE_EMULATOR_HOST for gs://).
+    #[arg(long, value_name = "URL")]
+    pub endpoint: Option<String>,
+    /// Print requests made, bytes fetched and seconds to stderr when done.
+    #[arg(long)]
+    pub stats: bool,
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct InfoArgs {
-    /// The dataset: a local folder or file:// URL.
+    /// The dataset: a local folder, file://, s3://, gs://, http:// or https:// URL.
     pub dataset: String,
+    #[command(flatten)]
+    pub store: StoreArgs,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -77,8 +97,10 @@ pub(crate) struct InfoArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct VerifyArgs {
-    /// The dataset: a local folder or file:// URL.
+    /// The dataset: a local folder, file://, s3://, gs://, http:// or https:// URL.
     pub dataset: String,
+    #[command(flatten)]
+    pub store: StoreArgs,
     /// Print a machine-readable JSON report instead of text.
     #[arg(long)]
     pub json: bool,
@@ -156,12 +178,16 @@ pub(crate) struct ConvertArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub store: StoreArgs,
 }
 
 #[derive(Debug, Args)]
 pub(crate) struct ExportArgs {
-    /// The dataset: a local folder or file:// URL.
+    /// The dataset: a local folder, file://, s3://, gs://, http:// or https:// URL.
     pub dataset: String,
+    #[command(flatten)]
+    pub store: StoreArgs,
     /// The .h5ad file to write.
     pub out: String,
     /// Only cells START:END (global indices, END excluded; either may be left out).
@@ -199,8 +225,10 @@ pub(crate) enum ObsCommand {
 
 #[derive(Debug, Args)]
 pub(crate) struct ObsInfoArgs {
-    /// The dataset: a local folder or file:// URL.
+    /// The dataset: a local folder, file://, s3://, gs://, http:// or https:// URL.
     pub dataset: String,
+    #[command(flatten)]
+    pub store: StoreArgs,
     /// The cache root (see `obs localize --help`).
     #[arg(long)]
     pub cache_dir: Option<String>,
@@ -212,8 +240,10 @@ pub(crate) struct ObsInfoArgs {
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("which").required(true).args(["columns", "all"])))]
 pub(crate) struct LocalizeArgs {
-    /// The dataset: a local folder or file:// URL.
+    /// The dataset: a local folder, file://, s3://, gs://, http:// or https:// URL.
     pub dataset: String,
+    #[command(flatten)]
+    pub store: StoreArgs,
     /// The columns to copy (comma-separated).
     #[arg(long, value_delimiter = ',', value_name = "A,B")]
     pub columns: Vec<String>,

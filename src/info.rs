@@ -61,11 +61,19 @@ pub struct VarColumn {
 pub fn dataset_info(ds: &Dataset) -> Result<DatasetInfo, DatasetError> {
     let m = ds.manifest();
     let storage = ds.storage();
-    let keys = storage.list("")?;
-    let mut bytes_on_disk = 0;
-    for key in &keys {
-        bytes_on_disk += storage.size(key)?.unwrap_or(0);
-    }
+    let bytes_on_disk = if storage.can_list() {
+        storage.list_sizes("")?.iter().map(|(_, size)| size).sum()
+    } else {
+        // A store that cannot list (plain HTTP): the files the manifest names.
+        let mut total: u64 = m.tile_bytes.iter().sum::<u64>() + m.obs().map_or(0, |o| o.shard_bytes.iter().sum());
+        for key in [format::MANIFEST_KEY, format::GENE_ORDER_KEY, format::VAR_NAMES_KEY, format::VAR_TABLE_KEY] {
+            total += storage.size(key)?.unwrap_or(0);
+        }
+        if m.obs().is_some() {
+            total += storage.size(format::OBS_SCHEMA_KEY)?.unwrap_or(0);
+        }
+        total
+    };
     let tile_bytes: u64 = m.tile_bytes.iter().sum();
     let nnz: u64 = m.tile_nnz.iter().sum();
     let obs = match m.obs() {

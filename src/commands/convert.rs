@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 
 use deltacells::convert::{convert, ConvertOptions, ConvertProgress};
 use deltacells::obs::merge::ObsOptions;
-use deltacells::storage::LocalStorage;
+use deltacells::storage;
 use deltacells::writer::WriteOptions;
 
 use crate::cli::ConvertArgs;
@@ -59,14 +59,15 @@ fn parse_metadata(pairs: &[String]) -> anyhow::Result<Map<String, Value>> {
 pub(crate) fn run(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
     super::set_threads(args.threads)?;
     let (inputs, out) = inputs_and_output(args)?;
-    if out.contains("://") && !out.starts_with("file://") {
-        bail!("convert: {out}: only local output folders are supported by this build");
+    if out.starts_with("http://") || out.starts_with("https://") {
+        bail!("convert: {out}: an HTTP server is read-only; write to a local folder, s3:// or gs://");
     }
     let out_path = out.strip_prefix("file://").unwrap_or(&out);
-    if Path::new(out_path).is_file() {
+    if !storage::is_remote(&out) && Path::new(out_path).is_file() {
         bail!("convert: {out_path}: is a file, not a folder");
     }
-    let store = LocalStorage::new(out_path);
+    let started = std::time::Instant::now();
+    let store = super::open_store(&out, &args.store).context("convert")?;
     let options = ConvertOptions {
         matrix: args.matrix.clone(),
         write: WriteOptions { tile_size: args.tile_size, n_chunks: args.chunks as usize, zstd_level: args.level },
@@ -92,7 +93,7 @@ pub(crate) fn run(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
         ProgressBar::hidden()
     };
     let progress = Bar { bar: bar.clone() };
-    let summary = convert(&inputs, &store, &options, &progress).context("convert")?;
+    let summary = convert(&inputs, store.as_ref(), &options, &progress).context("convert")?;
     bar.finish_and_clear();
     if args.json {
         super::print_json(&summary)?;
@@ -108,5 +109,6 @@ pub(crate) fn run(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
             summary.seconds
         );
     }
+    super::report_stats(store.as_ref(), &args.store, started, args.json);
     Ok(ExitCode::SUCCESS)
 }

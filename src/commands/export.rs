@@ -69,7 +69,7 @@ fn obs_names(ds: &Dataset, range: Range<u64>) -> anyhow::Result<Option<Vec<Strin
 }
 
 pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
-    let ds = Dataset::open(&args.dataset).context("export")?;
+    let ds = Dataset::from_storage(super::open_store(&args.dataset, &args.store)?).context("export")?;
     let range = parse_range(args.cells.as_deref(), ds.n_cells())?;
     let out = Path::new(&args.out);
     if out.exists() && !args.overwrite {

@@ -10,10 +10,12 @@ use deltacells::Dataset;
 use crate::cli::InfoArgs;
 
 pub(crate) fn run(args: &InfoArgs) -> anyhow::Result<ExitCode> {
-    let ds = Dataset::open(&args.dataset).context("info")?;
+    let started = std::time::Instant::now();
+    let ds = Dataset::from_storage(super::open_store(&args.dataset, &args.store)?).context("info")?;
     let info = dataset_info(&ds).context("info")?;
     if args.json {
         super::print_json(&info)?;
+        super::report_stats(ds.storage().as_ref(), &args.store, started, true);
         return Ok(ExitCode::SUCCESS);
     }
     let yes_no = |b: bool| if b { "yes" } else { "no" };
@@ -64,5 +66,6 @@ pub(crate) fn run(args: &InfoArgs) -> anyhow::Result<ExitCode> {
         writeln!(out, "var columns  {}", names.join(", "))?;
     }
     writeln!(out, "metadata     {}", serde_json::Value::Object(info.metadata.clone()))?;
+    super::report_stats(ds.storage().as_ref(), &args.store, started, false);
     Ok(ExitCode::SUCCESS)
 }

@@ -2,8 +2,12 @@
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
 
-use crate::cli::{Cli, Command};
+use deltacells::storage::{self, Storage, StoreOptions};
+
+use crate::cli::{Cli, Command, StoreArgs};
 
 mod convert;
 mod export;
@@ -41,4 +45,38 @@ pub(crate) fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     serde_json::to_writer_pretty(&mut out, value)?;
     writeln!(out)?;
     Ok(())
+}
+
+/// Opens a dataset root as `--anonymous` and `--endpoint` say.
+pub(crate) fn open_store(dataset: &str, args: &StoreArgs) -> anyhow::Result<Arc<dyn Storage>> {
+    let options = StoreOptions { anonymous: args.anonymous, endpoint: args.endpoint.clone() };
+    Ok(storage::open_with(dataset, &options)?)
+}
+
+/// What `--stats` prints: requests, bytes and seconds of the whole command.
+#[derive(serde::Serialize)]
+struct IoReport {
+    requests: u64,
+    bytes: u64,
+    seconds: f64,
+}
+
+/// Prints the storage's request count, bytes and the elapsed time to stderr
+/// when `--stats` was given (as JSON with `--json`).
+pub(crate) fn report_stats(store: &dyn Storage, args: &StoreArgs, started: Instant, json: bool) {
+    if !args.stats {
+        return;
+    }
+    let (requests, bytes) = store.stats().snapshot();
+    let report = IoReport { requests, bytes, seconds: started.elapsed().as_secs_f64() };
+    if json {
+        eprintln!("{}", serde_json::json!({ "io": report }));
+    } else {
+        eprintln!(
+            "io: {} requests, {} fetched, {:.2} s",
+            report.requests,
+            indicatif::HumanBytes(report.bytes),
+            report.seconds
+        );
+    }
 }

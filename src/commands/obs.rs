@@ -39,7 +39,8 @@ struct ObsInfo {
 }
 
 fn info(args: &ObsInfoArgs) -> anyhow::Result<ExitCode> {
-    let ds = Dataset::open(&args.dataset).context("obs info")?;
+    let started = std::time::Instant::now();
+    let ds = Dataset::from_storage(super::open_store(&args.dataset, &args.store)?).context("obs info")?;
     let manifest = ds.manifest();
     let Some(obs) = manifest.obs() else { bail!("obs info: {}: the dataset has no obs", args.dataset) };
     let source = ObsSource::open(ds.storage().as_ref(), manifest).context("obs info")?;
@@ -68,6 +69,7 @@ fn info(args: &ObsInfoArgs) -> anyhow::Result<ExitCode> {
     };
     if args.json {
         super::print_json(&report)?;
+        super::report_stats(ds.storage().as_ref(), &args.store, started, true);
         return Ok(ExitCode::SUCCESS);
     }
     let mut out = std::io::stdout().lock();
@@ -100,7 +102,8 @@ fn info(args: &ObsInfoArgs) -> anyhow::Result<ExitCode> {
 
 fn run_localize(args: &LocalizeArgs) -> anyhow::Result<ExitCode> {
     super::set_threads(args.threads)?;
-    let ds = Dataset::open(&args.dataset).context("obs localize")?;
+    let started = std::time::Instant::now();
+    let ds = Dataset::from_storage(super::open_store(&args.dataset, &args.store)?).context("obs localize")?;
     let manifest = ds.manifest();
     if manifest.obs().is_none() {
         bail!("obs localize: {}: the dataset has no obs", args.dataset);
@@ -139,5 +142,6 @@ fn run_localize(args: &LocalizeArgs) -> anyhow::Result<ExitCode> {
         }
         writeln!(out, "cache: {}", report.cache)?;
     }
+    super::report_stats(ds.storage().as_ref(), &args.store, started, args.json);
     Ok(ExitCode::SUCCESS)
 }

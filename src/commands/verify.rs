@@ -5,7 +5,6 @@ use std::time::Instant;
 use anyhow::Context;
 use indicatif::{HumanBytes, HumanCount, ProgressBar, ProgressStyle};
 
-use deltacells::storage;
 use deltacells::verify::{self, VerifyProgress};
 
 use crate::cli::VerifyArgs;
@@ -24,7 +23,7 @@ impl VerifyProgress for Bar {
 pub(crate) fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
     super::set_threads(args.threads)?;
     let started = Instant::now();
-    let store = storage::open(&args.dataset).context("verify")?;
+    let store = super::open_store(&args.dataset, &args.store).context("verify")?;
     let bar = if super::show_progress(args.quiet) {
         let style = ProgressStyle::with_template(
             "verify {bar:30} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} {eta}",
@@ -64,5 +63,6 @@ pub(crate) fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
             writeln!(out, "FAILED: {}: {} problems; {summary}", report.dataset, report.problems.len())?;
         }
     }
+    super::report_stats(store.as_ref(), &args.store, started, args.json);
     Ok(if report.ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }

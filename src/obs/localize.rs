@@ -235,19 +235,36 @@ impl<'a> ObsSource<'a> {
     /// Every tile's values of `column`, read with ranged reads of its chunks only.
     pub fn fetch_column(&self, column: usize) -> anyhow::Result<(Vec<RecordBatch>, u64, u64)> {
         let k = self.manifest.obs_tiles_per_file.unwrap_or(1) as usize;
-        let per_shard: Vec<anyhow::Result<(Vec<RecordBatch>, u64, u64)>> = self
+        // Every chunk of the column, of every shard, is its own request, all of
+        // them in parallel: a shard holds up to a thousand row groups.
+        let chunks: Vec<(usize, Range<u64>)> = self
+            .footers
+            .iter()
+            .enumerate()
+            .flat_map(|(s, footer)| {
+                footer.metadata.row_groups().iter().map(move |rg| {
+                    let (start, len) = rg.column(column).byte_range();
+                    (s, start..start.saturating_add(len))
+                })
+            })
+            .collect();
+        let fetched: Vec<anyhow::Result<Bytes>> = chunks
+            .par_iter()
+            .map(|(s, range)| fetch(self.storage, &format::obs_shard_key(*s), range.clone(), &mut 0))
+            .collect();
+        let requests = chunks.len() as u64;
+        let bytes = chunks.iter().map(|(_, r)| r.end - r.start).sum();
+        let mut per_shard: Vec<Vec<(u64, Bytes)>> = self.footers.iter().map(|f| vec![f.tail.clone()]).collect();
+        for ((s, range), data) in chunks.iter().zip(fetched) {
+            per_shard[*s].push((range.start, data?));
+        }
+        let decoded: Vec<anyhow::Result<Vec<RecordBatch>>> = self
             .footers
             .par_iter()
+            .zip(per_shard)
             .enumerate()
-            .map(|(s, footer)| {
+            .map(|(s, (footer, parts))| {
                 let key = format::obs_shard_key(s);
-                let mut parts = vec![footer.tail.clone()];
-                let (mut requests, mut bytes) = (0u64, 0u64);
-                for rg in footer.metadata.row_groups() {
-                    let (start, len) = rg.column(column).byte_range();
-                    parts.push((start, fetch(self.storage, &key, start..start + len, &mut requests)?));
-                    bytes += len;
-                }
                 let file = SparseFile { len: footer.len, parts: Arc::new(parts) };
                 let meta = ArrowReaderMetadata::try_new(footer.metadata.clone(), ArrowReaderOptions::new())?;
                 let mask = ProjectionMask::roots(meta.parquet_schema(), [column]);
@@ -266,16 +283,12 @@ impl<'a> ObsSource<'a> {
                         tiles.len()
                     );
                 }
-                Ok((batches, requests, bytes))
+                Ok(batches)
             })
             .collect();
         let mut all = Vec::new();
-        let (mut requests, mut bytes) = (0, 0);
-        for r in per_shard {
-            let (b, q, n) = r?;
-            all.extend(b);
-            requests += q;
-            bytes += n;
+        for r in decoded {
+            all.extend(r?);
         }
         Ok((all, requests, bytes))
     }

@@ -1,11 +1,13 @@
 //! Where a dataset's bytes live. One small trait, [`Storage`], with a local-folder
-//! backend today; object stores implement the same trait.
+//! backend and an object-store backend (S3, GCS, HTTP) behind it.
 //!
 //! Keys are `/`-separated paths relative to the dataset root (`manifest.json`,
 //! `tiles/tile_000000.dct`). A missing object is `Ok(None)`, never an error, so
 //! callers can tell "absent" from "could not read".
 
+mod aws_profile;
 mod local;
+mod object;
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +16,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 pub use local::LocalStorage;
+pub use object::{anonymous_gcs, ObjectStorage, StoreOptions};
 
 /// A failure to reach or read stored bytes (not a missing object).
 #[derive(Debug, thiserror::Error)]
@@ -22,6 +25,9 @@ pub enum StorageError {
     Io { location: String, source: std::io::Error },
     #[error("{location}: range {start}..{end} is past the end of the object ({size} bytes)")]
     Range { location: String, start: u64, end: u64, size: u64 },
+    /// An object store's error, with the HTTP status where there was one.
+    #[error("{location}: {message}")]
+    Remote { location: String, message: String },
     #[error("{location}: {message}")]
     Unsupported { location: String, message: String },
 }
@@ -61,22 +67,44 @@ pub trait Storage: Send + Sync {
     fn delete(&self, key: &str) -> Result<(), StorageError>;
     /// Every key below `prefix` (a folder, `""` for the root), sorted.
     fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError>;
+    /// Every key below `prefix` with its size, sorted.
+    fn list_sizes(&self, prefix: &str) -> Result<Vec<(String, u64)>, StorageError> {
+        let mut out = Vec::new();
+        for key in self.list(prefix)? {
+            if let Some(size) = self.size(&key)? {
+                out.push((key, size));
+            }
+        }
+        Ok(out)
+    }
+    /// Whether `list` works (a plain HTTP server cannot list).
+    fn can_list(&self) -> bool {
+        true
+    }
     /// Requests and bytes served so far.
     fn stats(&self) -> &IoStats;
 }
 
-/// Opens a dataset root given as a local path or `file://` URL.
+/// Opens a dataset root given as a local path, `file://` URL, or object-store
+/// URL (`s3://`, `gs://`, `http(s)://`), with default [`StoreOptions`].
 pub fn open(root: &str) -> Result<Arc<dyn Storage>, StorageError> {
+    open_with(root, &StoreOptions::default())
+}
+
+/// Opens a dataset root, reaching object stores as `options` say.
+pub fn open_with(root: &str, options: &StoreOptions) -> Result<Arc<dyn Storage>, StorageError> {
     if let Some(path) = root.strip_prefix("file://") {
         return Ok(Arc::new(LocalStorage::new(path)));
     }
-    if let Some((scheme, _)) = root.split_once("://") {
-        return Err(StorageError::Unsupported {
-            location: root.to_string(),
-            message: format!("{scheme}:// datasets are not supported by this build; use a local folder"),
-        });
+    if root.contains("://") {
+        return Ok(Arc::new(object::open_url(root, options)?));
     }
     Ok(Arc::new(LocalStorage::new(root)))
+}
+
+/// Whether `root` names a remote location (anything but a local path or `file://`).
+pub fn is_remote(root: &str) -> bool {
+    root.contains("://") && !root.starts_with("file://")
 }
 
 #[cfg(test)]

@@ -40,7 +40,43 @@ fn local_storage_conformance() {
 
 #[test]
 fn unsupported_schemes_say_so() {
-    let err = open("s3://bucket/prefix").err().unwrap();
-    assert!(err.to_string().contains("s3://"), "{err}");
+    let err = open("ftp://host/prefix").err().unwrap();
+    assert!(err.to_string().contains("ftp://"), "{err}");
     assert!(open("file:///tmp/x").is_ok());
+    assert!(open("s3://bucket/prefix").is_ok());
+}
+
+#[test]
+fn object_storage_conformance() {
+    let memory: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    conformance(&ObjectStorage::new(memory.clone(), "data/set", "mem://data/set"));
+    // every key stayed under the prefix
+    let outside = ObjectStorage::new(memory, "data", "mem://data");
+    assert_eq!(outside.list("").unwrap(), vec!["set/a/b/c.bin".to_string()]);
+}
+
+#[test]
+fn multipart_uploads_are_whole() {
+    let memory: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let store = ObjectStorage::new(memory, "", "mem://").with_multipart(10, 4);
+    let data: Vec<u8> = (0..=255).collect();
+    store.put("big.bin", Bytes::from(data.clone())).unwrap();
+    assert_eq!(store.get("big.bin").unwrap().unwrap(), Bytes::from(data));
+}
+
+#[test]
+fn close_ranges_are_fetched_together() {
+    let memory: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let store = ObjectStorage::new(memory, "", "mem://");
+    let data: Vec<u8> = (0..1_000_000u32).map(|i| i as u8).collect();
+    store.put("f", Bytes::from(data.clone())).unwrap();
+    let before = store.stats().snapshot().0;
+    let far = 900_000u64;
+    let ranges = [far..far + 10, 10..20, 0..5, 100..200];
+    let parts = store.get_ranges("f", &ranges).unwrap().unwrap();
+    for (r, p) in ranges.iter().zip(&parts) {
+        assert_eq!(&p[..], &data[r.start as usize..r.end as usize]);
+    }
+    // 0..5, 10..20 and 100..200 are one request; 900000.. another
+    assert_eq!(store.stats().snapshot().0 - before, 2);
 }

@@ -10,4 +10,5 @@ mod h5;
 mod hardening;
 mod obs;
 mod pbmc;
+mod remote;
 mod util;

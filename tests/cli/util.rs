@@ -68,8 +68,14 @@ impl TestDir {
 
     /// Runs `deltacells ARGS...` in this folder.
     pub fn run(&self, args: &[&str]) -> Run {
+        self.run_env(args, &[])
+    }
+
+    /// Runs `deltacells ARGS...` in this folder with extra environment variables.
+    pub fn run_env(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
         let output = Command::new(env!("CARGO_BIN_EXE_deltacells"))
             .args(args)
+            .envs(env.iter().copied())
             .current_dir(self.path())
             .env("NO_COLOR", "1")
             // Test threads write .h5ad files while other threads spawn this

@@ -1,0 +1,391 @@
+//! Datasets in object stores (S3 and S3-compatible stores, Google Cloud Storage,
+//! plain HTTP servers) through the `object_store` crate.
+//!
+//! The [`Storage`] trait is synchronous; every call here runs its requests on one
+//! process-wide tokio runtime and waits for them. Callers already work in parallel
+//! (rayon), so `--threads` calls mean that many requests in flight.
+
+use std::ops::Range;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+
+use super::{IoStats, Storage, StorageError};
+
+/// Objects larger than this are uploaded in parts.
+pub const MULTIPART_THRESHOLD: usize = 64 << 20;
+/// The size of each part of a multipart upload (S3 asks for at least 5 MiB).
+pub const PART_SIZE: usize = 16 << 20;
+/// Ranges of one object closer than this are fetched in one request.
+pub const COALESCE_GAP: u64 = 64 << 10;
+
+/// The runtime every object-store request runs on.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("deltacells-io")
+            .enable_all()
+            .build()
+            .expect("cannot start the I/O runtime")
+    })
+}
+
+/// A dataset under a prefix of an object store.
+pub struct ObjectStorage {
+    store: Arc<dyn ObjectStore>,
+    prefix: StorePath,
+    /// The root as the user wrote it, without a trailing `/`, for messages.
+    url: String,
+    can_list: bool,
+    stats: IoStats,
+    multipart_threshold: usize,
+    part_size: usize,
+    concurrency: usize,
+}
+
+impl std::fmt::Debug for ObjectStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectStorage").field("url", &self.url).field("store", &self.store.to_string()).finish()
+    }
+}
+
+impl ObjectStorage {
+    /// A dataset at `prefix` of `store`; `url` names it in messages.
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: &str, url: &str) -> Self {
+        ObjectStorage {
+            store,
+            prefix: join(&StorePath::default(), prefix),
+            url: url.trim_end_matches('/').to_string(),
+            can_list: true,
+            stats: IoStats::default(),
+            multipart_threshold: MULTIPART_THRESHOLD,
+            part_size: PART_SIZE,
+            concurrency: 8,
+        }
+    }
+
+    /// The store underneath.
+    pub fn into_store(self) -> Arc<dyn ObjectStore> {
+        self.store
+    }
+
+    /// Plain HTTP servers cannot list.
+    pub fn without_listing(mut self) -> Self {
+        self.can_list = false;
+        self
+    }
+
+    /// Upload objects larger than `threshold` bytes in parts of `part_size`.
+    pub fn with_multipart(mut self, threshold: usize, part_size: usize) -> Self {
+        self.multipart_threshold = threshold;
+        self.part_size = part_size.max(1);
+        self
+    }
+
+    /// Requests in flight within one call (the ranges of one `get_ranges`).
+    pub fn with_concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    fn path(&self, key: &str) -> StorePath {
+        join(&self.prefix, key)
+    }
+
+    fn err(&self, key: &str, e: object_store::Error) -> StorageError {
+        StorageError::Remote { location: self.location(key), message: describe(&e) }
+    }
+}
+
+fn join(base: &StorePath, key: &str) -> StorePath {
+    key.split('/').filter(|p| !p.is_empty()).fold(base.clone(), |p, part| p.clone().join(part))
+}
+
+/// The error with its chain of causes, where the HTTP status is.
+fn describe(e: &object_store::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
+}
+
+fn is_not_found(e: &object_store::Error) -> bool {
+    matches!(e, object_store::Error::NotFound { .. })
+}
+
+/// Sorted, merged ranges: (merged range, indices of the asked ranges in it).
+fn coalesce(ranges: &[Range<u64>], gap: u64) -> Vec<(Range<u64>, Vec<usize>)> {
+    let mut order: Vec<usize> = (0..ranges.len()).filter(|&i| ranges[i].start < ranges[i].end).collect();
+    order.sort_by_key(|&i| (ranges[i].start, ranges[i].end));
+    let mut merged: Vec<(Range<u64>, Vec<usize>)> = Vec::new();
+    for i in order {
+        let r = &ranges[i];
+        match merged.last_mut() {
+            Some((m, members)) if r.start <= m.end.saturating_add(gap) => {
+                m.end = m.end.max(r.end);
+                members.push(i);
+            }
+            _ => merged.push((r.clone(), vec![i])),
+        }
+    }
+    merged
+}
+
+impl Storage for ObjectStorage {
+    fn location(&self, key: &str) -> String {
+        if key.is_empty() {
+            self.url.clone()
+        } else {
+            format!("{}/{key}", self.url)
+        }
+    }
+
+    fn size(&self, key: &str) -> Result<Option<u64>, StorageError> {
+        let path = self.path(key);
+        let result = runtime().block_on(self.store.head(&path));
+        self.stats.record(0);
+        match result {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(self.err(key, e)),
+        }
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Bytes>, StorageError> {
+        let path = self.path(key);
+        let result = runtime().block_on(async {
+            let got = self.store.get(&path).await?;
+            got.bytes().await
+        });
+        match result {
+            Ok(bytes) => {
+                self.stats.record(bytes.len() as u64);
+                Ok(Some(bytes))
+            }
+            Err(e) if is_not_found(&e) => {
+                self.stats.record(0);
+                Ok(None)
+            }
+            Err(e) => Err(self.err(key, e)),
+        }
+    }
+
+    fn get_ranges(&self, key: &str, ranges: &[Range<u64>]) -> Result<Option<Vec<Bytes>>, StorageError> {
+        let merged = coalesce(ranges, COALESCE_GAP);
+        if merged.is_empty() {
+            // Only empty ranges: the object must still exist, and be long enough.
+            let Some(size) = self.size(key)? else { return Ok(None) };
+            if let Some(r) = ranges.iter().find(|r| r.start > r.end || r.end > size) {
+                return Err(StorageError::Range { location: self.location(key), start: r.start, end: r.end, size });
+            }
+            return Ok(Some(vec![Bytes::new(); ranges.len()]));
+        }
+        let path = self.path(key);
+        let fetched: Result<Vec<Bytes>, object_store::Error> = runtime().block_on(
+            futures::stream::iter(merged.iter().map(|(r, _)| {
+                let path = &path;
+                async move {
+                    let bytes = self.store.get_range(path, r.clone()).await?;
+                    self.stats.record(bytes.len() as u64);
+                    Ok(bytes)
+                }
+            }))
+            .buffered(self.concurrency)
+            .try_collect(),
+        );
+        let fetched = match fetched {
+            Ok(f) => f,
+            Err(e) if is_not_found(&e) => return Ok(None),
+            Err(e) => return Err(self.err(key, e)),
+        };
+        let mut out = vec![Bytes::new(); ranges.len()];
+        for ((whole, members), bytes) in merged.iter().zip(fetched) {
+            if bytes.len() as u64 != whole.end - whole.start {
+                return Err(StorageError::Range {
+                    location: self.location(key),
+                    start: whole.start,
+                    end: whole.end,
+                    size: whole.start + bytes.len() as u64,
+                });
+            }
+            for &i in members {
+                let r = &ranges[i];
+                out[i] = bytes.slice((r.start - whole.start) as usize..(r.end - whole.start) as usize);
+            }
+        }
+        if let Some(r) = ranges.iter().find(|r| r.start > r.end) {
+            return Err(StorageError::Range { location: self.location(key), start: r.start, end: r.end, size: 0 });
+        }
+        Ok(Some(out))
+    }
+
+    fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError> {
+        let path = self.path(key);
+        let result = runtime().block_on(async {
+            if data.len() <= self.multipart_threshold {
+                self.store.put(&path, PutPayload::from(data)).await.map(|_| ())
+            } else {
+                // An object store makes an object visible only when its upload
+                // completes, so a failed upload leaves nothing under `key`.
+                let upload = self.store.put_multipart(&path).await?;
+                let mut writer = WriteMultipart::new_with_chunk_size(upload, self.part_size);
+                writer.put(data);
+                writer.finish().await.map(|_| ())
+            }
+        });
+        result.map_err(|e| self.err(key, e))
+    }
+
+    fn delete(&self, key: &str) -> Result<(), StorageError> {
+        match runtime().block_on(self.store.delete(&self.path(key))) {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(self.err(key, e)),
+        }
+    }
+
+    fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
+        Ok(self.list_sizes(prefix)?.into_iter().map(|(k, _)| k).collect())
+    }
+
+    fn list_sizes(&self, prefix: &str) -> Result<Vec<(String, u64)>, StorageError> {
+        if !self.can_list {
+            return Err(StorageError::Unsupported {
+                location: self.location(prefix),
+                message: "this store cannot list its objects".to_string(),
+            });
+        }
+        let base = self.path(prefix);
+        let metas: Vec<_> = runtime()
+            .block_on(self.store.list(Some(&base)).try_collect::<Vec<_>>())
+            .map_err(|e| self.err(prefix, e))?;
+        self.stats.record(0);
+        let skip = self.prefix.parts().count();
+        let mut keys: Vec<(String, u64)> = metas
+            .into_iter()
+            .filter_map(|m| {
+                let parts: Vec<String> = m.location.parts().map(|p| p.as_ref().to_string()).collect();
+                (parts.len() > skip).then(|| (parts[skip..].join("/"), m.size))
+            })
+            .collect();
+        keys.sort();
+        Ok(keys)
+    }
+
+    fn can_list(&self) -> bool {
+        self.can_list
+    }
+
+    fn stats(&self) -> &IoStats {
+        &self.stats
+    }
+}
+
+/// How to reach an object store, beyond what the URL says.
+#[derive(Debug, Clone, Default)]
+pub struct StoreOptions {
+    /// No credentials: public buckets.
+    pub anonymous: bool,
+    /// The store's address, for S3-compatible stores and emulators.
+    pub endpoint: Option<String>,
+}
+
+fn retry_config() -> object_store::RetryConfig {
+    object_store::RetryConfig {
+        backoff: object_store::BackoffConfig {
+            init_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(15),
+            base: 2.0,
+        },
+        max_retries: 8,
+        retry_timeout: Duration::from_secs(120),
+    }
+}
+
+fn client_options(endpoint: Option<&str>) -> object_store::ClientOptions {
+    let mut options = object_store::ClientOptions::new()
+        .with_timeout(Duration::from_secs(60))
+        .with_connect_timeout(Duration::from_secs(10));
+    if endpoint.is_some_and(|e| e.starts_with("http://")) {
+        options = options.with_allow_http(true);
+    }
+    options
+}
+
+/// A GCS client that sends no credentials and never looks for any. (Skipping
+/// signatures alone still fetches a token before an upload.)
+pub fn anonymous_gcs(
+    builder: object_store::gcp::GoogleCloudStorageBuilder,
+) -> object_store::gcp::GoogleCloudStorageBuilder {
+    let none = object_store::gcp::GcpCredential { bearer: String::new() };
+    builder.with_skip_signature(true).with_credentials(Arc::new(object_store::StaticCredentialProvider::new(none)))
+}
+
+/// Opens `url` (`s3://`, `gs://`, `http://`, `https://`).
+pub(super) fn open_url(url: &str, options: &StoreOptions) -> Result<ObjectStorage, StorageError> {
+    let fail = |message: String| StorageError::Unsupported { location: url.to_string(), message };
+    let (scheme, rest) = url.split_once("://").expect("callers pass a URL");
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    match scheme {
+        "s3" | "s3a" => {
+            let mut builder = object_store::aws::AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .with_retry(retry_config())
+                .with_skip_signature(options.anonymous);
+            let endpoint = options.endpoint.clone().or_else(|| std::env::var("AWS_ENDPOINT_URL").ok());
+            if let Some(endpoint) = &endpoint {
+                builder = builder.with_endpoint(endpoint);
+            }
+            let env_endpoint = std::env::var("AWS_ENDPOINT").ok();
+            builder = builder.with_client_options(client_options(endpoint.as_deref().or(env_endpoint.as_deref())));
+            if !options.anonymous {
+                builder = super::aws_profile::apply(builder);
+            }
+            if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
+                builder = builder.with_region(super::aws_profile::region().unwrap_or_else(|| "us-east-1".to_string()));
+            }
+            let store = builder.build().map_err(|e| fail(describe(&e)))?;
+            Ok(ObjectStorage::new(Arc::new(store), prefix, url))
+        }
+        "gs" => {
+            let mut builder = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                .with_bucket_name(bucket)
+                .with_retry(retry_config());
+            if options.anonymous {
+                builder = anonymous_gcs(builder);
+            }
+            let endpoint = options.endpoint.clone().or_else(|| std::env::var("STORAGE_EMULATOR_HOST").ok());
+            if let Some(endpoint) = &endpoint {
+                builder = builder.with_base_url(endpoint);
+            }
+            builder = builder.with_client_options(client_options(endpoint.as_deref()));
+            let store = builder.build().map_err(|e| fail(describe(&e)))?;
+            Ok(ObjectStorage::new(Arc::new(store), prefix, url))
+        }
+        "http" | "https" => {
+            let store = object_store::http::HttpBuilder::new()
+                .with_url(url.trim_end_matches('/'))
+                .with_retry(retry_config())
+                .with_client_options(client_options(Some(url)))
+                .build()
+                .map_err(|e| fail(describe(&e)))?;
+            Ok(ObjectStorage::new(Arc::new(store), "", url).without_listing())
+        }
+        other => Err(fail(format!(
+            "{other}:// is not a supported dataset location (use a local path, file://, s3://, gs://, http:// or https://)"
+        ))),
+    }
+}

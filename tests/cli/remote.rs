@@ -1,0 +1,332 @@
+//! Datasets in object stores, against real servers on 127.0.0.1 started from
+//! tests/servers/serve.py under $DELTACELLS_PYTHON (moto's S3 server,
+//! gcp-storage-emulator, a static HTTP server with Range support), and a store
+//! that adds latency per request. Skipped, with a note, where
+//! $DELTACELLS_PYTHON is not set (scripts/test.sh sets it).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use deltacells::storage::{LocalStorage, ObjectStorage, Storage};
+use deltacells::Dataset;
+use serde_json::Value;
+
+use crate::util::TestDir;
+
+/// A server process; killed when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(kind: &str, args: &[&str]) -> Option<Server> {
+        let Some(python) = std::env::var_os("DELTACELLS_PYTHON") else {
+            eprintln!("note: DELTACELLS_PYTHON not set; {kind} server tests skipped");
+            return None;
+        };
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/servers/serve.py");
+        let mut child = Command::new(python)
+            .arg(script)
+            .arg(kind)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the test server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line).expect("server output");
+        let port = line
+            .trim()
+            .strip_prefix("PORT ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("{kind} server did not start: {line:?}"));
+        Some(Server { child, port })
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Dummy keys for moto, so that no real credential source is consulted.
+const S3_ENV: [(&str, &str); 3] =
+    [("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"), ("AWS_REGION", "us-east-1")];
+
+fn s3_storage(endpoint: &str, prefix: &str) -> ObjectStorage {
+    let store = object_store::aws::AmazonS3Builder::new()
+        .with_bucket_name("test")
+        .with_endpoint(endpoint)
+        .with_allow_http(true)
+        .with_region("us-east-1")
+        .with_access_key_id("test")
+        .with_secret_access_key("test")
+        .build()
+        .expect("S3 client");
+    ObjectStorage::new(Arc::new(store), prefix, &format!("s3://test/{prefix}"))
+}
+
+fn gcs_storage(endpoint: &str, prefix: &str) -> ObjectStorage {
+    let store = deltacells::storage::anonymous_gcs(object_store::gcp::GoogleCloudStorageBuilder::new())
+        .with_bucket_name("test")
+        .with_base_url(endpoint)
+        .with_client_options(object_store::ClientOptions::new().with_allow_http(true))
+        .build()
+        .expect("GCS client");
+    ObjectStorage::new(Arc::new(store), prefix, &format!("gs://test/{prefix}"))
+}
+
+fn example() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/pbmc_1k.h5ad").display().to_string()
+}
+
+/// Small tiles and obs shards, so that 1,000 cells make 5 tiles and 3 shards.
+const LAYOUT: [&str; 6] = ["--tile-size", "200", "--obs-tiles-per-file", "2", "--level", "3"];
+
+fn convert_local(t: &TestDir, out: &str) {
+    let mut args = vec!["convert", "-q"];
+    args.extend(LAYOUT);
+    let input = example();
+    args.extend([input.as_str(), out]);
+    t.run(&args).expect_code(0);
+}
+
+/// `value` without the keys that name where the dataset is.
+fn without_location(mut value: Value) -> Value {
+    if let Some(map) = value.as_object_mut() {
+        map.remove("dataset");
+    }
+    value
+}
+
+/// The `--stats --json` line a command printed on stderr.
+fn io_stats(stderr: &str) -> (u64, u64) {
+    let line = stderr.lines().rev().find(|l| l.starts_with("{\"io\"")).expect("an io line on stderr");
+    let v: Value = serde_json::from_str(line).unwrap();
+    (v["io"]["requests"].as_u64().unwrap(), v["io"]["bytes"].as_u64().unwrap())
+}
+
+fn same_objects(remote: &dyn Storage, local: &dyn Storage) {
+    let local_keys = local.list_sizes("").unwrap();
+    assert_eq!(remote.list_sizes("").unwrap(), local_keys);
+    for (key, _) in &local_keys {
+        assert_eq!(remote.get(key).unwrap(), local.get(key).unwrap(), "{key}");
+    }
+}
+
+fn cached_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    for fingerprint in std::fs::read_dir(dir).unwrap() {
+        let obs = fingerprint.unwrap().path().join("obs");
+        for f in std::fs::read_dir(&obs).unwrap() {
+            let p = f.unwrap().path();
+            if p.extension().is_some_and(|e| e == "arrow") {
+                out.push((p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Runs the reading commands on `local` and `remote` and asserts the same results.
+fn reading_commands_agree(t: &TestDir, local: &str, remote: &str, extra: &[&str], env: &[(&str, &str)]) {
+    let run = |args: &[&str], dataset: &str| {
+        let mut all: Vec<&str> = args.to_vec();
+        all.push(dataset);
+        if dataset == remote {
+            all.extend(extra);
+        }
+        t.run_env(&all, env)
+    };
+    for args in [&["info", "--json"][..], &["verify", "--json"], &["obs", "info", "--json", "--cache-dir", "c0"]] {
+        let l = run(args, local).expect_code(0).json();
+        let r = run(args, remote).expect_code(0).json();
+        assert_eq!(without_location(r), without_location(l), "{args:?}");
+    }
+    run(&["obs", "localize", "--all", "--cache-dir", "cache-local"], local).expect_code(0);
+    let fetched = run(&["obs", "localize", "--all", "--json", "--cache-dir", "cache-remote"], remote).expect_code(0);
+    assert_eq!(fetched.json()["fetched"], serde_json::json!(["obs_names"]));
+    let cached = cached_files(&t.join("cache-remote"));
+    assert!(!cached.is_empty());
+    assert_eq!(cached, cached_files(&t.join("cache-local")));
+}
+
+#[test]
+fn s3_server_holds_a_converted_dataset_that_reads_like_the_local_copy() {
+    let Some(s3) = Server::start("s3", &[]) else { return };
+    let t = TestDir::new();
+    let endpoint = s3.url();
+    convert_local(&t, "local");
+    let input = example();
+    let mut args = vec!["convert", "-q", "--endpoint", &endpoint];
+    args.extend(LAYOUT);
+    args.extend([input.as_str(), "s3://test/ds"]);
+    t.run_env(&args, &S3_ENV).expect_code(0);
+
+    // convert wrote the same objects a local convert writes, byte for byte
+    let remote = s3_storage(&endpoint, "ds");
+    let local = LocalStorage::new(t.join("local"));
+    same_objects(&remote, &local);
+    reading_commands_agree(&t, "local", "s3://test/ds", &["--endpoint", &endpoint], &S3_ENV);
+
+    // verify reads every object once: as many bytes as the dataset holds
+    let run = t.run_env(&["verify", "--stats", "--json", "s3://test/ds", "--endpoint", &endpoint], &S3_ENV);
+    let (requests, bytes) = io_stats(&run.expect_code(0).stderr());
+    let objects = local.list_sizes("").unwrap();
+    assert_eq!(bytes, objects.iter().map(|(_, s)| s).sum::<u64>());
+    assert_eq!(requests, objects.len() as u64 + 1, "one GET per object and one listing of tiles/");
+
+    // a prefix without a dataset, and a bucket that does not exist
+    let run = t.run_env(&["info", "s3://test/nothing", "--endpoint", &endpoint], &S3_ENV).expect_code(2);
+    assert!(run.stderr().contains("s3://test/nothing") && run.stderr().contains("incomplete"), "{}", run.stderr());
+    let mut args = vec!["convert", "-q", "--endpoint", &endpoint, input.as_str(), "s3://missing-bucket/ds"];
+    args.extend(LAYOUT);
+    let run = t.run_env(&args, &S3_ENV).expect_code(2);
+    let err = run.stderr();
+    assert!(err.contains("s3://missing-bucket/ds") && err.contains("404"), "{err}");
+
+    // a second convert into the same prefix is refused, and --overwrite replaces it
+    let mut args = vec!["convert", "-q", "--endpoint", &endpoint, input.as_str(), "s3://test/ds"];
+    t.run_env(&args, &S3_ENV).expect_code(2);
+    args.push("--overwrite");
+    t.run_env(&args, &S3_ENV).expect_code(0);
+    t.run_env(&["verify", "-q", "s3://test/ds", "--endpoint", &endpoint], &S3_ENV).expect_code(0);
+    assert!(remote.list("tiles").unwrap().len() == 1, "the old layout's tiles were removed");
+}
+
+#[test]
+fn s3_large_objects_are_uploaded_in_parts() {
+    let Some(s3) = Server::start("s3", &[]) else { return };
+    // moto asks for parts of at least 5 MiB, like S3
+    let store = s3_storage(&s3.url(), "big").with_multipart(6 << 20, 5 << 20);
+    let data: Vec<u8> = (0..13u32 << 20).map(|i| (i % 251) as u8).collect();
+    store.put("obs/obs_0000.parquet", Bytes::from(data.clone())).unwrap();
+    assert_eq!(store.get("obs/obs_0000.parquet").unwrap().unwrap(), Bytes::from(data));
+    assert_eq!(store.list("").unwrap(), vec!["obs/obs_0000.parquet".to_string()]);
+}
+
+#[test]
+fn http_server_serves_a_dataset_to_every_reading_command() {
+    let t = TestDir::new();
+    convert_local(&t, "local");
+    // The first requests fail with 503: they are retried.
+    let root = t.path().display().to_string();
+    let Some(http) = Server::start("http", &[&root, "--fail-first", "2"]) else { return };
+    let url = format!("{}/local", http.url());
+    reading_commands_agree(&t, "local", &url, &[], &[]);
+
+    // verify reads each file once; without a listing it cannot look for strays
+    let run = t.run(&["verify", "--stats", "--json", &url]).expect_code(0);
+    let (requests, bytes) = io_stats(&run.stderr());
+    let objects = LocalStorage::new(t.join("local")).list_sizes("").unwrap();
+    assert_eq!(bytes, objects.iter().map(|(_, s)| s).sum::<u64>());
+    assert_eq!(requests, objects.len() as u64);
+
+    let forbidden = format!("{}/forbidden/ds", http.url());
+    let run = t.run(&["info", &forbidden]).expect_code(2);
+    assert!(run.stderr().contains(&forbidden) && run.stderr().contains("403"), "{}", run.stderr());
+    let run = t.run(&["info", &format!("{}/nothing", http.url())]).expect_code(2);
+    assert!(run.stderr().contains("incomplete"), "{}", run.stderr());
+    let run = t.run(&["convert", &example(), &format!("{}/new", http.url())]).expect_code(2);
+    assert!(run.stderr().contains("read-only"), "{}", run.stderr());
+}
+
+#[test]
+fn gcs_emulator_serves_a_dataset_uploaded_to_it() {
+    let t = TestDir::new();
+    convert_local(&t, "ds");
+    let root = t.join("ds").display().to_string();
+    let Some(gcs) = Server::start("gcs", &[]) else { return };
+    let remote = gcs_storage(&gcs.url(), "ds");
+    let local = LocalStorage::new(&root);
+    for key in local.list("").unwrap() {
+        remote.put(&key, local.get(&key).unwrap().unwrap()).unwrap();
+    }
+    // The emulator's XML API has no listing, HEAD or DELETE, so info, verify
+    // and convert cannot run on it; Dataset and obs localize use only GETs.
+    let ours = Dataset::from_storage(Arc::new(remote)).unwrap();
+    let theirs = Dataset::open(&root).unwrap();
+    assert_eq!(ours.read_cells(0..1000).unwrap(), theirs.read_cells(0..1000).unwrap());
+    let url = "gs://test/ds";
+    let endpoint = gcs.url();
+    t.run(&["obs", "localize", "--all", "--cache-dir", "cache-local", "ds"]).expect_code(0);
+    let args = ["obs", "localize", "--all", "--cache-dir", "cache-remote", url, "--endpoint", &endpoint, "--anonymous"];
+    t.run(&args).expect_code(0);
+    assert_eq!(cached_files(&t.join("cache-remote")), cached_files(&t.join("cache-local")));
+}
+
+#[test]
+fn localize_on_a_slow_store_makes_one_request_per_column_chunk() {
+    let dir = std::env::var_os("DELTACELLS_PBMC")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/pbmc"));
+    let ctrl = dir.join("pbmc_ctrl.h5ad");
+    if !ctrl.is_file() || std::env::var_os("DELTACELLS_PYTHON").is_none() {
+        eprintln!("note: PBMC files or DELTACELLS_PYTHON missing; slow-store test skipped");
+        return;
+    }
+    let t = TestDir::new();
+    let with_obs = t.join("pbmc_obs.h5ad");
+    crate::util::python_script("add_obs_columns.py", &[ctrl.to_str().unwrap(), with_obs.to_str().unwrap()]);
+    t.run(&["convert", "-q", "--tile-size", "500", "--level", "1", "pbmc_obs.h5ad", "ds"]).expect_code(0);
+
+    // 100 ms per request, 100 MB/s
+    let latency = Duration::from_millis(100);
+    let config = object_store::throttle::ThrottleConfig {
+        wait_get_per_call: latency,
+        wait_get_per_byte: Duration::from_nanos(10),
+        ..Default::default()
+    };
+    // ThrottledStore needs streamed payloads, which the in-memory store gives.
+    let memory = ObjectStorage::new(Arc::new(object_store::memory::InMemory::new()), "", "mem://ds");
+    let local = LocalStorage::new(t.join("ds"));
+    for key in local.list("").unwrap() {
+        memory.put(&key, local.get(&key).unwrap().unwrap()).unwrap();
+    }
+    let inner = memory.into_store();
+    let slow =
+        ObjectStorage::new(Arc::new(object_store::throttle::ThrottledStore::new(inner, config)), "", "slow://ds");
+    let manifest = deltacells::dataset::read_manifest(&slow).unwrap();
+    let tiles = manifest.n_tiles() as u64;
+    assert_eq!(tiles, 14, "6,548 cells in tiles of 500");
+    let shards = manifest.obs().unwrap().shard_bytes.len() as u64;
+
+    let threads = 4;
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    let columns = ["cell_type", "donor_id", "n_genes"].map(String::from);
+    let (before, _) = slow.stats().snapshot();
+    let started = Instant::now();
+    let report =
+        pool.install(|| deltacells::obs::localize::localize(&slow, &manifest, &columns, &t.join("cache"))).unwrap();
+    let elapsed = started.elapsed();
+    let (after, _) = slow.stats().snapshot();
+
+    // obs/schema.json, one footer per shard, one chunk per column per tile
+    assert_eq!(report.requests, 1 + shards + 3 * tiles);
+    assert_eq!(after - before, report.requests);
+    let serial = latency * report.requests as u32;
+    let expected = serial / threads as u32;
+    eprintln!(
+        "slow store: {} requests, {} bytes, {:.2} s with {threads} in flight (requests x latency / threads = {:.2} s)",
+        report.requests,
+        report.bytes,
+        elapsed.as_secs_f64(),
+        expected.as_secs_f64()
+    );
+    // No more than `threads` requests are ever in flight, so it cannot be
+    // faster than this; and they do overlap, so it is far from serial.
+    assert!(elapsed >= expected.mul_f64(0.95), "{elapsed:?} < {expected:?}");
+    assert!(elapsed < serial.mul_f64(0.6), "{elapsed:?}: requests did not overlap (serial {serial:?})");
+}

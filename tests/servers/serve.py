@@ -1,0 +1,157 @@
+"""Object-store servers on 127.0.0.1 for the integration tests.
+
+    python serve.py s3             moto's S3 server, bucket "test" created
+    python serve.py gcs            gcp-storage-emulator, bucket "test" created
+    python serve.py http ROOT      a static HTTP server for ROOT with Range support
+
+Prints "PORT <n>" on stdout once the server accepts connections, then serves
+until stdin closes (the test that started it ended) or it is killed.
+
+The HTTP server answers 403 for any path containing "forbidden", and with
+--fail-first N answers 503 to the first N requests (to exercise retries). It
+counts requests; GET /__requests returns the count.
+"""
+
+import argparse
+import http.server
+import os
+import re
+import socket
+import sys
+import threading
+import time
+import urllib.request
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(port):
+    for _ in range(200):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f"server on port {port} did not start")
+
+
+class RangeHandler(http.server.SimpleHTTPRequestHandler):
+    fail_left = 0
+    requests = 0
+    lock = threading.Lock()
+
+    def log_message(self, *args):
+        pass
+
+    def refuse(self):
+        with RangeHandler.lock:
+            RangeHandler.requests += 1
+            if RangeHandler.fail_left > 0:
+                RangeHandler.fail_left -= 1
+                self.send_error(503, "try again")
+                return True
+        if "forbidden" in self.path:
+            self.send_error(403, "forbidden")
+            return True
+        return False
+
+    def do_HEAD(self):
+        if not self.refuse():
+            super().do_HEAD()
+
+    def do_GET(self):
+        if self.path == "/__requests":
+            body = str(RangeHandler.requests).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        if self.refuse():
+            return
+        header = self.headers.get("Range")
+        path = self.translate_path(self.path)
+        if not header or not os.path.isfile(path):
+            return super().do_GET()
+        m = re.fullmatch(r"bytes=(\d*)-(\d*)", header.strip())
+        size = os.path.getsize(path)
+        if not m or (m.group(1) == "" and m.group(2) == ""):
+            self.send_error(416, "bad range")
+            return
+        if m.group(1) == "":
+            start, end = max(0, size - int(m.group(2))), size - 1
+        else:
+            start = int(m.group(1))
+            end = min(int(m.group(2)), size - 1) if m.group(2) else size - 1
+        if start >= size or start > end:
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{size}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        with open(path, "rb") as f:
+            f.seek(start)
+            body = f.read(end - start + 1)
+        self.send_response(206)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind", choices=["s3", "gcs", "http"])
+    parser.add_argument("root", nargs="?")
+    parser.add_argument("--fail-first", type=int, default=0)
+    args = parser.parse_args()
+    port = free_port()
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    if args.kind == "s3":
+        from moto.server import ThreadedMotoServer
+
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        wait_ready(port)
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/test", method="PUT")
+        urllib.request.urlopen(req).read()
+    elif args.kind == "gcs":
+        from gcp_storage_emulator import server as emulator
+        from gcp_storage_emulator.server import create_server
+
+        # The emulator's XML-API answers (the API object_store's GCS client
+        # speaks) lack the ETag and Last-Modified headers real GCS sends; add
+        # them, so that what is tested is our client, not the emulator's gap.
+        close = emulator.Response.close
+
+        def close_with_headers(self):
+            if self.status.value < 300:
+                self._headers.setdefault("ETag", '"1"')
+                self._headers.setdefault("Last-Modified", "Sun, 29 Nov 2026 00:00:00 GMT")
+            close(self)
+
+        emulator.Response.close = close_with_headers
+        server = create_server("127.0.0.1", port, in_memory=True, default_bucket="test")
+        server.start()
+        wait_ready(port)
+    else:
+        RangeHandler.fail_left = args.fail_first
+        handler = lambda *a, **k: RangeHandler(*a, directory=args.root, **k)  # noqa: E731
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    print(f"PORT {port}", flush=True)
+    # Serve until the parent closes our stdin (or kills us).
+    sys.stdin.read()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
