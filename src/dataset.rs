@@ -13,6 +13,8 @@ use crate::storage::{self, Storage, StorageError};
 pub enum DatasetError {
     #[error("{location}: incomplete dataset: no manifest.json")]
     Incomplete { location: String },
+    #[error("{location}: no dataset here (nothing at this location)")]
+    Nothing { location: String },
     #[error("{location}: {source}")]
     Manifest { location: String, source: ManifestError },
     #[error(transparent)]
@@ -217,8 +219,22 @@ impl Dataset {
 /// Reads and checks manifest.json.
 pub fn read_manifest(storage: &dyn Storage) -> Result<Manifest, DatasetError> {
     let key = format::MANIFEST_KEY;
-    let bytes = storage.get(key)?.ok_or_else(|| DatasetError::Incomplete { location: storage.location("") })?;
+    let bytes = storage.get(key)?.ok_or_else(|| no_manifest(storage))?;
     Manifest::parse_checked(&bytes).map_err(|source| DatasetError::Manifest { location: storage.location(key), source })
+}
+
+/// Why there is no manifest: nothing at all there (or, in a store, no such
+/// bucket: the listing's error says so), or an incomplete dataset.
+pub fn no_manifest(storage: &dyn Storage) -> DatasetError {
+    let location = storage.location("");
+    if !storage.can_list() {
+        return DatasetError::Incomplete { location };
+    }
+    match storage.list("") {
+        Err(e) => DatasetError::Storage(e),
+        Ok(keys) if keys.is_empty() => DatasetError::Nothing { location },
+        Ok(_) => DatasetError::Incomplete { location },
+    }
 }
 
 /// Cumulative sums: limits[i] is the first cell after tile i.

@@ -64,9 +64,7 @@ impl VerifyProgress for NoProgress {}
 pub fn verify(storage: &dyn Storage, progress: &dyn VerifyProgress) -> Result<VerifyReport, DatasetError> {
     let mut report = VerifyReport { dataset: storage.location(""), ..Default::default() };
     let mut problems = Problems(Vec::new());
-    let bytes = storage
-        .get(format::MANIFEST_KEY)?
-        .ok_or_else(|| DatasetError::Incomplete { location: storage.location("") })?;
+    let bytes = storage.get(format::MANIFEST_KEY)?.ok_or_else(|| crate::dataset::no_manifest(storage))?;
     report.bytes_read += bytes.len() as u64;
     let manifest = match Manifest::parse(&bytes) {
         Ok(m) => m,

@@ -119,7 +119,17 @@ fn describe(e: &object_store::Error) -> String {
         }
         source = s.source();
     }
-    text
+    // One line, without the HTML page some servers send with an error.
+    let mut line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if let Some(at) = line.find(" <!DOCTYPE").or_else(|| line.find(" <html")).or_else(|| line.find(" <?xml")) {
+        line.truncate(at);
+    }
+    if line.len() > 600 {
+        let cut = (0..=600).rev().find(|&i| line.is_char_boundary(i)).unwrap_or(0);
+        line.truncate(cut);
+        line.push_str(" ...");
+    }
+    line
 }
 
 fn is_not_found(e: &object_store::Error) -> bool {

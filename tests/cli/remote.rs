@@ -190,7 +190,9 @@ fn s3_server_holds_a_converted_dataset_that_reads_like_the_local_copy() {
 
     // a prefix without a dataset, and a bucket that does not exist
     let run = t.run_env(&["info", "s3://test/nothing", "--endpoint", &endpoint], &S3_ENV).expect_code(2);
-    assert!(run.stderr().contains("s3://test/nothing") && run.stderr().contains("incomplete"), "{}", run.stderr());
+    assert!(run.stderr().contains("s3://test/nothing: no dataset here"), "{}", run.stderr());
+    let run = t.run_env(&["info", "s3://missing-bucket/ds", "--endpoint", &endpoint], &S3_ENV).expect_code(2);
+    assert!(run.stderr().contains("s3://missing-bucket/ds") && run.stderr().contains("404"), "{}", run.stderr());
     let mut args = vec!["convert", "-q", "--endpoint", &endpoint, input.as_str(), "s3://missing-bucket/ds"];
     args.extend(LAYOUT);
     let run = t.run_env(&args, &S3_ENV).expect_code(2);
