@@ -42,6 +42,36 @@ pub(crate) enum Command {
     /// written last, so an interrupted conversion leaves a dataset that verify
     /// reports as incomplete.
     Convert(ConvertArgs),
+    /// Sharded conversion, step 1 of 3: plan a conversion for many workers.
+    ///
+    /// Takes the same inputs and options as convert. Reads every input's shape,
+    /// genes and obs (types and vocabularies), computes the gene order from the
+    /// sampled files, fixes the tile layout, and writes the gene tables,
+    /// obs/schema.json and OUT/.plan/plan.json. Then run `deltacells shard OUT
+    /// --shard K/N` for K = 0..N-1 (in any order, on any machines that see OUT),
+    /// and `deltacells finalize OUT`. The result is byte-identical to `convert`
+    /// with the same inputs and options, whatever N.
+    ///
+    /// Each shard encodes whole obs shards (--obs-tiles-per-file tiles), so at
+    /// most ceil(tiles / obs-tiles-per-file) shards have work; plan prints that
+    /// number. Lower --obs-tiles-per-file for more shards.
+    Plan(ConvertArgs),
+    /// Sharded conversion, step 2 of 3: encode shard K of N.
+    ///
+    /// Encodes its contiguous range of tiles (reading only the rows of the
+    /// inputs that hold them), writes them and their obs shards, and last a
+    /// small result record in OUT/.plan/results/. Running a shard again writes
+    /// the same bytes; it never touches another shard's files. When stderr is
+    /// not a terminal, prints one line per tile written, with its rate.
+    Shard(ShardArgs),
+    /// Sharded conversion, step 3 of 3: check every shard's result and write
+    /// the manifest.
+    ///
+    /// Refuses, naming them, shards whose result is missing, corrupt, from
+    /// another plan, or whose tiles are missing or of the wrong size; re-run
+    /// those shards and finalize again. Then writes manifest.json (last) and
+    /// removes OUT/.plan.
+    Finalize(FinalizeArgs),
     /// Write cells of a dataset back as an AnnData .h5ad file.
     ///
     /// X is written as an int32 CSR matrix, with the dataset's gene names as
@@ -173,6 +203,50 @@ pub(crate) struct ConvertArgs {
     #[arg(long, value_name = "KEY=VALUE")]
     pub metadata: Vec<String>,
     /// No progress bar and no summary line.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("index").required(true).args(["shard", "shard_from_env"])))]
+pub(crate) struct ShardArgs {
+    /// The output of `deltacells plan`.
+    pub out: String,
+    /// This worker's shard: K/N, K from 0 to N-1.
+    #[arg(long, value_name = "K/N")]
+    pub shard: Option<String>,
+    /// Take K from the job array's environment: SLURM_ARRAY_TASK_ID (minus
+    /// SLURM_ARRAY_TASK_MIN), JOB_COMPLETION_INDEX (Kubernetes Indexed Jobs) or
+    /// AWS_BATCH_JOB_ARRAY_INDEX; N from --shards, else SLURM_ARRAY_TASK_COUNT
+    /// or AWS_BATCH_JOB_ARRAY_SIZE.
+    #[arg(long)]
+    pub shard_from_env: bool,
+    /// N, the number of shards, with --shard-from-env.
+    #[arg(long, value_name = "N")]
+    pub shards: Option<usize>,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// No progress output.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Print the shard's result as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct FinalizeArgs {
+    /// The output of `deltacells plan`, with every shard run.
+    pub out: String,
+    /// No summary line.
     #[arg(long, short)]
     pub quiet: bool,
     /// Print the summary as JSON.

@@ -35,12 +35,29 @@ pub struct DatasetWriter<'a> {
     storage: &'a dyn Storage,
     options: WriteOptions,
     n_genes: u32,
+    first_tile: usize,
     tiles: Vec<TileRecord>,
+    tile_sha256: Vec<String>,
 }
 
 impl<'a> DatasetWriter<'a> {
     pub fn new(storage: &'a dyn Storage, options: WriteOptions, n_genes: u32) -> Self {
-        DatasetWriter { storage, options, n_genes, tiles: Vec::new() }
+        Self::starting_at(storage, options, n_genes, 0)
+    }
+
+    /// A writer of tiles `first_tile..` (one shard of a conversion).
+    pub fn starting_at(storage: &'a dyn Storage, options: WriteOptions, n_genes: u32, first_tile: usize) -> Self {
+        DatasetWriter { storage, options, n_genes, first_tile, tiles: Vec::new(), tile_sha256: Vec::new() }
+    }
+
+    /// What has been written, tile by tile.
+    pub fn tiles(&self) -> &[TileRecord] {
+        &self.tiles
+    }
+
+    /// The SHA-256 (hex) of each tile written.
+    pub fn tile_sha256(&self) -> &[String] {
+        &self.tile_sha256
     }
 
     pub fn storage(&self) -> &'a dyn Storage {
@@ -53,10 +70,12 @@ impl<'a> DatasetWriter<'a> {
 
     /// Writes an encoded tile as tile number `index`; tiles must come in order.
     pub fn put_tile(&mut self, index: usize, blob: Vec<u8>, cells: u64, nnz: u64) -> Result<(), StorageError> {
-        assert_eq!(index, self.tiles.len(), "tiles are written in order");
+        assert_eq!(index, self.first_tile + self.tiles.len(), "tiles are written in order");
         let bytes = blob.len() as u64;
+        let sha256 = format::fingerprint::sha256_hex(&blob);
         self.storage.put(&format::tile_key(index), Bytes::from(blob))?;
         self.tiles.push(TileRecord { cells, nnz, bytes });
+        self.tile_sha256.push(sha256);
         Ok(())
     }
 
@@ -118,7 +137,7 @@ pub fn write_matrix(storage: &dyn Storage, matrix: &CsrMatrix, options: WriteOpt
             block.push_row_from(matrix, r as usize);
         }
         let blob = encoder.encode(&block)?;
-        let index = writer.tiles.len();
+        let index = writer.first_tile + writer.tiles.len();
         writer.put_tile(index, blob, end - start, block.nnz() as u64)?;
         start = end;
     }

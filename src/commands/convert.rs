@@ -7,14 +7,16 @@ use serde_json::{Map, Value};
 
 use deltacells::convert::{convert, ConvertOptions, ConvertProgress};
 use deltacells::obs::merge::ObsOptions;
-use deltacells::storage;
+use std::sync::Arc;
+
+use deltacells::storage::{self, Storage};
 use deltacells::writer::WriteOptions;
 
 use crate::cli::ConvertArgs;
 
 /// The progress bar: cells done of the phase's total, rate, ETA, current file.
-struct Bar {
-    bar: ProgressBar,
+pub(crate) struct Bar {
+    pub(crate) bar: ProgressBar,
 }
 
 impl ConvertProgress for Bar {
@@ -56,18 +58,26 @@ fn parse_metadata(pairs: &[String]) -> anyhow::Result<Map<String, Value>> {
     Ok(map)
 }
 
-pub(crate) fn run(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
+/// What the arguments of convert and plan ask for.
+struct Conversion {
+    inputs: Vec<PathBuf>,
+    out_path: String,
+    store: Arc<dyn Storage>,
+    options: ConvertOptions,
+}
+
+/// The inputs, the output's storage and the conversion options the arguments give.
+fn conversion(args: &ConvertArgs) -> anyhow::Result<Conversion> {
     super::set_threads(args.threads)?;
     let (inputs, out) = inputs_and_output(args)?;
     if out.starts_with("http://") || out.starts_with("https://") {
-        bail!("convert: {out}: an HTTP server is read-only; write to a local folder, s3:// or gs://");
+        bail!("{out}: an HTTP server is read-only; write to a local folder, s3:// or gs://");
     }
     let out_path = out.strip_prefix("file://").unwrap_or(&out);
     if !storage::is_remote(&out) && Path::new(out_path).is_file() {
-        bail!("convert: {out_path}: is a file, not a folder");
+        bail!("{out_path}: is a file, not a folder");
     }
-    let started = std::time::Instant::now();
-    let store = super::open_store(&out, &args.store).context("convert")?;
+    let store = super::open_store(&out, &args.store)?;
     let options = ConvertOptions {
         matrix: args.matrix.clone(),
         write: WriteOptions { tile_size: args.tile_size, n_chunks: args.chunks as usize, zstd_level: args.level },
@@ -83,7 +93,12 @@ pub(crate) fn run(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
         metadata: parse_metadata(&args.metadata)?,
         ..ConvertOptions::default()
     };
-    let bar = if super::show_progress(args.quiet) {
+    Ok(Conversion { inputs, out_path: out_path.to_string(), store, options })
+}
+
+/// A progress bar on a terminal, else nothing.
+pub(crate) fn progress_bar(quiet: bool) -> ProgressBar {
+    if super::show_progress(quiet) {
         let style = ProgressStyle::with_template(
             "{prefix:>10} {bar:30} {human_pos}/{human_len} cells {per_sec} ETA {eta} {wide_msg}",
         )
@@ -91,7 +106,43 @@ pub(crate) fn run(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
         ProgressBar::new(0).with_style(style)
     } else {
         ProgressBar::hidden()
-    };
+    }
+}
+
+pub(crate) fn run_plan(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
+    let started = std::time::Instant::now();
+    let Conversion { inputs, out_path, store, options } = conversion(args).context("plan")?;
+    let bar = progress_bar(args.quiet);
+    let plan =
+        deltacells::convert::plan(&inputs, store.as_ref(), &options, &Bar { bar: bar.clone() }).context("plan")?;
+    bar.finish_and_clear();
+    let summary = serde_json::json!({
+        "plan": plan.id,
+        "n_cells": plan.n_cells,
+        "n_genes": plan.n_genes,
+        "n_tiles": plan.n_tiles(),
+        "max_useful_shards": plan.n_units(),
+        "seconds": started.elapsed().as_secs_f64(),
+    });
+    if args.json {
+        super::print_json(&summary)?;
+    } else if !args.quiet {
+        println!(
+            "{out_path}: planned {} cells x {} genes in {} tiles; up to {} shards have work. Next: deltacells shard {out_path} --shard K/N (K = 0..N-1), then deltacells finalize {out_path}",
+            HumanCount(plan.n_cells),
+            HumanCount(plan.n_genes),
+            plan.n_tiles(),
+            plan.n_units()
+        );
+    }
+    super::report_stats(store.as_ref(), &args.store, started, args.json);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) fn run(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
+    let started = std::time::Instant::now();
+    let Conversion { inputs, out_path, store, options } = conversion(args).context("convert")?;
+    let bar = progress_bar(args.quiet);
     let progress = Bar { bar: bar.clone() };
     let summary = convert(&inputs, store.as_ref(), &options, &progress).context("convert")?;
     bar.finish_and_clear();

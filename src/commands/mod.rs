@@ -13,11 +13,15 @@ mod convert;
 mod export;
 mod info;
 mod obs;
+mod shard;
 mod verify;
 
 pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Convert(args) => convert::run(&args),
+        Command::Plan(args) => convert::run_plan(&args),
+        Command::Shard(args) => shard::run(&args),
+        Command::Finalize(args) => shard::run_finalize(&args),
         Command::Export(args) => export::run(&args),
         Command::Info(args) => info::run(&args),
         Command::Obs(cmd) => obs::run(&cmd),

@@ -19,7 +19,7 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use serde_json::Value;
 
-use super::arrow_type_name;
+use super::{arrow_type_from_name, arrow_type_name};
 use crate::format::obs_schema::{ObsColumn, ObsKind, ObsSchema, SCHEMA_FORMAT, SCHEMA_VERSION};
 use crate::h5ad::frame::{column_names, read_column, Categories, FrameColumn};
 use crate::h5ad::{read_strings_range, H5adError, H5adFile};
@@ -63,24 +63,30 @@ impl Shape {
     }
 }
 
-/// One output column and how each input's values map into it.
+/// One output column: its kind and type as obs/schema.json has them.
 struct PlannedColumn {
     name: String,
     kind: ObsKind,
     data_type: DataType,
-    categories: Option<Vec<Value>>,
-    /// For categorical columns: per input, local code -> global code.
-    code_maps: Vec<Vec<i32>>,
-    /// For categorical columns stored as strings: per input, the categories.
-    local_strings: Vec<Vec<String>>,
+    /// For categorical columns: a category's JSON text -> its global code.
+    codes: HashMap<String, i32>,
 }
 
-/// The merged obs schema and how to build batches of it.
+/// The merged obs schema and how to build batches of it. Everything a batch
+/// needs is in obs/schema.json and the input file itself, so a plan can be
+/// rebuilt from the schema by a process that reads only some of the inputs.
 pub struct ObsPlan {
     names: bool,
     columns: Vec<PlannedColumn>,
     arrow_schema: SchemaRef,
     schema: ObsSchema,
+}
+
+/// How one input's categorical columns map into the plan, per column: local
+/// code -> global code (categorical), or the local categories (stored as strings).
+pub struct InputObs {
+    code_maps: Vec<Option<Vec<i32>>>,
+    local_strings: Vec<Option<Vec<String>>>,
 }
 
 fn category_value(categories: &Categories, i: usize) -> Value {
@@ -236,14 +242,8 @@ impl ObsPlan {
                 inputs[first].display()
             );
         }
-        let mut columns = Vec::with_capacity(names.len());
-        for name in &names {
-            columns.push(plan_column(name, &shapes[name], inputs, options.max_categories)?);
-        }
-        let mut fields = Vec::new();
         let mut schema_columns = Vec::new();
         if options.names {
-            fields.push(Field::new("obs_names", DataType::Utf8, true));
             schema_columns.push(ObsColumn {
                 name: "obs_names".into(),
                 kind: ObsKind::String,
@@ -251,27 +251,77 @@ impl ObsPlan {
                 categories: None,
             });
         }
-        for c in &columns {
-            if options.names && c.name == "obs_names" {
+        for name in &names {
+            if options.names && name == "obs_names" {
                 anyhow::bail!(
                     "{}: an obs column is named \"obs_names\", which is where cell names go; use --no-obs-names or --obs-exclude obs_names",
                     inputs[0].display()
                 );
             }
-            fields.push(Field::new(&c.name, c.data_type.clone(), true));
-            schema_columns.push(ObsColumn {
-                name: c.name.clone(),
-                kind: c.kind,
-                arrow_type: arrow_type_name(&c.data_type).expect("planned types have names").into(),
-                categories: c.categories.clone(),
-            });
+            schema_columns.push(plan_column(name, &shapes[name], inputs, options.max_categories)?);
         }
-        Ok(Some(ObsPlan {
-            names: options.names,
-            columns,
-            arrow_schema: Arc::new(Schema::new(fields)),
-            schema: ObsSchema { format: SCHEMA_FORMAT.into(), version: SCHEMA_VERSION, columns: schema_columns },
-        }))
+        let schema = ObsSchema { format: SCHEMA_FORMAT.into(), version: SCHEMA_VERSION, columns: schema_columns };
+        Ok(Some(ObsPlan::from_schema(schema, options.names).map_err(anyhow::Error::msg)?))
+    }
+
+    /// The plan of an obs/schema.json; `names` says whether its first column is
+    /// the cell names (read from the obs index, not from a column).
+    pub fn from_schema(schema: ObsSchema, names: bool) -> Result<ObsPlan, String> {
+        if names && schema.columns.first().is_none_or(|c| c.name != "obs_names") {
+            return Err("the obs schema does not start with obs_names".into());
+        }
+        let mut fields = Vec::with_capacity(schema.columns.len());
+        let mut columns = Vec::with_capacity(schema.columns.len());
+        for (i, c) in schema.columns.iter().enumerate() {
+            let data_type = arrow_type_from_name(&c.arrow_type)
+                .ok_or_else(|| format!("obs column {:?}: unknown Arrow type {:?}", c.name, c.arrow_type))?;
+            fields.push(Field::new(&c.name, data_type.clone(), true));
+            if names && i == 0 {
+                continue;
+            }
+            let codes = c
+                .categories
+                .iter()
+                .flatten()
+                .enumerate()
+                .map(|(code, value)| (value.to_string(), code as i32))
+                .collect();
+            columns.push(PlannedColumn { name: c.name.clone(), kind: c.kind, data_type, codes });
+        }
+        Ok(ObsPlan { names, columns, arrow_schema: Arc::new(Schema::new(fields)), schema })
+    }
+
+    /// Reads `file`'s categories and maps them into the plan's vocabularies.
+    pub fn for_input(&self, file: &H5adFile) -> Result<InputObs, H5adError> {
+        let mut maps = InputObs { code_maps: Vec::new(), local_strings: Vec::new() };
+        for c in &self.columns {
+            let (mut map, mut strings) = (None, None);
+            if matches!(c.kind, ObsKind::Category | ObsKind::String) {
+                if let FrameColumn::Category { categories, .. } =
+                    read_column(file, "obs", &c.name, Some(&(0..0)), true)?
+                {
+                    if c.kind == ObsKind::Category {
+                        let mut codes = Vec::with_capacity(categories.len());
+                        for i in 0..categories.len() {
+                            let value = category_value(&categories, i);
+                            let Some(&code) = c.codes.get(&value.to_string()) else {
+                                return Err(file.invalid(
+                                    &format!("obs/{}", c.name),
+                                    format!("category {value} is not in the planned vocabulary (did the file change after plan?)"),
+                                ));
+                            };
+                            codes.push(code);
+                        }
+                        map = Some(codes);
+                    } else {
+                        strings = Some((0..categories.len()).map(|i| category_string(&categories, i)).collect());
+                    }
+                }
+            }
+            maps.code_maps.push(map);
+            maps.local_strings.push(strings);
+        }
+        Ok(maps)
     }
 
     pub fn schema(&self) -> &ObsSchema {
@@ -289,8 +339,8 @@ impl ObsPlan {
         text
     }
 
-    /// Rows `rows` of input `input` (open as `file`) as a batch of the schema.
-    pub fn batch(&self, input: usize, file: &H5adFile, rows: Range<u64>) -> Result<RecordBatch, H5adError> {
+    /// Rows `rows` of `file` (whose categories `input` maps) as a batch of the schema.
+    pub fn batch(&self, input: &InputObs, file: &H5adFile, rows: Range<u64>) -> Result<RecordBatch, H5adError> {
         let range = rows.start as usize..rows.end as usize;
         let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.columns.len() + 1);
         if self.names {
@@ -299,7 +349,7 @@ impl ObsPlan {
             let names = read_strings_range(&ds, range.clone()).map_err(|e| file.invalid(&object, e))?;
             arrays.push(Arc::new(StringArray::from(names)));
         }
-        for c in &self.columns {
+        for (k, c) in self.columns.iter().enumerate() {
             let object = format!("obs/{}", c.name);
             let column = read_column(file, "obs", &c.name, Some(&range), false)?;
             if column.len() != range.len() {
@@ -307,13 +357,14 @@ impl ObsPlan {
                     file.invalid(&object, format!("has {} rows where {} were expected", column.len(), range.len()))
                 );
             }
-            arrays.push(convert_column(c, input, column).map_err(|e| file.invalid(&object, e))?);
+            arrays.push(convert_column(c, input, k, column).map_err(|e| file.invalid(&object, e))?);
         }
         RecordBatch::try_new(self.arrow_schema.clone(), arrays).map_err(|e| file.invalid("obs", e.to_string()))
     }
 }
 
-fn plan_column(name: &str, shapes: &[Shape], inputs: &[&Path], max_categories: usize) -> anyhow::Result<PlannedColumn> {
+/// The stored kind, type and vocabulary of one column, from its shape in every input.
+fn plan_column(name: &str, shapes: &[Shape], inputs: &[&Path], max_categories: usize) -> anyhow::Result<ObsColumn> {
     let first = &shapes[0];
     for (i, s) in shapes.iter().enumerate().skip(1) {
         if s.kind_name() != first.kind_name() {
@@ -326,20 +377,9 @@ fn plan_column(name: &str, shapes: &[Shape], inputs: &[&Path], max_categories: u
             );
         }
     }
-    let mut planned = PlannedColumn {
-        name: name.to_string(),
-        kind: ObsKind::String,
-        data_type: DataType::Utf8,
-        categories: None,
-        code_maps: Vec::new(),
-        local_strings: Vec::new(),
-    };
-    match first {
-        Shape::Bool => {
-            planned.kind = ObsKind::Bool;
-            planned.data_type = DataType::Boolean;
-        }
-        Shape::String => {}
+    let (kind, data_type, categories) = match first {
+        Shape::Bool => (ObsKind::Bool, DataType::Boolean, None),
+        Shape::String => (ObsKind::String, DataType::Utf8, None),
         Shape::Numeric(_) => {
             let mut dt = DataType::Null;
             for s in shapes {
@@ -352,38 +392,33 @@ fn plan_column(name: &str, shapes: &[Shape], inputs: &[&Path], max_categories: u
                     "obs column {name:?} has type {dt}, which obs cannot store; leave it out with --obs-exclude {name}"
                 );
             }
-            planned.kind = ObsKind::Numeric;
-            planned.data_type = dt;
+            (ObsKind::Numeric, dt, None)
         }
         Shape::Category(_) => {
             let mut vocabulary: Vec<Value> = Vec::new();
-            let mut index: HashMap<String, i32> = HashMap::new();
+            let mut seen: HashMap<String, ()> = HashMap::new();
             for s in shapes {
                 let Shape::Category(cats) = s else { unreachable!("kinds were checked") };
-                let mut map = Vec::with_capacity(cats.len());
                 for i in 0..cats.len() {
                     let value = category_value(cats, i);
-                    let key = value.to_string();
-                    let code = *index.entry(key).or_insert_with(|| {
+                    if seen.insert(value.to_string(), ()).is_none() {
                         vocabulary.push(value);
-                        vocabulary.len() as i32 - 1
-                    });
-                    map.push(code);
+                    }
                 }
-                planned.code_maps.push(map);
-                planned.local_strings.push((0..cats.len()).map(|i| category_string(cats, i)).collect());
             }
             if vocabulary.len() > max_categories {
-                planned.code_maps.clear();
+                (ObsKind::String, DataType::Utf8, None)
             } else {
-                planned.local_strings.clear();
-                planned.kind = ObsKind::Category;
-                planned.data_type = code_type(vocabulary.len());
-                planned.categories = Some(vocabulary);
+                (ObsKind::Category, code_type(vocabulary.len()), Some(vocabulary))
             }
         }
-    }
-    Ok(planned)
+    };
+    Ok(ObsColumn {
+        name: name.to_string(),
+        kind,
+        arrow_type: arrow_type_name(&data_type).expect("planned types have names").into(),
+        categories,
+    })
 }
 
 fn numeric_as_i64(a: &ArrayRef) -> Option<Vec<Option<i64>>> {
@@ -441,10 +476,13 @@ fn widen(a: ArrayRef, to: &DataType) -> Result<ArrayRef, String> {
     })
 }
 
-fn convert_column(c: &PlannedColumn, input: usize, column: FrameColumn) -> Result<ArrayRef, String> {
+fn convert_column(c: &PlannedColumn, input: &InputObs, k: usize, column: FrameColumn) -> Result<ArrayRef, String> {
     Ok(match (c.kind, column) {
         (ObsKind::Category, FrameColumn::Category { codes, .. }) => {
-            let map = &c.code_maps[input];
+            let map = input.code_maps[k].as_ref().ok_or("has no categories")?;
+            if let Some(&bad) = codes.iter().find(|&&k| k >= map.len() as i32) {
+                return Err(format!("code {bad} is past its {} categories", map.len()));
+            }
             let global = codes.iter().map(|&k| if k < 0 { -1 } else { map[k as usize] });
             match c.data_type {
                 DataType::Int8 => Arc::new(global.map(|g| g as i8).collect::<Int8Array>()),
@@ -453,7 +491,10 @@ fn convert_column(c: &PlannedColumn, input: usize, column: FrameColumn) -> Resul
             }
         }
         (ObsKind::String, FrameColumn::Category { codes, .. }) => {
-            let local = &c.local_strings[input];
+            let local = input.local_strings[k].as_ref().ok_or("has no categories")?;
+            if let Some(&bad) = codes.iter().find(|&&k| k >= local.len() as i32) {
+                return Err(format!("code {bad} is past its {} categories", local.len()));
+            }
             Arc::new(codes.iter().map(|&k| (k >= 0).then(|| local[k as usize].as_str())).collect::<StringArray>())
         }
         (ObsKind::String, FrameColumn::String(v)) => Arc::new(v.iter().map(|s| s.as_deref()).collect::<StringArray>()),

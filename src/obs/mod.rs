@@ -34,6 +34,25 @@ pub fn arrow_type_name(dt: &DataType) -> Option<&'static str> {
     })
 }
 
+/// The Arrow type of an obs/schema.json type name (the inverse of [`arrow_type_name`]).
+pub fn arrow_type_from_name(name: &str) -> Option<DataType> {
+    Some(match name {
+        "int8" => DataType::Int8,
+        "int16" => DataType::Int16,
+        "int32" => DataType::Int32,
+        "int64" => DataType::Int64,
+        "uint8" => DataType::UInt8,
+        "uint16" => DataType::UInt16,
+        "uint32" => DataType::UInt32,
+        "uint64" => DataType::UInt64,
+        "float" => DataType::Float32,
+        "double" => DataType::Float64,
+        "bool" => DataType::Boolean,
+        "string" => DataType::Utf8,
+        _ => return None,
+    })
+}
+
 /// Checks one shard's Parquet content: row groups (one per tile, each with that
 /// tile's cells), column names and Arrow types against the schema, and category
 /// codes within their vocabulary. Returns (rule, message) for each problem.

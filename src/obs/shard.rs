@@ -25,6 +25,7 @@ pub struct ShardWriter {
     tiles_per_file: u64,
     current: Option<ArrowWriter<Vec<u8>>>,
     tiles_in_current: u64,
+    first_shard: usize,
     shards: Vec<ShardRecord>,
 }
 
@@ -40,11 +41,18 @@ fn properties() -> WriterProperties {
 
 impl ShardWriter {
     pub fn new(schema: SchemaRef, tiles_per_file: u64) -> Self {
+        Self::starting_at(schema, tiles_per_file, 0)
+    }
+
+    /// A writer whose first shard is number `first_shard` (one part of a
+    /// sharded conversion, which starts at a shard boundary).
+    pub fn starting_at(schema: SchemaRef, tiles_per_file: u64, first_shard: usize) -> Self {
         ShardWriter {
             schema,
             tiles_per_file: tiles_per_file.max(1),
             current: None,
             tiles_in_current: 0,
+            first_shard,
             shards: Vec::new(),
         }
     }
@@ -67,7 +75,7 @@ impl ShardWriter {
     fn finish_shard(&mut self, storage: &dyn Storage) -> anyhow::Result<()> {
         let Some(writer) = self.current.take() else { return Ok(()) };
         let bytes = writer.into_inner()?;
-        let key = format::obs_shard_key(self.shards.len());
+        let key = format::obs_shard_key(self.first_shard + self.shards.len());
         self.shards.push(ShardRecord { bytes: bytes.len() as u64, sha256: fingerprint::sha256_hex(&bytes) });
         storage.put(&key, Bytes::from(bytes))?;
         self.tiles_in_current = 0;

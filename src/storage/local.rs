@@ -98,7 +98,17 @@ impl Storage for LocalStorage {
     }
 
     fn delete(&self, key: &str) -> Result<(), StorageError> {
-        missing_is_none(std::fs::remove_file(self.path(key))).map_err(|e| self.io_err(key, e))?;
+        let path = self.path(key);
+        missing_is_none(std::fs::remove_file(&path)).map_err(|e| self.io_err(key, e))?;
+        // Folders left empty go too, as they would in an object store; a
+        // folder that is not empty stops the walk.
+        let mut dir = path.parent();
+        while let Some(d) = dir.filter(|d| d.starts_with(&self.root) && *d != self.root) {
+            if std::fs::remove_dir(d).is_err() {
+                break;
+            }
+            dir = d.parent();
+        }
         Ok(())
     }
 

@@ -11,4 +11,5 @@ mod hardening;
 mod obs;
 mod pbmc;
 mod remote;
+mod sharded;
 mod util;

@@ -101,7 +101,7 @@ fn obs_kinds_converts_to_the_expected_obs() {
 
 /// A file with a categorical obs column `cell_type` of the given categories
 /// and codes, and a numeric column `score` of the given type.
-fn with_obs(path: &Path, categories: &[&str], codes: &[i8], score_int: bool) {
+pub(crate) fn with_obs(path: &Path, categories: &[&str], codes: &[i8], score_int: bool) {
     let n = codes.len();
     let rows = h5::random_rows(n, 8, n as u64);
     let f = h5::create(path);

@@ -165,12 +165,8 @@ pub fn python_script(script: &str, args: &[&str]) {
     };
     let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python").join(script);
     // The same inherited-lock hazard as in TestDir::run applies to h5py.
-    let out = Command::new(python)
-        .arg(script)
-        .args(args)
-        .env("HDF5_USE_FILE_LOCKING", "FALSE")
-        .output()
-        .expect("run python");
+    let out =
+        Command::new(python).arg(script).args(args).env("HDF5_USE_FILE_LOCKING", "FALSE").output().expect("run python");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "Python check failed:\n{text}");
     eprint!("{text}");

@@ -1,6 +1,9 @@
-//! Converting .h5ad files into a dataset: scan the inputs, choose the gene
-//! order, stream the cells into tiles, write the optional files, and write the
-//! manifest last.
+//! Converting .h5ad files into a dataset, in three steps that may run in one
+//! process ([`convert`]) or as separate jobs on many machines ([`plan`]):
+//! plan (scan the inputs, choose the gene order and obs schema, fix the tile
+//! layout, write the gene and obs tables), shards (each encodes a contiguous
+//! range of tiles and their obs shards), and finalize (check every shard's
+//! result and write the manifest last).
 //!
 //! Reading HDF5 stays on the calling thread (HDF5 serializes every call). Each
 //! full tile is handed to the rayon pool, which checks its values, maps its genes
@@ -15,14 +18,18 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
-use crate::format::{self, fingerprint, npy, CsrMatrix, TileEncoder, MAX_GENES};
+use crate::format::{self, CsrMatrix, TileEncoder};
 use crate::h5ad::{to_counts, BadCount, BadValue, H5adError, H5adFile, RawRows};
 use crate::obs::merge::{ObsOptions, ObsPlan};
 use crate::obs::shard::{ShardRecord, ShardWriter};
 use crate::storage::Storage;
-use crate::writer::{DatasetWriter, ManifestFlags, WriteOptions};
+use crate::writer::{DatasetWriter, WriteOptions};
+
+pub mod plan;
+
+pub use plan::{finalize, plan, run_shard, Plan, ShardResult};
 
 /// What to convert and how.
 #[derive(Clone, Debug)]
@@ -70,6 +77,8 @@ pub trait ConvertProgress: Sync {
     fn file(&self, _path: &Path) {}
     /// `cells` more cells were processed in the current phase.
     fn advance(&self, _cells: u64) {}
+    /// Tile `index` (of `cells` cells and `nnz` nonzeros) was written.
+    fn tile_done(&self, _index: usize, _cells: u64, _nnz: u64) {}
 }
 
 /// No progress reporting.
@@ -90,9 +99,10 @@ pub struct ConvertSummary {
 }
 
 /// One input, as scanned.
-struct Input {
-    path: PathBuf,
-    n_rows: u64,
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Input {
+    pub path: PathBuf,
+    pub n_rows: u64,
 }
 
 /// Cells of one input that belong to one tile.
@@ -119,7 +129,7 @@ struct EncodedTile {
 
 /// Removes an existing dataset from `out` (manifest first, so that it is never
 /// complete-looking while half-removed), or refuses a non-empty output.
-fn prepare_output(out: &dyn Storage, overwrite: bool) -> anyhow::Result<()> {
+pub(crate) fn prepare_output(out: &dyn Storage, overwrite: bool) -> anyhow::Result<()> {
     let keys = out.list("").with_context(|| format!("cannot list the output {}", out.location("")))?;
     if keys.is_empty() {
         return Ok(());
@@ -128,13 +138,7 @@ fn prepare_output(out: &dyn Storage, overwrite: bool) -> anyhow::Result<()> {
         bail!("{} is not empty; use --overwrite to replace the dataset in it", out.location(""));
     }
     out.delete(format::MANIFEST_KEY)?;
-    let ours = |k: &str| {
-        k.starts_with("tiles/")
-            || k.starts_with("obs/")
-            || k.contains(".deltacells-")
-            || [format::GENE_ORDER_KEY, format::VAR_NAMES_KEY, format::VAR_TABLE_KEY].contains(&k)
-    };
-    for key in keys.iter().filter(|k| ours(k)) {
+    for key in keys.iter().filter(|k| is_dataset_key(k)) {
         out.delete(key)?;
     }
     Ok(())
@@ -166,7 +170,8 @@ pub fn gene_order_from_totals(totals: &[u64]) -> Vec<u32> {
 /// Rows read from HDF5 at a time while computing totals.
 const SCAN_ROWS: u64 = 10_000;
 
-/// Converts `inputs` into a dataset in `out`.
+/// Converts `inputs` into a dataset in `out`: plan, one shard of every tile,
+/// finalize, in this process.
 pub fn convert(
     inputs: &[PathBuf],
     out: &dyn Storage,
@@ -174,99 +179,38 @@ pub fn convert(
     progress: &dyn ConvertProgress,
 ) -> anyhow::Result<ConvertSummary> {
     let started = Instant::now();
-    if inputs.is_empty() {
-        bail!("no input files");
-    }
-    if options.write.tile_size == 0 {
-        bail!("--tile-size must be at least 1");
-    }
-    let (scanned, var_names) = scan_inputs(inputs, &options.matrix, progress)?;
-    let n_genes = var_names.len() as u64;
-    if n_genes == 0 || n_genes > MAX_GENES {
-        bail!("{}: {} has {n_genes} genes; a dataset needs 1..2^31", inputs[0].display(), options.matrix);
-    }
-    let obs_plan = match &options.obs {
-        Some(o) => {
-            progress.phase("reading obs", 0);
-            let paths: Vec<&Path> = scanned.iter().map(|i| i.path.as_path()).collect();
-            ObsPlan::new(&paths, o)?
+    plan::plan(inputs, out, options, progress)?;
+    let done = plan::run_shard(out, 0, 1, options.max_in_flight, progress).and_then(|_| plan::finalize(out));
+    match done {
+        Ok(mut summary) => {
+            summary.seconds = started.elapsed().as_secs_f64();
+            Ok(summary)
         }
-        None => None,
-    };
-    prepare_output(out, options.overwrite)?;
-
-    let sampled = sampled_inputs(scanned.len(), options.gene_order_files);
-    let totals = gene_totals(&scanned, &sampled, &options.matrix, n_genes as u32, progress)?;
-    let order = gene_order_from_totals(&totals);
-    let mut remap = vec![0u32; order.len()];
-    for (j, &g) in order.iter().enumerate() {
-        remap[g as usize] = j as u32;
+        Err(e) => {
+            // The output held no dataset when the plan was written: leave it
+            // as empty as it was, rather than a plan that would fail again.
+            if let Ok(keys) = out.list("") {
+                for key in keys.iter().filter(|k| is_dataset_key(k)) {
+                    let _ = out.delete(key);
+                }
+            }
+            Err(e)
+        }
     }
+}
 
-    let mut writer = DatasetWriter::new(out, options.write, n_genes as u32);
-    let shards =
-        write_tiles(&scanned, &options.matrix, &remap, &var_names, obs_plan.as_ref(), options, &mut writer, progress)?;
-
-    let order_i32: Vec<i32> = order.iter().map(|&g| g as i32).collect();
-    writer.put_file(format::GENE_ORDER_KEY, npy::write_i32(&order_i32))?;
-    let mut names_text = String::new();
-    for &g in &order {
-        names_text.push_str(&var_names[g as usize]);
-        names_text.push('\n');
-    }
-    writer.put_file(format::VAR_NAMES_KEY, names_text.into_bytes())?;
-    let mut var_table = false;
-    if options.write_var {
-        let first = H5adFile::open(&scanned[0].path)?;
-        let table = crate::obs::var_table::build(&first, H5adFile::var_group_for(&options.matrix), &order)?;
-        writer.put_file(format::VAR_TABLE_KEY, table)?;
-        var_table = true;
-    }
-
-    let flags = ManifestFlags { gene_order: true, var_names: true, var_table };
-    let mut metadata = Map::new();
-    metadata.insert("generator".into(), json!(format!("deltacells {}", env!("CARGO_PKG_VERSION"))));
-    metadata.insert(
-        "convert".into(),
-        json!({
-            "inputs": scanned.iter().map(|i| i.path.display().to_string()).collect::<Vec<_>>(),
-            "matrix": options.matrix,
-            "gene_order_files": sampled.iter().map(|&i| scanned[i].path.display().to_string()).collect::<Vec<_>>(),
-            "tile_size": options.write.tile_size,
-            "n_chunks": options.write.n_chunks,
-            "zstd_level": options.write.zstd_level,
-        }),
-    );
-    metadata.extend(options.metadata.clone());
-    let mut manifest = writer.manifest(flags, metadata);
-    if let (Some(plan), Some(shards)) = (&obs_plan, shards) {
-        let text = plan.schema_text();
-        writer.put_file(format::OBS_SCHEMA_KEY, text.clone().into_bytes())?;
-        let sha256: Vec<String> = shards.iter().map(|s| s.sha256.clone()).collect();
-        manifest.has_obs = true;
-        manifest.obs_tiles_per_file = options.obs.as_ref().map(|o| o.tiles_per_file.max(1));
-        manifest.obs_shard_bytes = Some(shards.iter().map(|s| s.bytes).collect());
-        manifest.obs_fingerprint = Some(fingerprint::obs_fingerprint(&text, &manifest.tile_cells, &sha256));
-        manifest.obs_shard_sha256 = Some(sha256);
-    }
-    writer.finish(&manifest)?;
-
-    let nnz: u64 = manifest.tile_nnz.iter().sum();
-    let tile_bytes: u64 = manifest.tile_bytes.iter().sum();
-    Ok(ConvertSummary {
-        n_cells: manifest.n_cells,
-        n_genes,
-        n_tiles: manifest.n_tiles(),
-        nnz,
-        tile_bytes,
-        bytes_per_nonzero: if nnz == 0 { 0.0 } else { tile_bytes as f64 / nnz as f64 },
-        seconds: started.elapsed().as_secs_f64(),
-    })
+/// Whether `key` is one convert writes.
+fn is_dataset_key(key: &str) -> bool {
+    key.starts_with("tiles/")
+        || key.starts_with("obs/")
+        || key.starts_with(".plan/")
+        || key.contains(".deltacells-")
+        || [format::MANIFEST_KEY, format::GENE_ORDER_KEY, format::VAR_NAMES_KEY, format::VAR_TABLE_KEY].contains(&key)
 }
 
 /// Opens every input: the matrix's shape, and the same genes in the same order
 /// as the first file.
-fn scan_inputs(
+pub(crate) fn scan_inputs(
     inputs: &[PathBuf],
     matrix: &str,
     progress: &dyn ConvertProgress,
@@ -310,7 +254,7 @@ fn first_difference(first: &[String], other: &[String]) -> Option<String> {
 }
 
 /// Total counts per gene over the sampled inputs.
-fn gene_totals(
+pub(crate) fn gene_totals(
     scanned: &[Input],
     sampled: &[usize],
     matrix: &str,
@@ -335,7 +279,7 @@ fn gene_totals(
                 || pending.take().map(|(first, raw)| (first, raw.indptr.len() as u64 - 1, block_totals(&raw, n_genes))),
             );
             if let Some((first, rows, result)) = counted {
-                let block = result.map_err(|bad| describe_bad_value(&file, matrix, first + bad.row, &bad, None))?;
+                let block = result.map_err(|bad| describe_bad_value(&file, matrix, first + bad.row, &bad))?;
                 for (t, b) in totals.iter_mut().zip(&block) {
                     *t += b;
                 }
@@ -361,24 +305,35 @@ fn block_totals(raw: &RawRows, n_genes: u32) -> Result<Vec<u64>, BadValue> {
     Ok(totals)
 }
 
-/// Streams every input's cells into tiles, encodes them in parallel and writes
-/// them in order.
-#[allow(clippy::too_many_arguments)]
-fn write_tiles(
-    scanned: &[Input],
-    matrix: &str,
-    remap: &[u32],
-    var_names: &[String],
-    obs_plan: Option<&ObsPlan>,
-    options: &ConvertOptions,
+/// The tiles one run writes, and how.
+pub(crate) struct TileJob<'a> {
+    pub inputs: &'a [Input],
+    pub matrix: &'a str,
+    pub tiles: std::ops::Range<usize>,
+    pub remap: &'a [u32],
+    pub obs_plan: Option<&'a ObsPlan>,
+    pub obs_tiles_per_file: u64,
+    pub write: WriteOptions,
+    pub max_in_flight: usize,
+}
+
+/// Streams the cells of tiles `job.tiles` (from the inputs that hold them) into
+/// tiles, encodes them in parallel and writes them in order, with their obs
+/// shards; returns the obs shards' records.
+pub(crate) fn write_tiles(
+    job: &TileJob<'_>,
     writer: &mut DatasetWriter<'_>,
     progress: &dyn ConvertProgress,
 ) -> anyhow::Result<Option<Vec<ShardRecord>>> {
+    let TileJob { inputs: scanned, matrix, remap, obs_plan, .. } = *job;
+    let options = job;
     let tile_size = options.write.tile_size;
     let n_genes = remap.len() as u32;
     let encoder = TileEncoder::new(options.write.n_chunks, options.write.zstd_level);
     let in_flight = options.max_in_flight.max(1);
-    progress.phase("converting", scanned.iter().map(|i| i.n_rows).sum());
+    let n_cells: u64 = scanned.iter().map(|i| i.n_rows).sum();
+    let cells = (job.tiles.start as u64 * tile_size).min(n_cells)..(job.tiles.end as u64 * tile_size).min(n_cells);
+    progress.phase("converting", cells.end - cells.start);
 
     // A token is taken before a tile is handed out and returned once it is
     // written (or dropped after a failure): a counting semaphore on channels.
@@ -391,10 +346,11 @@ fn write_tiles(
 
     let (read_result, write_result) = std::thread::scope(|threads| {
         let abort = &abort;
-        let mut shard_writer = obs_plan.map(|p| {
-            ShardWriter::new(p.arrow_schema().clone(), options.obs.as_ref().map_or(1000, |o| o.tiles_per_file))
-        });
+        let per_file = job.obs_tiles_per_file.max(1);
+        let mut shard_writer = obs_plan
+            .map(|p| ShardWriter::starting_at(p.arrow_schema().clone(), per_file, job.tiles.start / per_file as usize));
         let writer_thread = threads.spawn(move || {
+            // indices relative to the first tile of the job
             let mut pending: BTreeMap<usize, EncodedTile> = BTreeMap::new();
             let mut next = 0usize;
             let mut failure: Option<(usize, TileFailure)> = None;
@@ -422,7 +378,7 @@ fn write_tiles(
                 while failure.is_none() {
                     let Some(tile) = pending.remove(&next) else { break };
                     let written = writer
-                        .put_tile(next, tile.blob, tile.cells, tile.nnz)
+                        .put_tile(job.tiles.start + next, tile.blob, tile.cells, tile.nnz)
                         .map_err(anyhow::Error::from)
                         .and_then(|()| match (&mut shard_writer, &tile.obs) {
                             (Some(shards), Some(batch)) => shards.add_tile(batch, writer.storage()),
@@ -437,6 +393,7 @@ fn write_tiles(
                         }
                     }
                     progress.advance(tile.cells);
+                    progress.tile_done(job.tiles.start + next, tile.cells, tile.nnz);
                     next += 1;
                     let _ = token_tx.send(());
                 }
@@ -453,7 +410,7 @@ fn write_tiles(
         let read_result = rayon::in_place_scope(|pool| -> Result<(), H5adError> {
             let mut parts: Vec<Part> = Vec::new();
             let mut cells_in_tile = 0u64;
-            let mut tile_index = 0usize;
+            let mut tile_index = 0usize; // relative to job.tiles.start
             let dispatch = |parts: Vec<Part>, cells: u64, index: usize| {
                 if token_rx.recv().is_err() {
                     return;
@@ -465,18 +422,31 @@ fn write_tiles(
                     let _ = done.send((index, result));
                 });
             };
+            // Only the inputs that hold the job's cells, and only those rows.
+            let mut offset = 0u64;
             for (i, input) in scanned.iter().enumerate() {
+                let here = offset..offset + input.n_rows;
+                offset = here.end;
+                let (start, end) = (here.start.max(cells.start), here.end.min(cells.end));
+                if start >= end {
+                    continue;
+                }
                 if abort.load(Ordering::Relaxed) {
                     break;
                 }
                 progress.file(&input.path);
                 let file = H5adFile::open(&input.path)?;
                 let mut m = file.matrix(matrix)?;
-                let mut row = 0u64;
-                while row < input.n_rows && !abort.load(Ordering::Relaxed) {
-                    let take = (tile_size - cells_in_tile).min(input.n_rows - row);
+                let input_obs = obs_plan.map(|p| p.for_input(&file)).transpose()?;
+                let mut row = start - here.start;
+                let last = end - here.start;
+                while row < last && !abort.load(Ordering::Relaxed) {
+                    let take = (tile_size - cells_in_tile).min(last - row);
                     let rows = m.read_rows(row..row + take)?;
-                    let obs = obs_plan.map(|p| p.batch(i, &file, row..row + take)).transpose()?;
+                    let obs = match (obs_plan, &input_obs) {
+                        (Some(p), Some(maps)) => Some(p.batch(maps, &file, row..row + take)?),
+                        _ => None,
+                    };
                     parts.push(Part { input: i, first_row: row, rows, obs });
                     row += take;
                     cells_in_tile += take;
@@ -507,7 +477,7 @@ fn write_tiles(
             let path = &scanned[input].path;
             let file = H5adFile::open(path)?;
             let bad = BadValue { row, gene, problem };
-            Err(describe_bad_value(&file, matrix, row, &bad, Some(var_names)).into())
+            Err(describe_bad_value(&file, matrix, row, &bad).into())
         }
     }
 }
@@ -566,24 +536,14 @@ fn encode_tile(
 /// The error for a value that is not a count: file, matrix, cell (row and obs
 /// name), gene (index and name), the value, and a hint when another matrix of
 /// the file holds counts.
-fn describe_bad_value(
-    file: &H5adFile,
-    matrix: &str,
-    row: u64,
-    bad: &BadValue,
-    var_names: Option<&[String]>,
-) -> H5adError {
+fn describe_bad_value(file: &H5adFile, matrix: &str, row: u64, bad: &BadValue) -> H5adError {
     let obs_name = file
         .obs_names()
         .and_then(|names| names.get(row as usize).cloned())
         .map(|n| format!(" ({n})"))
         .unwrap_or_default();
-    let gene_name = match var_names {
-        Some(names) => names.get(bad.gene as usize).cloned(),
-        None => {
-            file.dataframe_index(H5adFile::var_group_for(matrix)).ok().and_then(|n| n.get(bad.gene as usize).cloned())
-        }
-    };
+    let gene_name =
+        file.dataframe_index(H5adFile::var_group_for(matrix)).ok().and_then(|n| n.get(bad.gene as usize).cloned());
     let var_name = gene_name.map(|n| format!(" ({n})")).unwrap_or_default();
     let hint = counts_hint(file, matrix).map(|m| format!("; {m} holds counts: use --matrix {m}")).unwrap_or_default();
     H5adError::BadCount(Box::new(BadCount {

@@ -1,0 +1,150 @@
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use indicatif::{HumanBytes, HumanCount};
+
+use deltacells::convert::{finalize, run_shard, ConvertOptions, ConvertProgress};
+
+use super::convert::{progress_bar, Bar};
+use crate::cli::{FinalizeArgs, ShardArgs};
+
+/// Parses `K/N`.
+fn parse_shard(text: &str) -> anyhow::Result<(usize, usize)> {
+    let parsed = text.split_once('/').and_then(|(k, n)| Some((k.trim().parse().ok()?, n.trim().parse().ok()?)));
+    match parsed {
+        Some((k, n)) if n > 0 && k < n => Ok((k, n)),
+        Some((k, n)) => bail!("--shard {k}/{n}: K must be from 0 to N-1"),
+        None => bail!("--shard {text:?}: expected K/N, for example 0/8"),
+    }
+}
+
+fn env_number(name: &str) -> anyhow::Result<Option<usize>> {
+    match std::env::var(name) {
+        Ok(v) => v.trim().parse().map(Some).map_err(|_| anyhow::anyhow!("${name} is {v:?}, not a number")),
+        Err(_) => Ok(None),
+    }
+}
+
+/// K and N from a job-array engine's environment.
+fn shard_from_env(shards: Option<usize>) -> anyhow::Result<(usize, usize)> {
+    let (k, n_env, var) = if let Some(id) = env_number("SLURM_ARRAY_TASK_ID")? {
+        let min = env_number("SLURM_ARRAY_TASK_MIN")?.unwrap_or(0);
+        (
+            id.checked_sub(min).context("SLURM_ARRAY_TASK_ID is below SLURM_ARRAY_TASK_MIN")?,
+            env_number("SLURM_ARRAY_TASK_COUNT")?,
+            "SLURM_ARRAY_TASK_ID",
+        )
+    } else if let Some(id) = env_number("JOB_COMPLETION_INDEX")? {
+        (id, None, "JOB_COMPLETION_INDEX")
+    } else if let Some(id) = env_number("AWS_BATCH_JOB_ARRAY_INDEX")? {
+        (id, env_number("AWS_BATCH_JOB_ARRAY_SIZE")?, "AWS_BATCH_JOB_ARRAY_INDEX")
+    } else {
+        bail!(
+            "--shard-from-env: none of SLURM_ARRAY_TASK_ID, JOB_COMPLETION_INDEX, AWS_BATCH_JOB_ARRAY_INDEX is set; use --shard K/N"
+        );
+    };
+    let Some(n) = shards.or(n_env) else {
+        bail!("--shard-from-env: ${var} gives K = {k}, but not N; give --shards N");
+    };
+    if k >= n {
+        bail!("--shard-from-env: ${var} gives K = {k}, which is not below N = {n}");
+    }
+    Ok((k, n))
+}
+
+/// One line per tile written, for logs (stderr is not a terminal).
+struct LogLines {
+    label: String,
+    started: Instant,
+    cells: std::sync::atomic::AtomicU64,
+    nnz: std::sync::atomic::AtomicU64,
+}
+
+impl ConvertProgress for LogLines {
+    fn tile_done(&self, index: usize, cells: u64, nnz: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let total_cells = self.cells.fetch_add(cells, Relaxed) + cells;
+        let total_nnz = self.nnz.fetch_add(nnz, Relaxed) + nnz;
+        let seconds = self.started.elapsed().as_secs_f64().max(1e-9);
+        eprintln!(
+            "{}: tile {index} written ({} cells, {} nonzeros); {} cells in {seconds:.1} s, {:.0} cells/s, {:.2} M nonzeros/s",
+            self.label,
+            HumanCount(cells),
+            HumanCount(nnz),
+            HumanCount(total_cells),
+            total_cells as f64 / seconds,
+            total_nnz as f64 / seconds / 1e6
+        );
+    }
+}
+
+pub(crate) fn run(args: &ShardArgs) -> anyhow::Result<ExitCode> {
+    super::set_threads(args.threads)?;
+    let started = Instant::now();
+    let (k, n) = match &args.shard {
+        Some(text) => parse_shard(text)?,
+        None => shard_from_env(args.shards)?,
+    };
+    let label = format!("shard {k}/{n}");
+    let store = super::open_store(&args.out, &args.store)?;
+    let in_flight = ConvertOptions::default().max_in_flight;
+    let result = if super::show_progress(args.quiet) {
+        let bar = progress_bar(false);
+        bar.set_prefix(label.clone());
+        let r = run_shard(store.as_ref(), k, n, in_flight, &Bar { bar: bar.clone() });
+        bar.finish_and_clear();
+        r
+    } else if args.quiet {
+        run_shard(store.as_ref(), k, n, in_flight, &deltacells::convert::NoProgress)
+    } else {
+        let log = LogLines { label: label.clone(), started, cells: 0.into(), nnz: 0.into() };
+        run_shard(store.as_ref(), k, n, in_flight, &log)
+    }
+    .with_context(|| label.clone())?;
+    let seconds = started.elapsed().as_secs_f64();
+    let tiles = result.first_tile..result.first_tile + result.tile_cells.len();
+    if args.json {
+        let mut value = serde_json::to_value(&result)?;
+        value["seconds"] = serde_json::json!(seconds);
+        super::print_json(&value)?;
+    } else if !args.quiet {
+        let cells: u64 = result.tile_cells.iter().sum();
+        let nnz: u64 = result.tile_nnz.iter().sum();
+        let bytes: u64 = result.tile_bytes.iter().sum();
+        println!(
+            "{label}: tiles {}..{} ({} cells, {} nonzeros, {}) and {} obs shards in {seconds:.1} s",
+            tiles.start,
+            tiles.end,
+            HumanCount(cells),
+            HumanCount(nnz),
+            HumanBytes(bytes),
+            result.obs_shard_bytes.len()
+        );
+    }
+    super::report_stats(store.as_ref(), &args.store, started, args.json);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) fn run_finalize(args: &FinalizeArgs) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    let store = super::open_store(&args.out, &args.store)?;
+    let summary = finalize(store.as_ref()).context("finalize")?;
+    if args.json {
+        super::print_json(&summary)?;
+    } else if !args.quiet {
+        println!(
+            "{}: {} cells x {} genes in {} tiles, {} ({:.3} bytes per nonzero, {} nonzeros); manifest written",
+            Path::new(&args.out).display(),
+            HumanCount(summary.n_cells),
+            HumanCount(summary.n_genes),
+            summary.n_tiles,
+            HumanBytes(summary.tile_bytes),
+            summary.bytes_per_nonzero,
+            HumanCount(summary.nnz)
+        );
+    }
+    super::report_stats(store.as_ref(), &args.store, started, args.json);
+    Ok(ExitCode::SUCCESS)
+}

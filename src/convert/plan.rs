@@ -1,0 +1,556 @@
+//! Sharded conversion: plan, shard K of N, finalize.
+//!
+//! `plan` writes everything the workers need into the output, under `.plan/`
+//! (plan.json: the inputs and their row counts, the options, the tile layout)
+//! and at the dataset's own keys (gene_order.npy, var_names.txt, var.parquet,
+//! obs/schema.json, which are final). Shard K of N encodes its own contiguous
+//! range of tiles, aligned to obs shards, reading only the inputs that hold its
+//! cells, and writes its tiles, its obs shards and, last, a result record under
+//! `.plan/results/`. `finalize` checks that the records cover every tile and
+//! obs shard and agree with the plan and with the stored objects, writes
+//! manifest.json, then removes `.plan/`.
+//!
+//! Every step is deterministic, so the dataset is byte-identical whatever the
+//! number of shards and the order they run in; a shard run twice writes the
+//! same bytes again, and touches no other shard's objects.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use super::{
+    gene_order_from_totals, gene_totals, prepare_output, sampled_inputs, scan_inputs, write_tiles, ConvertOptions,
+    ConvertProgress, ConvertSummary, Input, TileJob,
+};
+use crate::format::obs_schema::ObsSchema;
+use crate::format::{self, fingerprint, manifest, npy, Manifest, MAX_GENES};
+use crate::h5ad::H5adFile;
+use crate::obs::merge::ObsPlan;
+use crate::storage::Storage;
+use crate::writer::{DatasetWriter, WriteOptions};
+
+/// Where the plan is, in the output.
+pub const PLAN_KEY: &str = ".plan/plan.json";
+/// Where shard results are, in the output.
+pub const RESULTS_PREFIX: &str = ".plan/results";
+const PLAN_FORMAT: &str = "deltacells-plan";
+const RESULT_FORMAT: &str = "deltacells-shard-result";
+
+/// The key of shard `k` of `n`'s result record.
+pub fn result_key(k: usize, n: usize) -> String {
+    format!("{RESULTS_PREFIX}/shard-{k:05}-of-{n:05}.json")
+}
+
+/// (k, n) from a result key.
+fn parse_result_key(key: &str) -> Option<(usize, usize)> {
+    let name = key.strip_prefix(RESULTS_PREFIX)?.strip_prefix("/shard-")?.strip_suffix(".json")?;
+    let (k, n) = name.split_once("-of-")?;
+    Some((k.parse().ok()?, n.parse().ok()?))
+}
+
+/// What obs the plan stores; the schema itself is obs/schema.json.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PlanObs {
+    /// The first column is the cell names.
+    pub names: bool,
+    pub tiles_per_file: u64,
+}
+
+/// Everything a shard worker needs besides the files the plan wrote.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Plan {
+    pub format: String,
+    pub version: u32,
+    /// Identifies this plan; results of another plan are refused.
+    pub id: String,
+    pub matrix: String,
+    pub inputs: Vec<Input>,
+    pub n_cells: u64,
+    pub n_genes: u64,
+    pub tile_size: u64,
+    pub n_chunks: usize,
+    pub zstd_level: i32,
+    pub var_table: bool,
+    pub obs: Option<PlanObs>,
+    /// The manifest's metadata.
+    pub metadata: Map<String, Value>,
+}
+
+impl Plan {
+    pub fn n_tiles(&self) -> usize {
+        self.n_cells.div_ceil(self.tile_size) as usize
+    }
+
+    pub fn tile_cells(&self, tile: usize) -> u64 {
+        let start = tile as u64 * self.tile_size;
+        (start + self.tile_size).min(self.n_cells) - start
+    }
+
+    /// Tiles per unit of work: an obs shard's tiles, or one tile without obs.
+    pub fn tiles_per_unit(&self) -> usize {
+        self.obs.as_ref().map_or(1, |o| o.tiles_per_file.max(1) as usize)
+    }
+
+    /// Units of work: more shards than this leave some with nothing to do.
+    pub fn n_units(&self) -> usize {
+        self.n_tiles().div_ceil(self.tiles_per_unit())
+    }
+
+    /// The tiles of shard `k` of `n`: a contiguous range of whole units, the
+    /// units spread as evenly as they go.
+    pub fn shard_tiles(&self, k: usize, n: usize) -> Range<usize> {
+        let (units, per) = (self.n_units(), self.tiles_per_unit());
+        let unit = |k: usize| (k * units / n * per).min(self.n_tiles());
+        unit(k)..unit(k + 1)
+    }
+
+    fn write_options(&self) -> WriteOptions {
+        WriteOptions { tile_size: self.tile_size, n_chunks: self.n_chunks, zstd_level: self.zstd_level }
+    }
+
+    fn with_id(mut self) -> Plan {
+        self.id = String::new();
+        let text = serde_json::to_vec(&self).expect("a plan serializes");
+        self.id = fingerprint::sha256_hex(&text)[..24].to_string();
+        self
+    }
+}
+
+/// What shard K of N wrote.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ShardResult {
+    pub format: String,
+    pub plan: String,
+    pub shard: usize,
+    pub shards: usize,
+    pub first_tile: usize,
+    pub tile_cells: Vec<u64>,
+    pub tile_nnz: Vec<u64>,
+    pub tile_bytes: Vec<u64>,
+    pub tile_sha256: Vec<String>,
+    pub first_obs_shard: usize,
+    pub obs_shard_bytes: Vec<u64>,
+    pub obs_shard_sha256: Vec<String>,
+}
+
+/// Step 1: scans the inputs and writes the plan, the gene tables and the obs
+/// schema into `out` (plan.json last).
+pub fn plan(
+    inputs: &[PathBuf],
+    out: &dyn Storage,
+    options: &ConvertOptions,
+    progress: &dyn ConvertProgress,
+) -> anyhow::Result<Plan> {
+    if inputs.is_empty() {
+        bail!("no input files");
+    }
+    if options.write.tile_size == 0 {
+        bail!("--tile-size must be at least 1");
+    }
+    let (scanned, var_names) = scan_inputs(inputs, &options.matrix, progress)?;
+    let n_genes = var_names.len() as u64;
+    if n_genes == 0 || n_genes > MAX_GENES {
+        bail!("{}: {} has {n_genes} genes; a dataset needs 1..2^31", inputs[0].display(), options.matrix);
+    }
+    let obs_plan = match &options.obs {
+        Some(o) => {
+            progress.phase("reading obs", 0);
+            let paths: Vec<&Path> = scanned.iter().map(|i| i.path.as_path()).collect();
+            ObsPlan::new(&paths, o)?
+        }
+        None => None,
+    };
+    prepare_output(out, options.overwrite)?;
+
+    let sampled = sampled_inputs(scanned.len(), options.gene_order_files);
+    let totals = gene_totals(&scanned, &sampled, &options.matrix, n_genes as u32, progress)?;
+    let order = gene_order_from_totals(&totals);
+    let order_i32: Vec<i32> = order.iter().map(|&g| g as i32).collect();
+    out.put(format::GENE_ORDER_KEY, Bytes::from(npy::write_i32(&order_i32)))?;
+    let mut names_text = String::new();
+    for &g in &order {
+        names_text.push_str(&var_names[g as usize]);
+        names_text.push('\n');
+    }
+    out.put(format::VAR_NAMES_KEY, Bytes::from(names_text))?;
+    if options.write_var {
+        let first = H5adFile::open(&scanned[0].path)?;
+        let table = crate::obs::var_table::build(&first, H5adFile::var_group_for(&options.matrix), &order)?;
+        out.put(format::VAR_TABLE_KEY, Bytes::from(table))?;
+    }
+    if let Some(p) = &obs_plan {
+        out.put(format::OBS_SCHEMA_KEY, Bytes::from(p.schema_text()))?;
+    }
+
+    let mut metadata = Map::new();
+    metadata.insert("generator".into(), json!(format!("deltacells {}", env!("CARGO_PKG_VERSION"))));
+    metadata.insert(
+        "convert".into(),
+        json!({
+            "inputs": scanned.iter().map(|i| i.path.display().to_string()).collect::<Vec<_>>(),
+            "matrix": options.matrix,
+            "gene_order_files": sampled.iter().map(|&i| scanned[i].path.display().to_string()).collect::<Vec<_>>(),
+            "tile_size": options.write.tile_size,
+            "n_chunks": options.write.n_chunks,
+            "zstd_level": options.write.zstd_level,
+        }),
+    );
+    metadata.extend(options.metadata.clone());
+    let plan = Plan {
+        format: PLAN_FORMAT.into(),
+        version: 1,
+        id: String::new(),
+        matrix: options.matrix.clone(),
+        n_cells: scanned.iter().map(|i| i.n_rows).sum(),
+        inputs: scanned,
+        n_genes,
+        tile_size: options.write.tile_size,
+        n_chunks: options.write.n_chunks,
+        zstd_level: options.write.zstd_level,
+        var_table: options.write_var,
+        obs: obs_plan
+            .as_ref()
+            .zip(options.obs.as_ref())
+            .map(|(_, o)| PlanObs { names: o.names, tiles_per_file: o.tiles_per_file.max(1) }),
+        metadata,
+    }
+    .with_id();
+    let mut text = serde_json::to_vec_pretty(&plan)?;
+    text.push(b'\n');
+    out.put(PLAN_KEY, Bytes::from(text))?;
+    Ok(plan)
+}
+
+/// Reads the plan of the conversion into `out`.
+pub fn read_plan(out: &dyn Storage) -> anyhow::Result<Plan> {
+    let location = out.location(PLAN_KEY);
+    let Some(bytes) = out.get(PLAN_KEY)? else {
+        if out.get(format::MANIFEST_KEY)?.is_some() {
+            bail!("{}: the dataset is complete (finalized); there is no plan left to run", out.location(""));
+        }
+        bail!("{location}: no plan; run `deltacells plan INPUTS... {}` first", out.location(""));
+    };
+    let plan: Plan = serde_json::from_slice(&bytes).with_context(|| format!("{location}: not a readable plan"))?;
+    if plan.format != PLAN_FORMAT || plan.version != 1 {
+        bail!("{location}: not a plan of this version (format {:?}, version {})", plan.format, plan.version);
+    }
+    if plan.tile_size == 0 || plan.inputs.iter().map(|i| i.n_rows).sum::<u64>() != plan.n_cells {
+        bail!("{location}: inconsistent plan (tile size or cell count)");
+    }
+    if plan.clone().with_id().id != plan.id {
+        bail!("{location}: the plan was changed after it was written (its id does not match its content)");
+    }
+    Ok(plan)
+}
+
+/// Step 2: encodes shard `k` of `n` (0-based): its tiles, its obs shards, and
+/// its result record, last.
+pub fn run_shard(
+    out: &dyn Storage,
+    k: usize,
+    n: usize,
+    max_in_flight: usize,
+    progress: &dyn ConvertProgress,
+) -> anyhow::Result<ShardResult> {
+    if n == 0 || k >= n {
+        bail!("shard {k}/{n}: the index must be below the number of shards (0-based: 0..{n})");
+    }
+    let plan = read_plan(out)?;
+    let tiles = plan.shard_tiles(k, n);
+
+    let order_location = out.location(format::GENE_ORDER_KEY);
+    let order_bytes = out.get(format::GENE_ORDER_KEY)?.with_context(|| format!("{order_location}: missing"))?;
+    let order = npy::read_i32(&order_bytes).map_err(|e| anyhow::anyhow!("{order_location}: {e}"))?;
+    npy::check_permutation(&order, plan.n_genes).map_err(|e| anyhow::anyhow!("{order_location}: {e}"))?;
+    let mut remap = vec![0u32; order.len()];
+    for (j, &g) in order.iter().enumerate() {
+        remap[g as usize] = j as u32;
+    }
+
+    let obs_plan = match &plan.obs {
+        None => None,
+        Some(o) => {
+            let location = out.location(format::OBS_SCHEMA_KEY);
+            let text = out.get(format::OBS_SCHEMA_KEY)?.with_context(|| format!("{location}: missing"))?;
+            let schema = ObsSchema::parse(&text).map_err(|e| anyhow::anyhow!("{location}: {e}"))?;
+            Some(ObsPlan::from_schema(schema, o.names).map_err(|e| anyhow::anyhow!("{location}: {e}"))?)
+        }
+    };
+
+    let mut writer = DatasetWriter::starting_at(out, plan.write_options(), plan.n_genes as u32, tiles.start);
+    let job = TileJob {
+        inputs: &plan.inputs,
+        matrix: &plan.matrix,
+        tiles: tiles.clone(),
+        remap: &remap,
+        obs_plan: obs_plan.as_ref(),
+        obs_tiles_per_file: plan.tiles_per_unit() as u64,
+        write: plan.write_options(),
+        max_in_flight,
+    };
+    let shards = if tiles.is_empty() { None } else { write_tiles(&job, &mut writer, progress)? };
+    let shards = shards.unwrap_or_default();
+    let result = ShardResult {
+        format: RESULT_FORMAT.into(),
+        plan: plan.id.clone(),
+        shard: k,
+        shards: n,
+        first_tile: tiles.start,
+        tile_cells: writer.tiles().iter().map(|t| t.cells).collect(),
+        tile_nnz: writer.tiles().iter().map(|t| t.nnz).collect(),
+        tile_bytes: writer.tiles().iter().map(|t| t.bytes).collect(),
+        tile_sha256: writer.tile_sha256().to_vec(),
+        first_obs_shard: tiles.start / plan.tiles_per_unit(),
+        obs_shard_bytes: shards.iter().map(|s| s.bytes).collect(),
+        obs_shard_sha256: shards.iter().map(|s| s.sha256.clone()).collect(),
+    };
+    let mut text = serde_json::to_vec_pretty(&result)?;
+    text.push(b'\n');
+    out.put(&result_key(k, n), Bytes::from(text))?;
+    Ok(result)
+}
+
+/// One tile or obs shard as the results have it: (size, sha256, nnz) and who wrote it.
+type Entry = ((u64, String, u64), (usize, usize));
+
+fn record(
+    map: &mut BTreeMap<usize, Entry>,
+    index: usize,
+    value: (u64, String, u64),
+    by: (usize, usize),
+    what: &str,
+) -> anyhow::Result<()> {
+    if let Some((old, old_by)) = map.get(&index) {
+        if *old != value {
+            bail!(
+                "shard results {}/{} and {}/{} disagree about {what} {index}; re-run one of them",
+                old_by.0,
+                old_by.1,
+                by.0,
+                by.1
+            );
+        }
+        return Ok(());
+    }
+    map.insert(index, (value, by));
+    Ok(())
+}
+
+/// Checks one result record against the plan; returns it parsed.
+fn check_result(out: &dyn Storage, plan: &Plan, key: &str, k: usize, n: usize) -> anyhow::Result<ShardResult> {
+    let location = out.location(key);
+    let rerun = format!("re-run `deltacells shard {} --shard {k}/{n}`", out.location(""));
+    let bytes = out.get(key)?.with_context(|| format!("{location}: vanished while finalizing"))?;
+    let r: ShardResult = serde_json::from_slice(&bytes)
+        .map_err(|e| anyhow::anyhow!("{location}: corrupt shard result ({e}); {rerun}"))?;
+    let expected = plan.shard_tiles(k, n);
+    let per = plan.tiles_per_unit();
+    let n_obs = if plan.obs.is_some() { expected.len().div_ceil(per) } else { 0 };
+    let problem = if r.format != RESULT_FORMAT {
+        Some(format!("format {:?} is not {RESULT_FORMAT:?}", r.format))
+    } else if r.plan != plan.id {
+        Some(format!("it belongs to another plan ({}, not {})", r.plan, plan.id))
+    } else if (r.shard, r.shards) != (k, n) {
+        Some(format!("it says it is shard {}/{}", r.shard, r.shards))
+    } else if r.first_tile != expected.start
+        || [r.tile_cells.len(), r.tile_nnz.len(), r.tile_bytes.len(), r.tile_sha256.len()] != [expected.len(); 4]
+    {
+        Some(format!("it does not hold tiles {}..{}", expected.start, expected.end))
+    } else if let Some(t) = expected.clone().find(|&t| r.tile_cells[t - expected.start] != plan.tile_cells(t)) {
+        Some(format!("tile {t} has {} cells, the plan says {}", r.tile_cells[t - expected.start], plan.tile_cells(t)))
+    } else if r.first_obs_shard != expected.start / per
+        || r.obs_shard_bytes.len() != n_obs
+        || r.obs_shard_sha256.len() != n_obs
+    {
+        Some(format!("it does not hold obs shards {}..{}", expected.start / per, expected.start / per + n_obs))
+    } else {
+        None
+    };
+    if let Some(p) = problem {
+        bail!("{location}: inconsistent shard result: {p}; {rerun}");
+    }
+    Ok(r)
+}
+
+/// Step 3: checks every shard's result and writes manifest.json, last; then
+/// removes the plan.
+pub fn finalize(out: &dyn Storage) -> anyhow::Result<ConvertSummary> {
+    let started = std::time::Instant::now();
+    let plan = read_plan(out)?;
+    let n_tiles = plan.n_tiles();
+    let per = plan.tiles_per_unit();
+    let n_obs_shards = if plan.obs.is_some() { n_tiles.div_ceil(per) } else { 0 };
+
+    let mut tiles: BTreeMap<usize, Entry> = BTreeMap::new();
+    let mut obs: BTreeMap<usize, Entry> = BTreeMap::new();
+    let mut seen: Vec<(usize, usize)> = Vec::new();
+    for key in out.list(RESULTS_PREFIX)? {
+        let Some((k, n)) = parse_result_key(&key).filter(|(k, n)| k < n) else {
+            bail!("{}: not a shard result name (shard-K-of-N.json)", out.location(&key));
+        };
+        let r = check_result(out, &plan, &key, k, n)?;
+        for (i, t) in (r.first_tile..).zip(0..r.tile_cells.len()) {
+            record(&mut tiles, i, (r.tile_bytes[t], r.tile_sha256[t].clone(), r.tile_nnz[t]), (k, n), "tile")?;
+        }
+        for (i, s) in (r.first_obs_shard..).zip(0..r.obs_shard_bytes.len()) {
+            record(&mut obs, i, (r.obs_shard_bytes[s], r.obs_shard_sha256[s].clone(), 0), (k, n), "obs shard")?;
+        }
+        seen.push((k, n));
+    }
+
+    let missing_tiles: Vec<usize> = (0..n_tiles).filter(|t| !tiles.contains_key(t)).collect();
+    if !missing_tiles.is_empty() {
+        let mut counts: Vec<usize> = seen.iter().map(|s| s.1).collect();
+        counts.sort_unstable();
+        counts.dedup();
+        let which = match counts.as_slice() {
+            [n] => {
+                let missing: Vec<String> =
+                    (0..*n).filter(|k| !seen.contains(&(*k, *n))).map(|k| format!("{k}/{n}")).collect();
+                format!("the results of shards {} are missing", missing.join(", "))
+            }
+            [] => "no shard has finished".to_string(),
+            _ => format!("{} tiles are not covered by any result", missing_tiles.len()),
+        };
+        bail!(
+            "{}: cannot finalize: {which} (first missing tile: {}); run those shards, then finalize again",
+            out.location(""),
+            missing_tiles[0]
+        );
+    }
+
+    // The objects the results describe must be there, with their sizes.
+    let stored: BTreeMap<String, u64> = out.list_sizes("tiles")?.into_iter().chain(out.list_sizes("obs")?).collect();
+    let check_size = |key: String, bytes: u64, by: (usize, usize)| -> anyhow::Result<()> {
+        match stored.get(&key) {
+            Some(&size) if size == bytes => Ok(()),
+            found => bail!(
+                "{}: {} (shard {}/{} recorded {bytes} bytes); re-run that shard",
+                out.location(&key),
+                found.map_or("missing".to_string(), |s| format!("{s} bytes")),
+                by.0,
+                by.1
+            ),
+        }
+    };
+    for (&t, ((bytes, _, _), by)) in &tiles {
+        check_size(format::tile_key(t), *bytes, *by)?;
+    }
+    for s in 0..n_obs_shards {
+        let Some(((bytes, _, _), by)) = obs.get(&s) else {
+            bail!("{}: cannot finalize: no result holds obs shard {s}", out.location(""));
+        };
+        check_size(format::obs_shard_key(s), *bytes, *by)?;
+    }
+
+    let mut m = Manifest {
+        format: manifest::FORMAT_NAME.to_string(),
+        version: manifest::FORMAT_VERSION,
+        n_cells: plan.n_cells,
+        n_genes: plan.n_genes,
+        tile_size: plan.tile_size,
+        tile_cells: (0..n_tiles).map(|t| plan.tile_cells(t)).collect(),
+        tile_nnz: tiles.values().map(|((_, _, nnz), _)| *nnz).collect(),
+        tile_bytes: tiles.values().map(|((bytes, _, _), _)| *bytes).collect(),
+        n_chunks: plan.n_chunks as u64,
+        zstd_level: plan.zstd_level.into(),
+        has_gene_order: true,
+        has_var_names: true,
+        has_var_table: plan.var_table,
+        has_obs: false,
+        obs_tiles_per_file: None,
+        obs_shard_bytes: None,
+        obs_shard_sha256: None,
+        obs_fingerprint: None,
+        metadata: plan.metadata.clone(),
+    };
+    if let Some(o) = &plan.obs {
+        let location = out.location(format::OBS_SCHEMA_KEY);
+        let text = out.get(format::OBS_SCHEMA_KEY)?.with_context(|| format!("{location}: missing"))?;
+        let text = std::str::from_utf8(&text).map_err(|e| anyhow::anyhow!("{location}: {e}"))?;
+        let sha256: Vec<String> = (0..n_obs_shards).map(|s| obs[&s].0 .1.clone()).collect();
+        m.has_obs = true;
+        m.obs_tiles_per_file = Some(o.tiles_per_file);
+        m.obs_shard_bytes = Some((0..n_obs_shards).map(|s| obs[&s].0 .0).collect());
+        m.obs_fingerprint = Some(fingerprint::obs_fingerprint(text, &m.tile_cells, &sha256));
+        m.obs_shard_sha256 = Some(sha256);
+    }
+    out.put(format::MANIFEST_KEY, Bytes::from(m.to_json()))?;
+    // The dataset is complete; the plan's files are no longer needed.
+    for key in out.list(".plan")? {
+        out.delete(&key)?;
+    }
+
+    let nnz: u64 = m.tile_nnz.iter().sum();
+    let tile_bytes: u64 = m.tile_bytes.iter().sum();
+    Ok(ConvertSummary {
+        n_cells: m.n_cells,
+        n_genes: m.n_genes,
+        n_tiles,
+        nnz,
+        tile_bytes,
+        bytes_per_nonzero: if nnz == 0 { 0.0 } else { tile_bytes as f64 / nnz as f64 },
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(n_cells: u64, tile_size: u64, obs_tiles: Option<u64>) -> Plan {
+        Plan {
+            format: PLAN_FORMAT.into(),
+            version: 1,
+            id: String::new(),
+            matrix: "X".into(),
+            inputs: vec![Input { path: "a.h5ad".into(), n_rows: n_cells }],
+            n_cells,
+            n_genes: 10,
+            tile_size,
+            n_chunks: 8,
+            zstd_level: 19,
+            var_table: true,
+            obs: obs_tiles.map(|t| PlanObs { names: true, tiles_per_file: t }),
+            metadata: Map::new(),
+        }
+    }
+
+    #[test]
+    fn shards_cover_every_tile_once_in_whole_obs_shards() {
+        for (n_cells, tile_size, obs) in [(95, 10, Some(3)), (100, 10, None), (1, 10, Some(1000)), (0, 10, None)] {
+            let p = plan(n_cells, tile_size, obs);
+            for n in 1..12 {
+                let mut next = 0;
+                for k in 0..n {
+                    let r = p.shard_tiles(k, n);
+                    assert_eq!(r.start, next, "{n_cells} cells, shard {k}/{n}");
+                    assert!(r.start.is_multiple_of(p.tiles_per_unit()));
+                    next = r.end;
+                }
+                assert_eq!(next, p.n_tiles());
+            }
+        }
+        let p = plan(95, 10, Some(3)); // 10 tiles in 4 obs shards
+        assert_eq!((0..3).map(|k| p.shard_tiles(k, 3)).collect::<Vec<_>>(), vec![0..3, 3..6, 6..10]);
+    }
+
+    #[test]
+    fn result_keys_round_trip() {
+        assert_eq!(parse_result_key(&result_key(3, 7)), Some((3, 7)));
+        assert_eq!(parse_result_key(".plan/results/other.json"), None);
+    }
+
+    #[test]
+    fn the_plan_id_covers_its_content() {
+        let a = plan(95, 10, Some(3)).with_id();
+        let b = plan(96, 10, Some(3)).with_id();
+        assert_ne!(a.id, b.id);
+        assert_eq!(a.clone().with_id().id, a.id);
+    }
+}
