@@ -332,3 +332,33 @@ fn localize_on_a_slow_store_makes_one_request_per_column_chunk() {
     assert!(elapsed >= expected.mul_f64(0.95), "{elapsed:?} < {expected:?}");
     assert!(elapsed < serial.mul_f64(0.6), "{elapsed:?}: requests did not overlap (serial {serial:?})");
 }
+
+#[test]
+fn shards_on_other_machines_write_one_s3_prefix() {
+    let Some(s3) = Server::start("s3", &[]) else { return };
+    let t = TestDir::new();
+    let endpoint = s3.url();
+    convert_local(&t, "local");
+    let input = example();
+    let mut args = vec!["plan", "-q", "--endpoint", &endpoint];
+    args.extend(LAYOUT);
+    args.extend([input.as_str(), "s3://test/sharded"]);
+    t.run_env(&args, &S3_ENV).expect_code(0);
+    // two workers at once, as two machines would
+    let workers: Vec<_> = (0..2)
+        .map(|k| {
+            Command::new(env!("CARGO_BIN_EXE_deltacells"))
+                .args(["shard", "-q", "s3://test/sharded", "--endpoint", &endpoint, "--shard", &format!("{k}/2")])
+                .envs(S3_ENV)
+                .env("HDF5_USE_FILE_LOCKING", "FALSE")
+                .current_dir(t.path())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut w in workers {
+        assert!(w.wait().unwrap().success());
+    }
+    t.run_env(&["finalize", "-q", "s3://test/sharded", "--endpoint", &endpoint], &S3_ENV).expect_code(0);
+    same_objects(&s3_storage(&endpoint, "sharded"), &LocalStorage::new(t.join("local")));
+}
