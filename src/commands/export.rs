@@ -69,6 +69,7 @@ fn obs_names(ds: &Dataset, range: Range<u64>) -> anyhow::Result<Option<Vec<Strin
 }
 
 pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
+    let started = std::time::Instant::now();
     let ds = Dataset::from_storage(super::open_store(&args.dataset, &args.store)?).context("export")?;
     let range = parse_range(args.cells.as_deref(), ds.n_cells())?;
     let out = Path::new(&args.out);
@@ -133,5 +134,6 @@ pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
             HumanCount(ds.n_genes().into())
         );
     }
+    super::report_stats(ds.storage().as_ref(), &args.store, started, false);
     Ok(ExitCode::SUCCESS)
 }

@@ -362,3 +362,33 @@ fn shards_on_other_machines_write_one_s3_prefix() {
     t.run_env(&["finalize", "-q", "s3://test/sharded", "--endpoint", &endpoint], &S3_ENV).expect_code(0);
     same_objects(&s3_storage(&endpoint, "sharded"), &LocalStorage::new(t.join("local")));
 }
+
+#[test]
+fn a_store_that_goes_away_mid_convert_is_a_clear_error() {
+    let Some(mut s3) = Server::start("s3", &[]) else { return };
+    let t = TestDir::new();
+    let endpoint = s3.url();
+    // 1,000 cells in 50 tiles, so that the server dies between two uploads
+    let input = example();
+    let child = Command::new(env!("CARGO_BIN_EXE_deltacells"))
+        .args(["convert", "-q", "--tile-size", "20", "--level", "19", &input, "s3://test/ds", "--endpoint", &endpoint])
+        .envs(S3_ENV)
+        .env("HDF5_USE_FILE_LOCKING", "FALSE")
+        .current_dir(t.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let remote = s3_storage(&endpoint, "ds");
+    let started = Instant::now();
+    while remote.list("tiles").map(|k| k.len()).unwrap_or(0) < 2 {
+        assert!(started.elapsed() < Duration::from_secs(60), "no tile was uploaded");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(remote.get("manifest.json").unwrap().is_none());
+    let _ = s3.child.kill();
+    let _ = s3.child.wait();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("s3://test/ds/") && stderr.contains("retries"), "{stderr}");
+}
