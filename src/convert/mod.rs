@@ -103,6 +103,8 @@ pub struct ConvertSummary {
 pub struct Input {
     pub path: PathBuf,
     pub n_rows: u64,
+    /// The file's size when it was scanned: a shard refuses a file that changed.
+    pub bytes: u64,
 }
 
 /// Cells of one input that belong to one tile.
@@ -241,7 +243,8 @@ pub(crate) fn scan_inputs(
                 }
             }
         }
-        scanned.push(Input { path: path.clone(), n_rows: m.n_rows() });
+        let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        scanned.push(Input { path: path.clone(), n_rows: m.n_rows(), bytes });
     }
     Ok((scanned, reference.expect("at least one input")))
 }
@@ -435,6 +438,12 @@ pub(crate) fn write_tiles(
                     break;
                 }
                 progress.file(&input.path);
+                // (a file that cannot be read at all fails in open, below)
+                if let Ok(now) = std::fs::metadata(&input.path).map(|m| m.len()) {
+                    if now != input.bytes {
+                        return Err(H5adError::Changed { path: input.path.clone(), was: input.bytes, now });
+                    }
+                }
                 let file = H5adFile::open(&input.path)?;
                 let mut m = file.matrix(matrix)?;
                 let input_obs = obs_plan.map(|p| p.for_input(&file)).transpose()?;

@@ -509,7 +509,7 @@ mod tests {
             version: 1,
             id: String::new(),
             matrix: "X".into(),
-            inputs: vec![Input { path: "a.h5ad".into(), n_rows: n_cells }],
+            inputs: vec![Input { path: "a.h5ad".into(), n_rows: n_cells, bytes: 0 }],
             n_cells,
             n_genes: 10,
             tile_size,

@@ -34,6 +34,8 @@ pub enum H5adError {
     Unsupported { path: PathBuf, object: String, message: String },
     #[error("{0}")]
     BadCount(Box<BadCount>),
+    #[error("{path}: the file changed since it was planned ({was} bytes then, {now} now); plan again")]
+    Changed { path: PathBuf, was: u64, now: u64 },
 }
 
 /// A value that is not a count, with everything needed to find it.

@@ -154,6 +154,11 @@ fn shards_of_several_files_with_obs_equal_one_convert() {
     let run = shard(&t, "partial", &["--shard", "1/2"]).output().unwrap();
     assert_eq!(run.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&run.stderr).contains("c.h5ad"));
+    // a file that changed after plan is refused
+    std::fs::copy(t.join("a.h5ad"), t.join("c.h5ad")).unwrap();
+    let run = shard(&t, "partial", &["--shard", "1/2"]).output().unwrap();
+    assert_eq!(run.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&run.stderr).contains("c.h5ad: the file changed since it was planned"));
 }
 
 #[test]
