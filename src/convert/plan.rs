@@ -480,6 +480,10 @@ pub fn finalize(out: &dyn Storage) -> anyhow::Result<ConvertSummary> {
         m.obs_fingerprint = Some(fingerprint::obs_fingerprint(text, &m.tile_cells, &sha256));
         m.obs_shard_sha256 = Some(sha256);
     }
+    // Temporary files of killed shard runs (their re-runs wrote the objects).
+    for key in stored.keys().filter(|k| k.contains("/.deltacells-")) {
+        out.delete(key)?;
+    }
     out.put(format::MANIFEST_KEY, Bytes::from(m.to_json()))?;
     // The dataset is complete; the plan's files are no longer needed.
     for key in out.list(".plan")? {

@@ -216,9 +216,11 @@ fn finalize_refuses_missing_corrupt_and_inconsistent_results() {
     assert!(run.stderr().contains("tile_000004.dct") && run.stderr().contains("shard 2/3"), "{}", run.stderr());
     assert!(!t.join("out/manifest.json").exists());
 
-    // re-running the shard mends it
+    // re-running the shard mends it; what a killed run left behind goes
     wait_ok(shard(&t, "out", &["-q", "--shard", "2/3"]).spawn().unwrap(), "shard 2/3 again");
+    std::fs::write(t.join("out/tiles/.deltacells-killed.tmp"), b"half a tile").unwrap();
     finalize(&t).expect_code(0);
+    assert!(!t.join("out/tiles/.deltacells-killed.tmp").exists());
     t.run(&["verify", "-q", "out"]).expect_code(0);
     let run = t.run(&["finalize", "out"]).expect_code(2);
     assert!(run.stderr().contains("complete"), "{}", run.stderr());
