@@ -326,8 +326,9 @@ fn retry_config() -> object_store::RetryConfig {
 }
 
 fn client_options(endpoint: Option<&str>) -> object_store::ClientOptions {
+    // A whole obs shard (tens of MB) must fit in one request's time on a slow link.
     let mut options = object_store::ClientOptions::new()
-        .with_timeout(Duration::from_secs(60))
+        .with_timeout(Duration::from_secs(300))
         .with_connect_timeout(Duration::from_secs(10));
     if endpoint.is_some_and(|e| e.starts_with("http://")) {
         options = options.with_allow_http(true);
