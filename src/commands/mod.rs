@@ -62,22 +62,30 @@ pub(crate) fn open_store(dataset: &str, args: &StoreArgs) -> anyhow::Result<Arc<
 struct IoReport {
     requests: u64,
     bytes: u64,
+    uploads: u64,
+    bytes_uploaded: u64,
     seconds: f64,
 }
 
-/// Prints the storage's request count, bytes and the elapsed time to stderr
+/// Prints the storage's request count, bytes (read and written) and the elapsed time to stderr
 /// when `--stats` was given (as JSON with `--json`).
 pub(crate) fn report_stats(store: &dyn Storage, args: &StoreArgs, started: Instant, json: bool) {
     if !args.stats {
         return;
     }
     let (requests, bytes) = store.stats().snapshot();
-    let report = IoReport { requests, bytes, seconds: started.elapsed().as_secs_f64() };
+    let (uploads, bytes_uploaded) = store.stats().uploads();
+    let report = IoReport { requests, bytes, uploads, bytes_uploaded, seconds: started.elapsed().as_secs_f64() };
     if json {
         eprintln!("{}", serde_json::json!({ "io": report }));
     } else {
+        let written = if report.uploads > 0 {
+            format!("; {} objects written, {}", report.uploads, indicatif::HumanBytes(report.bytes_uploaded))
+        } else {
+            String::new()
+        };
         eprintln!(
-            "io: {} requests, {} fetched, {:.2} s",
+            "io: {} requests, {} fetched{written}, {:.2} s",
             report.requests,
             indicatif::HumanBytes(report.bytes),
             report.seconds

@@ -1,3 +1,7 @@
+//! `shard` and `finalize`, steps 2 and 3 of a sharded conversion (`plan` is in
+//! convert.rs, beside convert, whose options it takes): which shard this
+//! worker is, progress for terminals and for cluster logs, and the reports.
+
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -69,12 +73,12 @@ impl ConvertProgress for LogLines {
         let total_nnz = self.nnz.fetch_add(nnz, Relaxed) + nnz;
         let seconds = self.started.elapsed().as_secs_f64().max(1e-9);
         eprintln!(
-            "{}: tile {index} written ({} cells, {} nonzeros); {} cells in {seconds:.1} s, {:.0} cells/s, {:.2} M nonzeros/s",
+            "{}: tile {index} written ({} cells, {} nonzeros); {} cells in {seconds:.1} s, {:.2} k cells/s, {:.2} M nonzeros/s",
             self.label,
             HumanCount(cells),
             HumanCount(nnz),
             HumanCount(total_cells),
-            total_cells as f64 / seconds,
+            total_cells as f64 / seconds / 1e3,
             total_nnz as f64 / seconds / 1e6
         );
     }

@@ -94,6 +94,7 @@ impl Storage for LocalStorage {
         std::io::Write::write_all(&mut tmp, &data).map_err(|e| self.io_err(key, e))?;
         tmp.as_file().sync_data().map_err(|e| self.io_err(key, e))?;
         tmp.persist(&path).map_err(|e| self.io_err(key, e.error))?;
+        self.stats.record_upload(data.len() as u64);
         Ok(())
     }
 

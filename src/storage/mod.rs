@@ -37,17 +37,31 @@ pub enum StorageError {
 pub struct IoStats {
     requests: AtomicU64,
     bytes: AtomicU64,
+    uploads: AtomicU64,
+    uploaded: AtomicU64,
 }
 
 impl IoStats {
+    /// One read request (GET, HEAD, listing) that fetched `bytes`.
     pub fn record(&self, bytes: u64) {
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    /// (requests, bytes) so far.
+    /// One object of `bytes` written.
+    pub fn record_upload(&self, bytes: u64) {
+        self.uploads.fetch_add(1, Ordering::Relaxed);
+        self.uploaded.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// (requests, bytes) read so far.
     pub fn snapshot(&self) -> (u64, u64) {
         (self.requests.load(Ordering::Relaxed), self.bytes.load(Ordering::Relaxed))
+    }
+
+    /// (objects, bytes) written so far.
+    pub fn uploads(&self) -> (u64, u64) {
+        (self.uploads.load(Ordering::Relaxed), self.uploaded.load(Ordering::Relaxed))
     }
 }
 

@@ -244,6 +244,7 @@ impl Storage for ObjectStorage {
 
     fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError> {
         let path = self.path(key);
+        let len = data.len() as u64;
         let result = runtime().block_on(async {
             if data.len() <= self.multipart_threshold {
                 self.store.put(&path, PutPayload::from(data)).await.map(|_| ())
@@ -256,7 +257,9 @@ impl Storage for ObjectStorage {
                 writer.finish().await.map(|_| ())
             }
         });
-        result.map_err(|e| self.err(key, e))
+        result.map_err(|e| self.err(key, e))?;
+        self.stats.record_upload(len);
+        Ok(())
     }
 
     fn delete(&self, key: &str) -> Result<(), StorageError> {

@@ -27,6 +27,8 @@ pub(crate) fn conformance(store: &dyn Storage) {
     assert_eq!(store.get("top.txt").unwrap(), None);
     let (requests, _) = store.stats().snapshot();
     assert!(requests >= 3);
+    // a.b.c.bin twice and top.txt: 10 + 1 + 3 bytes
+    assert_eq!(store.stats().uploads(), (3, 14));
 }
 
 #[test]
