@@ -3,23 +3,8 @@
 //! from ../shared/data/fetch-pbmc.sh (scripts/test.sh fetches them into
 //! data/pbmc); without them the test says so and is skipped.
 
-use std::path::PathBuf;
-
 use crate::convert::read_h5ad_rows;
-use crate::util::TestDir;
-
-fn pbmc() -> Option<(PathBuf, PathBuf)> {
-    let dir = std::env::var_os("DELTACELLS_PBMC")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/pbmc"));
-    let (a, b) = (dir.join("pbmc_ctrl.h5ad"), dir.join("pbmc_stim.h5ad"));
-    if a.is_file() && b.is_file() {
-        Some((a, b))
-    } else {
-        eprintln!("note: PBMC files not found in {}; real-data test skipped", dir.display());
-        None
-    }
-}
+use crate::util::{pbmc, TestDir};
 
 #[test]
 fn pbmc_converts_verifies_and_exports_back_to_the_same_counts() {

@@ -297,12 +297,9 @@ fn gcs_emulator_serves_a_dataset_uploaded_to_it() {
 
 #[test]
 fn localize_on_a_slow_store_makes_one_request_per_column_chunk() {
-    let dir = std::env::var_os("DELTACELLS_PBMC")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/pbmc"));
-    let ctrl = dir.join("pbmc_ctrl.h5ad");
-    if !ctrl.is_file() || std::env::var_os("DELTACELLS_PYTHON").is_none() {
-        eprintln!("note: PBMC files or DELTACELLS_PYTHON missing; slow-store test skipped");
+    let Some((ctrl, _)) = crate::util::pbmc() else { return };
+    if std::env::var_os("DELTACELLS_PYTHON").is_none() {
+        eprintln!("note: DELTACELLS_PYTHON not set; slow-store test skipped");
         return;
     }
     let t = TestDir::new();

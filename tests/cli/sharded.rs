@@ -1,7 +1,7 @@
 //! Sharded conversion: plan, shards as separate processes (concurrent, in
 //! reverse order, killed and re-run), finalize; byte-identical to convert.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -163,14 +163,7 @@ fn shards_of_several_files_with_obs_equal_one_convert() {
 
 #[test]
 fn pbmc_in_shards_equals_one_convert() {
-    let dir = std::env::var_os("DELTACELLS_PBMC")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/pbmc"));
-    let (ctrl, stim) = (dir.join("pbmc_ctrl.h5ad"), dir.join("pbmc_stim.h5ad"));
-    if !ctrl.is_file() || !stim.is_file() {
-        eprintln!("note: PBMC files not found in {}; sharded real-data test skipped", dir.display());
-        return;
-    }
+    let Some((ctrl, stim)) = crate::util::pbmc() else { return };
     let t = TestDir::new();
     // 13,999 cells: 14 tiles, 7 obs shards, so that 7 shards have 2 tiles each
     let layout = ["--tile-size", "1000", "--obs-tiles-per-file", "2", "--level", "3"];

@@ -171,3 +171,18 @@ pub fn python_script(script: &str, args: &[&str]) {
     assert!(out.status.success(), "Python check failed:\n{text}");
     eprint!("{text}");
 }
+
+/// The two real PBMC files (ctrl, stim) from $DELTACELLS_PBMC or data/pbmc
+/// (scripts/test.sh fetches them); None, with a note, where they are absent.
+pub fn pbmc() -> Option<(PathBuf, PathBuf)> {
+    let dir = std::env::var_os("DELTACELLS_PBMC")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/pbmc"));
+    let (a, b) = (dir.join("pbmc_ctrl.h5ad"), dir.join("pbmc_stim.h5ad"));
+    if a.is_file() && b.is_file() {
+        Some((a, b))
+    } else {
+        eprintln!("note: PBMC files not found in {}; real-data test skipped", dir.display());
+        None
+    }
+}
