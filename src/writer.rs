@@ -86,32 +86,43 @@ impl<'a> DatasetWriter<'a> {
 
     /// The manifest of what has been written so far.
     pub fn manifest(&self, flags: ManifestFlags, metadata: Map<String, Value>) -> Manifest {
-        Manifest {
-            format: manifest::FORMAT_NAME.to_string(),
-            version: manifest::FORMAT_VERSION,
-            n_cells: self.tiles.iter().map(|t| t.cells).sum(),
-            n_genes: self.n_genes.into(),
-            tile_size: self.options.tile_size,
-            tile_cells: self.tiles.iter().map(|t| t.cells).collect(),
-            tile_nnz: self.tiles.iter().map(|t| t.nnz).collect(),
-            tile_bytes: self.tiles.iter().map(|t| t.bytes).collect(),
-            n_chunks: self.options.n_chunks as u64,
-            zstd_level: self.options.zstd_level.into(),
-            has_gene_order: flags.gene_order,
-            has_var_names: flags.var_names,
-            has_var_table: flags.var_table,
-            has_obs: false,
-            obs_tiles_per_file: None,
-            obs_shard_bytes: None,
-            obs_shard_sha256: None,
-            obs_fingerprint: None,
-            metadata,
-        }
+        manifest_of(self.options, self.n_genes, &self.tiles, flags, metadata)
     }
 
     /// Writes manifest.json, last.
     pub fn finish(self, manifest: &Manifest) -> Result<(), StorageError> {
         self.storage.put(format::MANIFEST_KEY, Bytes::from(manifest.to_json()))
+    }
+}
+
+/// The manifest of a dataset of `tiles`, without obs (the caller adds it).
+pub fn manifest_of(
+    options: WriteOptions,
+    n_genes: u32,
+    tiles: &[TileRecord],
+    flags: ManifestFlags,
+    metadata: Map<String, Value>,
+) -> Manifest {
+    Manifest {
+        format: manifest::FORMAT_NAME.to_string(),
+        version: manifest::FORMAT_VERSION,
+        n_cells: tiles.iter().map(|t| t.cells).sum(),
+        n_genes: n_genes.into(),
+        tile_size: options.tile_size,
+        tile_cells: tiles.iter().map(|t| t.cells).collect(),
+        tile_nnz: tiles.iter().map(|t| t.nnz).collect(),
+        tile_bytes: tiles.iter().map(|t| t.bytes).collect(),
+        n_chunks: options.n_chunks as u64,
+        zstd_level: options.zstd_level.into(),
+        has_gene_order: flags.gene_order,
+        has_var_names: flags.var_names,
+        has_var_table: flags.var_table,
+        has_obs: false,
+        obs_tiles_per_file: None,
+        obs_shard_bytes: None,
+        obs_shard_sha256: None,
+        obs_fingerprint: None,
+        metadata,
     }
 }
 

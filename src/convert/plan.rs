@@ -28,11 +28,11 @@ use super::{
     ConvertProgress, ConvertSummary, Input, TileJob,
 };
 use crate::format::obs_schema::ObsSchema;
-use crate::format::{self, fingerprint, manifest, npy, Manifest, MAX_GENES};
+use crate::format::{self, fingerprint, npy, MAX_GENES};
 use crate::h5ad::H5adFile;
 use crate::obs::merge::ObsPlan;
 use crate::storage::Storage;
-use crate::writer::{DatasetWriter, WriteOptions};
+use crate::writer::{manifest_of, DatasetWriter, ManifestFlags, TileRecord, WriteOptions};
 
 /// Where the plan is, in the output.
 pub const PLAN_KEY: &str = ".plan/plan.json";
@@ -448,27 +448,12 @@ pub fn finalize(out: &dyn Storage) -> anyhow::Result<ConvertSummary> {
         check_size(format::obs_shard_key(s), *bytes, *by)?;
     }
 
-    let mut m = Manifest {
-        format: manifest::FORMAT_NAME.to_string(),
-        version: manifest::FORMAT_VERSION,
-        n_cells: plan.n_cells,
-        n_genes: plan.n_genes,
-        tile_size: plan.tile_size,
-        tile_cells: (0..n_tiles).map(|t| plan.tile_cells(t)).collect(),
-        tile_nnz: tiles.values().map(|((_, _, nnz), _)| *nnz).collect(),
-        tile_bytes: tiles.values().map(|((bytes, _, _), _)| *bytes).collect(),
-        n_chunks: plan.n_chunks as u64,
-        zstd_level: plan.zstd_level.into(),
-        has_gene_order: true,
-        has_var_names: true,
-        has_var_table: plan.var_table,
-        has_obs: false,
-        obs_tiles_per_file: None,
-        obs_shard_bytes: None,
-        obs_shard_sha256: None,
-        obs_fingerprint: None,
-        metadata: plan.metadata.clone(),
-    };
+    let records: Vec<TileRecord> = tiles
+        .iter()
+        .map(|(&t, ((bytes, _, nnz), _))| TileRecord { cells: plan.tile_cells(t), nnz: *nnz, bytes: *bytes })
+        .collect();
+    let flags = ManifestFlags { gene_order: true, var_names: true, var_table: plan.var_table };
+    let mut m = manifest_of(plan.write_options(), plan.n_genes as u32, &records, flags, plan.metadata.clone());
     if let Some(o) = &plan.obs {
         let location = out.location(format::OBS_SCHEMA_KEY);
         let text = out.get(format::OBS_SCHEMA_KEY)?.with_context(|| format!("{location}: missing"))?;
