@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use indicatif::{HumanBytes, HumanCount};
 
-use deltacells::convert::{finalize, run_shard, ConvertOptions, ConvertProgress};
+use deltacells::convert::{finalize, run_shard, ConvertProgress, MAX_IN_FLIGHT};
 
 use super::convert::{progress_bar, Bar};
 use crate::cli::{FinalizeArgs, ShardArgs};
@@ -93,7 +93,7 @@ pub(crate) fn run(args: &ShardArgs) -> anyhow::Result<ExitCode> {
     };
     let label = format!("shard {k}/{n}");
     let store = super::open_store(&args.out, &args.store)?;
-    let in_flight = ConvertOptions::default().max_in_flight;
+    let in_flight = MAX_IN_FLIGHT;
     let result = if super::show_progress(args.quiet) {
         let bar = progress_bar(false);
         bar.set_prefix(label.clone());

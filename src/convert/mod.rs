@@ -31,6 +31,11 @@ pub mod plan;
 
 pub use plan::{finalize, plan, run_shard, Plan, ShardResult};
 
+/// Tiles read but not yet written, by default. Each tile's chunks already use
+/// every core; one tile encoding while the next is read keeps memory at two
+/// tiles whatever the input size.
+pub const MAX_IN_FLIGHT: usize = 1;
+
 /// What to convert and how.
 #[derive(Clone, Debug)]
 pub struct ConvertOptions {
@@ -62,9 +67,7 @@ impl Default for ConvertOptions {
             obs: Some(ObsOptions::default()),
             overwrite: false,
             metadata: Map::new(),
-            // Each tile's chunks already use every core; one tile encoding while
-            // the next is read keeps memory at two tiles whatever the input size.
-            max_in_flight: 1,
+            max_in_flight: MAX_IN_FLIGHT,
         }
     }
 }
@@ -328,13 +331,12 @@ pub(crate) fn write_tiles(
     writer: &mut DatasetWriter<'_>,
     progress: &dyn ConvertProgress,
 ) -> anyhow::Result<Option<Vec<ShardRecord>>> {
-    let TileJob { inputs: scanned, matrix, remap, obs_plan, .. } = *job;
-    let options = job;
-    let tile_size = options.write.tile_size;
+    let TileJob { inputs, matrix, remap, obs_plan, .. } = *job;
+    let tile_size = job.write.tile_size;
     let n_genes = remap.len() as u32;
-    let encoder = TileEncoder::new(options.write.n_chunks, options.write.zstd_level);
-    let in_flight = options.max_in_flight.max(1);
-    let n_cells: u64 = scanned.iter().map(|i| i.n_rows).sum();
+    let encoder = TileEncoder::new(job.write.n_chunks, job.write.zstd_level);
+    let in_flight = job.max_in_flight.max(1);
+    let n_cells: u64 = inputs.iter().map(|i| i.n_rows).sum();
     let cells = (job.tiles.start as u64 * tile_size).min(n_cells)..(job.tiles.end as u64 * tile_size).min(n_cells);
     progress.phase("converting", cells.end - cells.start);
 
@@ -427,7 +429,7 @@ pub(crate) fn write_tiles(
             };
             // Only the inputs that hold the job's cells, and only those rows.
             let mut offset = 0u64;
-            for (i, input) in scanned.iter().enumerate() {
+            for (i, input) in inputs.iter().enumerate() {
                 let here = offset..offset + input.n_rows;
                 offset = here.end;
                 let (start, end) = (here.start.max(cells.start), here.end.min(cells.end));
@@ -483,7 +485,7 @@ pub(crate) fn write_tiles(
         Ok(shards) => Ok(shards),
         Err(TileFailure::Other(e)) => Err(e),
         Err(TileFailure::BadValue { input, row, gene, problem }) => {
-            let path = &scanned[input].path;
+            let path = &inputs[input].path;
             let file = H5adFile::open(path)?;
             let bad = BadValue { row, gene, problem };
             Err(describe_bad_value(&file, matrix, row, &bad).into())
