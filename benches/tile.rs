@@ -39,7 +39,7 @@ fn pbmc_tile() -> Option<CsrMatrix> {
         let mut x = file.matrix("X").ok()?;
         let take = left.min(x.n_rows());
         let raw = x.read_rows(0..take).ok()?;
-        rows.push(to_counts(&raw, x.n_cols() as u32, None).ok()?);
+        rows.push(to_counts(&raw, x.n_cols() as u32, None).ok()?.0);
         left -= take;
         if left == 0 {
             break;

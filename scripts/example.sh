@@ -6,7 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
-cargo build --release --quiet
+if [ ! -x target/release/deltacells ]; then
+  echo "example: first build (HDF5 from source among the dependencies): about 9 minutes on 2 cores" >&2
+fi
+cargo build --release
 bin=target/release/deltacells
 $bin convert --overwrite examples/pbmc_1k.h5ad out/pbmc_1k
 $bin info out/pbmc_1k

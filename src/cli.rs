@@ -1,6 +1,26 @@
 //! What the user types: clap derive types only.
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use deltacells::convert::GeneSet;
+
+/// `--genes`: which genes to store when the inputs' genes differ.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub(crate) enum GeneSetArg {
+    Same,
+    Intersection,
+    Union,
+}
+
+impl From<GeneSetArg> for GeneSet {
+    fn from(arg: GeneSetArg) -> GeneSet {
+        match arg {
+            GeneSetArg::Same => GeneSet::Same,
+            GeneSetArg::Intersection => GeneSet::Intersection,
+            GeneSetArg::Union => GeneSet::Union,
+        }
+    }
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -98,19 +118,20 @@ pub(crate) enum Command {
     Verify(VerifyArgs),
 }
 
-/// How to reach a dataset in an object store.
+/// How to reach a dataset in an object store. The heading is set on each
+/// option: a `next_help_heading` would also put every option declared after
+/// the flattened group under it.
 #[derive(Debug, Args, Clone, Default)]
-#[command(next_help_heading = "Object stores")]
 pub(crate) struct StoreArgs {
     /// Send no credentials (public buckets).
-    #[arg(long)]
+    #[arg(long, help_heading = "Object stores")]
     pub anonymous: bool,
     /// The store's address, for S3-compatible stores and emulators (else
     /// $AWS_ENDPOINT_URL for s3://, $STORAGE_EMULATOR_HOST for gs://).
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", help_heading = "Object stores")]
     pub endpoint: Option<String>,
     /// Print requests made, bytes fetched and seconds to stderr when done.
-    #[arg(long)]
+    #[arg(long, help_heading = "Object stores")]
     pub stats: bool,
 }
 
@@ -176,6 +197,14 @@ pub(crate) struct ConvertArgs {
     /// choose the gene order; 0 keeps the source order.
     #[arg(long, default_value_t = 10)]
     pub gene_order_files: usize,
+    /// Which genes to store when the inputs' genes differ. Inputs with the same
+    /// genes in another order are always aligned by name. `same` refuses
+    /// inputs whose gene sets differ; `intersection` keeps the genes every
+    /// input has (the nonzeros of the others are counted and left out);
+    /// `union` keeps every gene of any input (an input's missing genes are
+    /// zeros for its cells). Recorded in the manifest's metadata.
+    #[arg(long, value_enum, default_value = "same")]
+    pub genes: GeneSetArg,
     /// Do not write var.parquet.
     #[arg(long)]
     pub no_var: bool,
@@ -330,6 +359,9 @@ pub(crate) struct LocalizeArgs {
     /// The cache root.
     #[arg(long)]
     pub cache_dir: Option<String>,
+    /// Fetch the columns again even when the cache holds valid copies.
+    #[arg(long)]
+    pub force: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

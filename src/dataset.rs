@@ -8,14 +8,22 @@ use rayon::prelude::*;
 use crate::format::{self, npy, CsrMatrix, Manifest, ManifestError, TileError, TileExpectation};
 use crate::storage::{self, Storage, StorageError};
 
-/// Why a dataset could not be opened or read.
+/// Why a dataset could not be opened or read. Variants that wrap a cause name
+/// the place and leave the cause to `source()`: print the whole chain (anyhow's
+/// `{:#}`, or [`crate::error_chain`]) to see both.
 #[derive(Debug, thiserror::Error)]
 pub enum DatasetError {
     #[error("{location}: incomplete dataset: no manifest.json")]
     Incomplete { location: String },
+    #[error(
+        "{location}: incomplete dataset: a conversion into it was interrupted before its manifest.json was written; \
+         finish it with `deltacells shard {location} --shard K/N` for each shard whose result is missing (a single \
+         convert is shard 0/1) and then `deltacells finalize {location}`, or convert again with --overwrite"
+    )]
+    Unfinished { location: String },
     #[error("{location}: no dataset here (nothing at this location)")]
     Nothing { location: String },
-    #[error("{location}: {source}")]
+    #[error("{location}")]
     Manifest { location: String, source: ManifestError },
     #[error(transparent)]
     Storage(#[from] StorageError),
@@ -23,7 +31,7 @@ pub enum DatasetError {
     Missing { location: String, what: String },
     #[error("{location}: {message}")]
     Invalid { location: String, message: String },
-    #[error("{location}: tile {tile}: {source}")]
+    #[error("{location}: tile {tile}")]
     Tile { location: String, tile: usize, source: TileError },
     #[error("cell {cell} is out of range: the dataset has {n_cells} cells")]
     CellOutOfRange { cell: u64, n_cells: u64 },
@@ -228,16 +236,29 @@ pub fn read_manifest(storage: &dyn Storage) -> Result<Manifest, DatasetError> {
 pub fn no_manifest(storage: &dyn Storage) -> DatasetError {
     let location = storage.location("");
     if !storage.can_list() {
-        return DatasetError::Incomplete { location };
+        // A plain HTTP server cannot list: look for the files a dataset (or an
+        // unfinished conversion) holds besides its manifest.
+        let probes = [PLAN_KEY, format::GENE_ORDER_KEY, format::VAR_NAMES_KEY, &format::tile_key(0)];
+        return match probes.iter().map(|k| storage.size(k).map(|s| (k, s))).find(|r| !matches!(r, Ok((_, None)))) {
+            Some(Err(e)) => DatasetError::Storage(e),
+            Some(Ok((&k, _))) if k == PLAN_KEY => DatasetError::Unfinished { location },
+            Some(Ok(_)) => DatasetError::Incomplete { location },
+            None => DatasetError::Nothing { location },
+        };
     }
     match storage.list("") {
         Err(e) => DatasetError::Storage(e),
         Ok(keys) if keys.is_empty() => DatasetError::Nothing { location },
+        Ok(keys) if keys.iter().any(|k| k == PLAN_KEY) => DatasetError::Unfinished { location },
         Ok(_) => DatasetError::Incomplete { location },
     }
 }
 
-/// Cumulative sums: limits[i] is the first cell after tile i.
+/// Where a conversion keeps its plan until the manifest is written
+/// (`convert::plan`).
+pub(crate) const PLAN_KEY: &str = ".plan/plan.json";
+
+/// Cumulative sums: `limits[i]` is the first cell after tile i.
 pub fn cumulative(tile_cells: &[u64]) -> Vec<u64> {
     tile_cells
         .iter()

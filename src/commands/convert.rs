@@ -2,7 +2,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use indicatif::{HumanBytes, HumanCount, ProgressBar, ProgressStyle};
+use indicatif::{HumanBytes, HumanCount, ProgressBar, ProgressState, ProgressStyle};
 use serde_json::{Map, Value};
 
 use deltacells::convert::{convert, ConvertOptions, ConvertProgress};
@@ -15,12 +15,27 @@ use deltacells::writer::WriteOptions;
 use crate::cli::ConvertArgs;
 
 /// The progress bar: cells done of the phase's total, rate, ETA, current file.
+/// Notes go above it (or straight to stderr when there is no bar).
 pub(crate) struct Bar {
     pub(crate) bar: ProgressBar,
+    pub(crate) quiet: bool,
+}
+
+impl Bar {
+    pub(crate) fn new(quiet: bool) -> Bar {
+        Bar { bar: progress_bar(quiet), quiet }
+    }
 }
 
 impl ConvertProgress for Bar {
+    fn note(&self, message: &str) {
+        if !self.quiet {
+            self.bar.suspend(|| eprintln!("deltacells: note: {message}"));
+        }
+    }
     fn phase(&self, name: &str, total_cells: u64) {
+        // A phase of unknown length (scanning) spins instead of showing a full bar at 0/0.
+        self.bar.set_style(if total_cells == 0 { spinner_style() } else { bar_style() });
         self.bar.set_length(total_cells);
         self.bar.set_position(0);
         self.bar.set_prefix(name.to_string());
@@ -32,6 +47,35 @@ impl ConvertProgress for Bar {
     fn advance(&self, cells: u64) {
         self.bar.inc(cells);
     }
+}
+
+/// A rate in human units: `950 cells/s`, `19.5 k cells/s`, `1.25 M cells/s`.
+pub(crate) fn human_rate(per_second: f64, unit: &str) -> String {
+    if per_second >= 1e6 {
+        format!("{:.2} M {unit}/s", per_second / 1e6)
+    } else if per_second >= 1e4 {
+        format!("{:.1} k {unit}/s", per_second / 1e3)
+    } else {
+        format!("{per_second:.0} {unit}/s")
+    }
+}
+
+/// `1 tile`, `2 tiles`.
+pub(crate) fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{} {}", HumanCount(n), if n == 1 { one } else { many })
+}
+
+/// The file on a line of its own (so that a long name is never cut), the bar below.
+fn bar_style() -> ProgressStyle {
+    ProgressStyle::with_template("{prefix:>10} {msg}\n{bar:30} {human_pos}/{human_len} cells, {rate}, ETA {eta}")
+        .expect("valid template")
+        .with_key("rate", |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = w.write_str(&human_rate(state.per_sec(), "cells"));
+        })
+}
+
+fn spinner_style() -> ProgressStyle {
+    ProgressStyle::with_template("{prefix:>10} {spinner} {msg}").expect("valid template")
 }
 
 fn inputs_and_output(args: &ConvertArgs) -> anyhow::Result<(Vec<PathBuf>, String)> {
@@ -82,6 +126,7 @@ fn conversion(args: &ConvertArgs) -> anyhow::Result<Conversion> {
         matrix: args.matrix.clone(),
         write: WriteOptions { tile_size: args.tile_size, n_chunks: args.chunks as usize, zstd_level: args.level },
         gene_order_files: args.gene_order_files,
+        genes: args.genes.into(),
         write_var: !args.no_var,
         obs: (!args.no_obs).then(|| ObsOptions {
             names: !args.no_obs_names,
@@ -99,11 +144,7 @@ fn conversion(args: &ConvertArgs) -> anyhow::Result<Conversion> {
 /// A progress bar on a terminal, else nothing.
 pub(crate) fn progress_bar(quiet: bool) -> ProgressBar {
     if super::show_progress(quiet) {
-        let style = ProgressStyle::with_template(
-            "{prefix:>10} {bar:30} {human_pos}/{human_len} cells {per_sec} ETA {eta} {wide_msg}",
-        )
-        .expect("valid template");
-        ProgressBar::new(0).with_style(style)
+        ProgressBar::new(0).with_style(spinner_style())
     } else {
         ProgressBar::hidden()
     }
@@ -112,10 +153,9 @@ pub(crate) fn progress_bar(quiet: bool) -> ProgressBar {
 pub(crate) fn run_plan(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
     let started = std::time::Instant::now();
     let Conversion { inputs, out_path, store, options } = conversion(args).context("plan")?;
-    let bar = progress_bar(args.quiet);
-    let plan =
-        deltacells::convert::plan(&inputs, store.as_ref(), &options, &Bar { bar: bar.clone() }).context("plan")?;
-    bar.finish_and_clear();
+    let progress = Bar::new(args.quiet);
+    let plan = deltacells::convert::plan(&inputs, store.as_ref(), &options, &progress).context("plan")?;
+    progress.bar.finish_and_clear();
     let summary = serde_json::json!({
         "plan": plan.id,
         "n_cells": plan.n_cells,
@@ -128,11 +168,11 @@ pub(crate) fn run_plan(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
         super::print_json(&summary)?;
     } else if !args.quiet {
         println!(
-            "{out_path}: planned {} cells x {} genes in {} tiles; up to {} shards have work. Next: deltacells shard {out_path} --shard K/N (K = 0..N-1), then deltacells finalize {out_path}",
+            "{out_path}: planned {} cells x {} genes in {}; up to {} have work. Next: deltacells shard {out_path} --shard K/N (K = 0..N-1), then deltacells finalize {out_path}",
             HumanCount(plan.n_cells),
             HumanCount(plan.n_genes),
-            plan.n_tiles(),
-            plan.n_units()
+            plural(plan.n_tiles() as u64, "tile", "tiles"),
+            plural(plan.n_units() as u64, "shard", "shards")
         );
     }
     super::report_stats(store.as_ref(), &args.store, started, args.json);
@@ -142,23 +182,28 @@ pub(crate) fn run_plan(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
 pub(crate) fn run(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
     let started = std::time::Instant::now();
     let Conversion { inputs, out_path, store, options } = conversion(args).context("convert")?;
-    let bar = progress_bar(args.quiet);
-    let progress = Bar { bar: bar.clone() };
+    let progress = Bar::new(args.quiet);
     let summary = convert(&inputs, store.as_ref(), &options, &progress).context("convert")?;
-    bar.finish_and_clear();
+    progress.bar.finish_and_clear();
     if args.json {
         super::print_json(&summary)?;
     } else if !args.quiet {
         println!(
-            "{out_path}: {} cells x {} genes in {} tiles, {} ({:.3} bytes per nonzero, {} nonzeros) in {:.1} s",
+            "{out_path}: {} cells x {} genes in {}, {} ({:.3} bytes per nonzero, {} nonzeros) in {:.1} s",
             HumanCount(summary.n_cells),
             HumanCount(summary.n_genes),
-            summary.n_tiles,
+            plural(summary.n_tiles as u64, "tile", "tiles"),
             HumanBytes(summary.tile_bytes),
             summary.bytes_per_nonzero,
             HumanCount(summary.nnz),
             summary.seconds
         );
+        if summary.dropped_nonzeros > 0 {
+            println!(
+                "{out_path}: {} nonzeros of genes that not every input has were left out (--genes intersection)",
+                HumanCount(summary.dropped_nonzeros)
+            );
+        }
     }
     super::report_stats(store.as_ref(), &args.store, started, args.json);
     Ok(ExitCode::SUCCESS)

@@ -7,6 +7,7 @@ use indicatif::{HumanBytes, HumanCount};
 use deltacells::info::dataset_info;
 use deltacells::Dataset;
 
+use super::convert::plural;
 use crate::cli::InfoArgs;
 
 pub(crate) fn run(args: &InfoArgs) -> anyhow::Result<ExitCode> {
@@ -23,7 +24,12 @@ pub(crate) fn run(args: &InfoArgs) -> anyhow::Result<ExitCode> {
     writeln!(out, "dataset      {}", info.dataset)?;
     writeln!(out, "cells        {}", HumanCount(info.n_cells))?;
     writeln!(out, "genes        {}", HumanCount(info.n_genes))?;
-    writeln!(out, "tiles        {} of up to {} cells", HumanCount(info.n_tiles as u64), HumanCount(info.tile_size))?;
+    writeln!(
+        out,
+        "tiles        {} of up to {}",
+        HumanCount(info.n_tiles as u64),
+        plural(info.tile_size, "cell", "cells")
+    )?;
     writeln!(out, "nonzeros     {}", HumanCount(info.nnz))?;
     writeln!(
         out,
@@ -48,10 +54,10 @@ pub(crate) fn run(args: &InfoArgs) -> anyhow::Result<ExitCode> {
     if let Some(obs) = &info.obs {
         writeln!(
             out,
-            "obs          {} columns in {} shards of up to {} tiles, fingerprint {}",
-            obs.columns.len(),
-            obs.shards,
-            obs.tiles_per_file,
+            "obs          {} in {} of up to {}, fingerprint {}",
+            plural(obs.columns.len() as u64, "column", "columns"),
+            plural(obs.shards as u64, "shard", "shards"),
+            plural(obs.tiles_per_file, "tile", "tiles"),
             obs.fingerprint
         )?;
         let width = obs.columns.iter().map(|c| c.name.len()).max().unwrap_or(0);
@@ -61,8 +67,15 @@ pub(crate) fn run(args: &InfoArgs) -> anyhow::Result<ExitCode> {
         }
     }
     if let Some(var) = &info.var_columns {
-        let names: Vec<String> =
-            var.iter().map(|c| if c.is_index { format!("{} (index)", c.name) } else { c.name.clone() }).collect();
+        // pyarrow's name for an unnamed pandas index is no name a user gave.
+        let names: Vec<String> = var
+            .iter()
+            .map(|c| match (c.is_index, c.name.as_str()) {
+                (true, "__index_level_0__") => "(unnamed index)".to_string(),
+                (true, name) => format!("{name} (index)"),
+                (false, name) => name.to_string(),
+            })
+            .collect();
         writeln!(out, "var columns  {}", names.join(", "))?;
     }
     writeln!(out, "metadata     {}", serde_json::Value::Object(info.metadata.clone()))?;

@@ -25,6 +25,7 @@ struct ColumnInfo {
     arrow_type: String,
     n_categories: Option<usize>,
     fetch_bytes: u64,
+    fetch_requests: u64,
     cached: bool,
 }
 
@@ -35,6 +36,9 @@ struct ObsInfo {
     shards: usize,
     shard_bytes: u64,
     cache: String,
+    /// What any localize reads first, once: obs/schema.json and the shard footers.
+    open_requests: u64,
+    open_bytes: u64,
     columns: Vec<ColumnInfo>,
 }
 
@@ -56,15 +60,19 @@ fn info(args: &ObsInfoArgs) -> anyhow::Result<ExitCode> {
             arrow_type: c.arrow_type.clone(),
             n_categories: c.categories.as_ref().map(Vec::len),
             fetch_bytes: source.column_bytes(i),
+            fetch_requests: source.column_requests(),
             cached: cached_file_is_valid(&column_path(&root, obs.fingerprint, &c.name), &c.name, &manifest.tile_cells),
         })
         .collect();
+    let (open_requests, open_bytes) = source.opening_cost();
     let report = ObsInfo {
         dataset: ds.storage().location(""),
         fingerprint: obs.fingerprint.to_string(),
         shards: obs.shard_bytes.len(),
         shard_bytes: obs.shard_bytes.iter().sum(),
         cache: root.join(obs.fingerprint).join("obs").display().to_string(),
+        open_requests,
+        open_bytes,
         columns,
     };
     if args.json {
@@ -83,20 +91,33 @@ fn info(args: &ObsInfoArgs) -> anyhow::Result<ExitCode> {
         report.fingerprint
     )?;
     writeln!(out, "cache: {}", report.cache)?;
+    writeln!(
+        out,
+        "a localize first reads obs/schema.json and the shard footers ({} in {} requests), then the columns' chunks:",
+        HumanBytes(report.open_bytes),
+        report.open_requests
+    )?;
     let width = report.columns.iter().map(|c| c.name.len()).max().unwrap_or(4).max(6);
-    writeln!(out, "{:width$}  {:8}  {:6}  {:>10}  {:>12}  local", "column", "kind", "type", "categories", "fetch")?;
+    writeln!(
+        out,
+        "{:width$}  {:8}  {:6}  {:>10}  {:>12}  {:>8}  local",
+        "column", "kind", "type", "categories", "fetch", "requests"
+    )?;
     for c in &report.columns {
         let cats = c.n_categories.map_or(String::new(), |n| n.to_string());
         let local = if c.cached { "yes" } else { "no" };
         writeln!(
             out,
-            "{:width$}  {:8}  {:6}  {cats:>10}  {:>12}  {local}",
+            "{:width$}  {:8}  {:6}  {cats:>10}  {:>12}  {:>8}  {local}",
             c.name,
             c.kind,
             c.arrow_type,
-            HumanBytes(c.fetch_bytes).to_string()
+            HumanBytes(c.fetch_bytes).to_string(),
+            c.fetch_requests
         )?;
     }
+    drop(out);
+    super::report_stats(ds.storage().as_ref(), &args.store, started, false);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -119,7 +140,7 @@ fn run_localize(args: &LocalizeArgs) -> anyhow::Result<ExitCode> {
         args.columns.clone()
     };
     let root = cache_root(args.cache_dir.as_deref().map(Path::new));
-    let report = localize(ds.storage().as_ref(), manifest, &columns, &root).context("obs localize")?;
+    let report = localize(ds.storage().as_ref(), manifest, &columns, &root, args.force).context("obs localize")?;
     if args.json {
         super::print_json(&report)?;
     } else {

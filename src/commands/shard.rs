@@ -11,7 +11,7 @@ use indicatif::{HumanBytes, HumanCount};
 
 use deltacells::convert::{finalize, run_shard, ConvertProgress, MAX_IN_FLIGHT};
 
-use super::convert::{progress_bar, Bar};
+use super::convert::{human_rate, plural, Bar};
 use crate::cli::{FinalizeArgs, ShardArgs};
 
 /// Parses `K/N`.
@@ -73,13 +73,13 @@ impl ConvertProgress for LogLines {
         let total_nnz = self.nnz.fetch_add(nnz, Relaxed) + nnz;
         let seconds = self.started.elapsed().as_secs_f64().max(1e-9);
         eprintln!(
-            "{}: tile {index} written ({} cells, {} nonzeros); {} cells in {seconds:.1} s, {:.2} k cells/s, {:.2} M nonzeros/s",
+            "{}: tile {index} written ({} cells, {} nonzeros); {} cells in {seconds:.1} s, {}, {}",
             self.label,
             HumanCount(cells),
             HumanCount(nnz),
             HumanCount(total_cells),
-            total_cells as f64 / seconds / 1e3,
-            total_nnz as f64 / seconds / 1e6
+            human_rate(total_cells as f64 / seconds, "cells"),
+            human_rate(total_nnz as f64 / seconds, "nonzeros")
         );
     }
 }
@@ -95,10 +95,10 @@ pub(crate) fn run(args: &ShardArgs) -> anyhow::Result<ExitCode> {
     let store = super::open_store(&args.out, &args.store)?;
     let in_flight = MAX_IN_FLIGHT;
     let result = if super::show_progress(args.quiet) {
-        let bar = progress_bar(false);
-        bar.set_prefix(label.clone());
-        let r = run_shard(store.as_ref(), k, n, in_flight, &Bar { bar: bar.clone() });
-        bar.finish_and_clear();
+        let progress = Bar::new(false);
+        progress.bar.set_prefix(label.clone());
+        let r = run_shard(store.as_ref(), k, n, in_flight, &progress);
+        progress.bar.finish_and_clear();
         r
     } else if args.quiet {
         run_shard(store.as_ref(), k, n, in_flight, &deltacells::convert::NoProgress)
@@ -118,13 +118,13 @@ pub(crate) fn run(args: &ShardArgs) -> anyhow::Result<ExitCode> {
         let nnz: u64 = result.tile_nnz.iter().sum();
         let bytes: u64 = result.tile_bytes.iter().sum();
         println!(
-            "{label}: tiles {}..{} ({} cells, {} nonzeros, {}) and {} obs shards in {seconds:.1} s",
+            "{label}: tiles {}..{} ({} cells, {} nonzeros, {}) and {} in {seconds:.1} s",
             tiles.start,
             tiles.end,
             HumanCount(cells),
             HumanCount(nnz),
             HumanBytes(bytes),
-            result.obs_shard_bytes.len()
+            plural(result.obs_shard_bytes.len() as u64, "obs shard", "obs shards")
         );
     }
     super::report_stats(store.as_ref(), &args.store, started, args.json);
@@ -139,11 +139,11 @@ pub(crate) fn run_finalize(args: &FinalizeArgs) -> anyhow::Result<ExitCode> {
         super::print_json(&summary)?;
     } else if !args.quiet {
         println!(
-            "{}: {} cells x {} genes in {} tiles, {} ({:.3} bytes per nonzero, {} nonzeros); manifest written",
+            "{}: {} cells x {} genes in {}, {} ({:.3} bytes per nonzero, {} nonzeros); manifest written",
             Path::new(&args.out).display(),
             HumanCount(summary.n_cells),
             HumanCount(summary.n_genes),
-            summary.n_tiles,
+            plural(summary.n_tiles as u64, "tile", "tiles"),
             HumanBytes(summary.tile_bytes),
             summary.bytes_per_nonzero,
             HumanCount(summary.nnz)

@@ -50,9 +50,9 @@ pub(crate) fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
             writeln!(out, "{}: [{}] {}", store.location(&p.file), p.rule, p.message)?;
         }
         let summary = format!(
-            "{} tiles, {} cells, {} nonzeros, {} read in {:.2} s",
-            HumanCount(report.tiles_checked as u64),
-            HumanCount(report.cells),
+            "{}, {}, {} nonzeros, {} read in {:.2} s",
+            super::convert::plural(report.tiles_checked as u64, "tile", "tiles"),
+            super::convert::plural(report.cells, "cell", "cells"),
             HumanCount(report.nnz),
             HumanBytes(report.bytes_read),
             started.elapsed().as_secs_f64()
@@ -60,7 +60,8 @@ pub(crate) fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
         if report.ok {
             writeln!(out, "ok: {}: {summary}", report.dataset)?;
         } else {
-            writeln!(out, "FAILED: {}: {} problems; {summary}", report.dataset, report.problems.len())?;
+            let problems = super::convert::plural(report.problems.len() as u64, "problem", "problems");
+            writeln!(out, "FAILED: {}: {problems}; {summary}", report.dataset)?;
         }
     }
     super::report_stats(store.as_ref(), &args.store, started, args.json);

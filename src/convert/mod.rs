@@ -1,5 +1,5 @@
 //! Converting .h5ad files into a dataset, in three steps that may run in one
-//! process ([`convert`]) or as separate jobs on many machines ([`plan`]):
+//! process ([`convert`]) or as separate jobs on many machines ([`plan()`]):
 //! plan (scan the inputs, choose the gene order and obs schema, fix the tile
 //! layout, write the gene and obs tables), shards (each encodes a contiguous
 //! range of tiles and their obs shards), and finalize (check every shard's
@@ -21,14 +21,16 @@ use anyhow::{bail, Context};
 use serde_json::{Map, Value};
 
 use crate::format::{self, CsrMatrix, TileEncoder};
-use crate::h5ad::{to_counts, BadCount, BadValue, H5adError, H5adFile, RawRows};
+use crate::h5ad::{to_counts, BadCount, BadValue, H5adError, H5adFile, MatrixReader, RawRows};
 use crate::obs::merge::{ObsOptions, ObsPlan};
 use crate::obs::shard::{ShardRecord, ShardWriter};
 use crate::storage::Storage;
 use crate::writer::{DatasetWriter, WriteOptions};
 
+pub mod genes;
 pub mod plan;
 
+pub use genes::GeneSet;
 pub use plan::{finalize, plan, run_shard, Plan, ShardResult};
 
 /// Tiles read but not yet written, by default. Each tile's chunks already use
@@ -45,6 +47,8 @@ pub struct ConvertOptions {
     /// How many inputs are sampled for the gene order (decisions.md 12); 0
     /// keeps the source order.
     pub gene_order_files: usize,
+    /// Which genes are stored when the inputs' genes differ.
+    pub genes: GeneSet,
     /// Write var.parquet.
     pub write_var: bool,
     /// What to store of obs; None for no obs.
@@ -63,6 +67,7 @@ impl Default for ConvertOptions {
             matrix: "X".into(),
             write: WriteOptions::default(),
             gene_order_files: 10,
+            genes: GeneSet::Same,
             write_var: true,
             obs: Some(ObsOptions::default()),
             overwrite: false,
@@ -74,6 +79,9 @@ impl Default for ConvertOptions {
 
 /// Progress of a conversion, for a progress bar.
 pub trait ConvertProgress: Sync {
+    /// Something the user should know that is not an error (inputs aligned by
+    /// gene name, for example).
+    fn note(&self, _message: &str) {}
     /// A new phase begins ("scanning", "gene order", "converting").
     fn phase(&self, _name: &str, _total_cells: u64) {}
     /// Reading moved to another input file.
@@ -98,6 +106,8 @@ pub struct ConvertSummary {
     pub nnz: u64,
     pub tile_bytes: u64,
     pub bytes_per_nonzero: f64,
+    /// Nonzeros of genes left out (`--genes intersection`).
+    pub dropped_nonzeros: u64,
     pub seconds: f64,
 }
 
@@ -115,6 +125,8 @@ struct Part {
     input: usize,
     first_row: u64,
     rows: RawRows,
+    /// The input's column -> output column.
+    remap: std::sync::Arc<Vec<u32>>,
     obs: Option<arrow_array::RecordBatch>,
 }
 
@@ -129,6 +141,8 @@ struct EncodedTile {
     blob: Vec<u8>,
     cells: u64,
     nnz: u64,
+    /// Nonzeros of genes the dataset does not store.
+    dropped: u64,
     obs: Option<arrow_array::RecordBatch>,
 }
 
@@ -140,6 +154,9 @@ pub(crate) fn prepare_output(out: &dyn Storage, overwrite: bool) -> anyhow::Resu
         return Ok(());
     }
     if !overwrite {
+        if keys.iter().any(|k| k == plan::PLAN_KEY) && !keys.iter().any(|k| k == format::MANIFEST_KEY) {
+            return Err(crate::dataset::DatasetError::Unfinished { location: out.location("") }.into());
+        }
         bail!("{} is not empty; use --overwrite to replace the dataset in it", out.location(""));
     }
     out.delete(format::MANIFEST_KEY)?;
@@ -213,50 +230,71 @@ fn is_dataset_key(key: &str) -> bool {
         || [format::MANIFEST_KEY, format::GENE_ORDER_KEY, format::VAR_NAMES_KEY, format::VAR_TABLE_KEY].contains(&key)
 }
 
-/// Opens every input: the matrix's shape, and the same genes in the same order
-/// as the first file.
+/// The gene names of `file` that go with its matrix `m`, checked to be one per column.
+pub(crate) fn input_genes(file: &H5adFile, matrix: &str, m: &MatrixReader<'_>) -> Result<Vec<String>, H5adError> {
+    let var_group = file.var_group_for(matrix);
+    let names = file.dataframe_index(var_group)?;
+    if names.len() as u64 != m.n_cols() {
+        return Err(
+            file.invalid(var_group, format!("has {} genes but {matrix} has {} columns", names.len(), m.n_cols()))
+        );
+    }
+    Ok(names)
+}
+
+/// Opens every input: the matrix's shape, and its genes, from which the source
+/// genes are chosen as `genes` says.
 pub(crate) fn scan_inputs(
     inputs: &[PathBuf],
     matrix: &str,
+    genes: GeneSet,
     progress: &dyn ConvertProgress,
 ) -> anyhow::Result<(Vec<Input>, Vec<String>)> {
     progress.phase("scanning", 0);
     let mut scanned = Vec::with_capacity(inputs.len());
-    let mut reference: Option<Vec<String>> = None;
+    let mut source: Option<genes::SourceGenes> = None;
     for path in inputs {
         progress.file(path);
         let file = H5adFile::open(path)?;
         let m = file.matrix(matrix)?;
-        let var_group = H5adFile::var_group_for(matrix);
-        let names = file.dataframe_index(var_group)?;
-        if names.len() as u64 != m.n_cols() {
-            return Err(file
-                .invalid(var_group, format!("has {} genes but {matrix} has {} columns", names.len(), m.n_cols()))
-                .into());
-        }
-        match &reference {
-            None => reference = Some(names),
-            Some(first) => {
-                if let Some(diff) = first_difference(first, &names) {
-                    bail!(
-                        "{}: genes differ from {}: {diff}; every input must have the same genes in the same order",
-                        path.display(),
-                        inputs[0].display()
-                    );
-                }
-            }
+        let names = input_genes(&file, matrix, &m)?;
+        match &mut source {
+            None => source = Some(genes::SourceGenes::new(genes, path, names)),
+            Some(s) => s.add(path, &names)?,
         }
         let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
         scanned.push(Input { path: path.clone(), n_rows: m.n_rows(), bytes });
     }
-    Ok((scanned, reference.expect("at least one input")))
+    let source = source.expect("at least one input");
+    match source.aligned.as_slice() {
+        [] => {}
+        [one] => progress.note(&format!(
+            "{one} has the same genes as {} in another order; its columns are aligned by gene name",
+            inputs[0].display()
+        )),
+        many => progress.note(&format!(
+            "{} inputs have the same genes as {} in another order; their columns are aligned by gene name: {}{}",
+            many.len(),
+            inputs[0].display(),
+            many[..many.len().min(5)].join(", "),
+            if many.len() > 5 { ", ..." } else { "" }
+        )),
+    }
+    Ok((scanned, source.finish()))
 }
 
-fn first_difference(first: &[String], other: &[String]) -> Option<String> {
-    if let Some(i) = first.iter().zip(other).position(|(a, b)| a != b) {
-        return Some(format!("gene {i} is {:?} here and {:?} in the first file", other[i], first[i]));
-    }
-    (first.len() != other.len()).then(|| format!("{} genes here, {} in the first file", other.len(), first.len()))
+/// `file`'s column -> output column, given the source genes and `remap`
+/// (source gene -> output column).
+fn input_remap(
+    file: &H5adFile,
+    matrix: &str,
+    m: &MatrixReader<'_>,
+    source_genes: &[String],
+    remap: &[u32],
+) -> anyhow::Result<Option<Vec<u32>>> {
+    let names = input_genes(file, matrix, m)?;
+    let map = genes::column_map(file.path(), &names, source_genes)?;
+    Ok(map.map(|map| map.iter().map(|&g| if g == genes::DROPPED { g } else { remap[g as usize] }).collect()))
 }
 
 /// Total counts per gene over the sampled inputs.
@@ -264,9 +302,11 @@ pub(crate) fn gene_totals(
     scanned: &[Input],
     sampled: &[usize],
     matrix: &str,
-    n_genes: u32,
+    source_genes: &[String],
     progress: &dyn ConvertProgress,
 ) -> anyhow::Result<Vec<u64>> {
+    let n_genes = source_genes.len() as u32;
+    let identity: Vec<u32> = (0..n_genes).collect();
     let mut totals = vec![0u64; n_genes as usize];
     progress.phase("gene order", sampled.iter().map(|&i| scanned[i].n_rows).sum());
     for &i in sampled {
@@ -274,6 +314,7 @@ pub(crate) fn gene_totals(
         progress.file(&input.path);
         let file = H5adFile::open(&input.path)?;
         let mut m = file.matrix(matrix)?;
+        let map = input_remap(&file, matrix, &m, source_genes, &identity)?;
         // Reading (HDF5, this thread) overlaps checking and summing the block
         // read before (the rayon pool).
         let mut pending: Option<(u64, RawRows)> = None;
@@ -282,7 +323,11 @@ pub(crate) fn gene_totals(
             let end = (start + SCAN_ROWS).min(input.n_rows);
             let (next, counted) = rayon::join(
                 || if start < input.n_rows { m.read_rows(start..end).map(Some) } else { Ok(None) },
-                || pending.take().map(|(first, raw)| (first, raw.indptr.len() as u64 - 1, block_totals(&raw, n_genes))),
+                || {
+                    pending.take().map(|(first, raw)| {
+                        (first, raw.indptr.len() as u64 - 1, block_totals(&raw, n_genes, map.as_deref()))
+                    })
+                },
             );
             if let Some((first, rows, result)) = counted {
                 let block = result.map_err(|bad| describe_bad_value(&file, matrix, first + bad.row, &bad))?;
@@ -302,8 +347,8 @@ pub(crate) fn gene_totals(
 }
 
 /// Checks one block's values as counts and sums them per gene.
-fn block_totals(raw: &RawRows, n_genes: u32) -> Result<Vec<u64>, BadValue> {
-    let counts = to_counts(raw, n_genes, None)?;
+fn block_totals(raw: &RawRows, n_genes: u32, map: Option<&[u32]>) -> Result<Vec<u64>, BadValue> {
+    let (counts, _) = to_counts(raw, n_genes, map)?;
     let mut totals = vec![0u64; n_genes as usize];
     for (&g, &c) in counts.indices.iter().zip(&counts.data) {
         totals[g as usize] += u64::from(c);
@@ -316,6 +361,9 @@ pub(crate) struct TileJob<'a> {
     pub inputs: &'a [Input],
     pub matrix: &'a str,
     pub tiles: std::ops::Range<usize>,
+    /// The dataset's genes in source order (before sorting by counts).
+    pub source_genes: &'a [String],
+    /// Source gene -> output column.
     pub remap: &'a [u32],
     pub obs_plan: Option<&'a ObsPlan>,
     pub obs_tiles_per_file: u64,
@@ -323,15 +371,24 @@ pub(crate) struct TileJob<'a> {
     pub max_in_flight: usize,
 }
 
+/// What [`write_tiles`] wrote besides the tiles.
+pub(crate) struct TilesWritten {
+    /// The obs shards' records, when there is obs.
+    pub obs_shards: Option<Vec<ShardRecord>>,
+    /// Nonzeros of genes the dataset does not store.
+    pub dropped_nonzeros: u64,
+}
+
 /// Streams the cells of tiles `job.tiles` (from the inputs that hold them) into
 /// tiles, encodes them in parallel and writes them in order, with their obs
-/// shards; returns the obs shards' records.
+/// shards.
 pub(crate) fn write_tiles(
     job: &TileJob<'_>,
     writer: &mut DatasetWriter<'_>,
     progress: &dyn ConvertProgress,
-) -> anyhow::Result<Option<Vec<ShardRecord>>> {
-    let TileJob { inputs, matrix, remap, obs_plan, .. } = *job;
+) -> anyhow::Result<TilesWritten> {
+    let TileJob { inputs, matrix, source_genes, remap, obs_plan, .. } = *job;
+    let shared_remap = std::sync::Arc::new(remap.to_vec());
     let tile_size = job.write.tile_size;
     let n_genes = remap.len() as u32;
     let encoder = TileEncoder::new(job.write.n_chunks, job.write.zstd_level);
@@ -358,6 +415,7 @@ pub(crate) fn write_tiles(
             // indices relative to the first tile of the job
             let mut pending: BTreeMap<usize, EncodedTile> = BTreeMap::new();
             let mut next = 0usize;
+            let mut dropped_nonzeros = 0u64;
             let mut failure: Option<(usize, TileFailure)> = None;
             for (index, result) in done_rx {
                 match result {
@@ -397,22 +455,23 @@ pub(crate) fn write_tiles(
                             let _ = token_tx.send(());
                         }
                     }
-                    progress.advance(tile.cells);
+                    dropped_nonzeros += tile.dropped;
                     progress.tile_done(job.tiles.start + next, tile.cells, tile.nnz);
                     next += 1;
                     let _ = token_tx.send(());
                 }
             }
-            match failure {
-                Some((_, f)) => Err(f),
+            let obs_shards = match failure {
+                Some((_, f)) => return Err(f),
                 None => match shard_writer {
-                    Some(shards) => shards.finish(writer.storage()).map(Some).map_err(TileFailure::Other),
-                    None => Ok(None),
+                    Some(shards) => Some(shards.finish(writer.storage()).map_err(TileFailure::Other)?),
+                    None => None,
                 },
-            }
+            };
+            Ok(TilesWritten { obs_shards, dropped_nonzeros })
         });
 
-        let read_result = rayon::in_place_scope(|pool| -> Result<(), H5adError> {
+        let read_result = rayon::in_place_scope(|pool| -> anyhow::Result<()> {
             let mut parts: Vec<Part> = Vec::new();
             let mut cells_in_tile = 0u64;
             let mut tile_index = 0usize; // relative to job.tiles.start
@@ -423,7 +482,7 @@ pub(crate) fn write_tiles(
                 let done = done_tx.clone();
                 let encoder = &encoder;
                 pool.spawn(move |_| {
-                    let result = encode_tile(parts, cells, n_genes, remap, encoder);
+                    let result = encode_tile(parts, cells, n_genes, encoder);
                     let _ = done.send((index, result));
                 });
             };
@@ -443,11 +502,15 @@ pub(crate) fn write_tiles(
                 // (a file that cannot be read at all fails in open, below)
                 if let Ok(now) = std::fs::metadata(&input.path).map(|m| m.len()) {
                     if now != input.bytes {
-                        return Err(H5adError::Changed { path: input.path.clone(), was: input.bytes, now });
+                        return Err(H5adError::Changed { path: input.path.clone(), was: input.bytes, now }.into());
                     }
                 }
                 let file = H5adFile::open(&input.path)?;
                 let mut m = file.matrix(matrix)?;
+                let input_remap = match input_remap(&file, matrix, &m, source_genes, remap)? {
+                    Some(r) => std::sync::Arc::new(r),
+                    None => shared_remap.clone(),
+                };
                 let input_obs = obs_plan.map(|p| p.for_input(&file)).transpose()?;
                 let mut row = start - here.start;
                 let last = end - here.start;
@@ -458,7 +521,8 @@ pub(crate) fn write_tiles(
                         (Some(p), Some(maps)) => Some(p.batch(maps, &file, row..row + take)?),
                         _ => None,
                     };
-                    parts.push(Part { input: i, first_row: row, rows, obs });
+                    parts.push(Part { input: i, first_row: row, rows, remap: input_remap.clone(), obs });
+                    progress.advance(take);
                     row += take;
                     cells_in_tile += take;
                     if cells_in_tile == tile_size {
@@ -494,15 +558,10 @@ pub(crate) fn write_tiles(
 }
 
 /// Checks, remaps and encodes one tile's cells.
-fn encode_tile(
-    parts: Vec<Part>,
-    cells: u64,
-    n_genes: u32,
-    remap: &[u32],
-    encoder: &TileEncoder,
-) -> Result<EncodedTile, TileFailure> {
+fn encode_tile(parts: Vec<Part>, cells: u64, n_genes: u32, encoder: &TileEncoder) -> Result<EncodedTile, TileFailure> {
     let mut block = CsrMatrix::empty(n_genes);
-    let mut origin: Vec<(usize, u64, u64)> = Vec::with_capacity(parts.len()); // (input, first_row, first cell in tile)
+    // (input, first_row, first cell in tile, the input's remap)
+    let mut origin: Vec<(usize, u64, u64, std::sync::Arc<Vec<u32>>)> = Vec::with_capacity(parts.len());
     let obs_parts: Vec<arrow_array::RecordBatch> = parts.iter().filter_map(|p| p.obs.clone()).collect();
     let obs = match obs_parts.first() {
         Some(first) => Some(
@@ -512,28 +571,31 @@ fn encode_tile(
         None => None,
     };
     drop(obs_parts);
+    let mut dropped = 0u64;
     for part in parts {
-        origin.push((part.input, part.first_row, block.n_rows() as u64));
-        let counts = to_counts(&part.rows, n_genes, Some(remap)).map_err(|bad| TileFailure::BadValue {
-            input: part.input,
-            row: part.first_row + bad.row,
-            gene: bad.gene,
-            problem: bad.problem,
-        })?;
+        origin.push((part.input, part.first_row, block.n_rows() as u64, part.remap.clone()));
+        let (counts, part_dropped) =
+            to_counts(&part.rows, n_genes, Some(&part.remap)).map_err(|bad| TileFailure::BadValue {
+                input: part.input,
+                row: part.first_row + bad.row,
+                gene: bad.gene,
+                problem: bad.problem,
+            })?;
         drop(part.rows);
+        dropped += part_dropped;
         block.append(&counts);
     }
     debug_assert_eq!(block.n_rows() as u64, cells);
     let nnz = block.nnz() as u64;
     match encoder.encode(&block) {
-        Ok(blob) => Ok(EncodedTile { blob, cells, nnz, obs }),
+        Ok(blob) => Ok(EncodedTile { blob, cells, nnz, dropped, obs }),
         Err(e) => match e.cell_and_gene() {
             Some((cell, gene)) => {
-                let (input, first_row, first_cell) =
-                    *origin.iter().rev().find(|o| o.2 <= cell).expect("every cell comes from a part");
+                let (input, first_row, first_cell, remap) =
+                    origin.iter().rev().find(|o| o.2 <= cell).expect("every cell comes from a part");
                 let source_gene = remap.iter().position(|&j| j == gene).unwrap_or(gene as usize) as u64;
                 Err(TileFailure::BadValue {
-                    input,
+                    input: *input,
                     row: first_row + (cell - first_cell),
                     gene: source_gene,
                     problem: e.problem(),
@@ -554,7 +616,7 @@ fn describe_bad_value(file: &H5adFile, matrix: &str, row: u64, bad: &BadValue) -
         .map(|n| format!(" ({n})"))
         .unwrap_or_default();
     let gene_name =
-        file.dataframe_index(H5adFile::var_group_for(matrix)).ok().and_then(|n| n.get(bad.gene as usize).cloned());
+        file.dataframe_index(file.var_group_for(matrix)).ok().and_then(|n| n.get(bad.gene as usize).cloned());
     let var_name = gene_name.map(|n| format!(" ({n})")).unwrap_or_default();
     let hint = counts_hint(file, matrix).map(|m| format!("; {m} holds counts: use --matrix {m}")).unwrap_or_default();
     H5adError::BadCount(Box::new(BadCount {

@@ -35,7 +35,7 @@ use crate::storage::Storage;
 use crate::writer::{manifest_of, DatasetWriter, ManifestFlags, TileRecord, WriteOptions};
 
 /// Where the plan is, in the output.
-pub const PLAN_KEY: &str = ".plan/plan.json";
+pub const PLAN_KEY: &str = crate::dataset::PLAN_KEY;
 /// Where shard results are, in the output.
 pub const RESULTS_PREFIX: &str = ".plan/results";
 const PLAN_FORMAT: &str = "deltacells-plan";
@@ -136,6 +136,9 @@ pub struct ShardResult {
     pub first_obs_shard: usize,
     pub obs_shard_bytes: Vec<u64>,
     pub obs_shard_sha256: Vec<String>,
+    /// Nonzeros of genes the dataset does not store (`--genes intersection`).
+    #[serde(default)]
+    pub dropped_nonzeros: u64,
 }
 
 /// Step 1: scans the inputs and writes the plan, the gene tables and the obs
@@ -152,7 +155,7 @@ pub fn plan(
     if options.write.tile_size == 0 {
         bail!("--tile-size must be at least 1");
     }
-    let (scanned, var_names) = scan_inputs(inputs, &options.matrix, progress)?;
+    let (scanned, var_names) = scan_inputs(inputs, &options.matrix, options.genes, progress)?;
     let n_genes = var_names.len() as u64;
     if n_genes == 0 || n_genes > MAX_GENES {
         bail!("{}: {} has {n_genes} genes; a dataset needs 1..2^31", inputs[0].display(), options.matrix);
@@ -168,7 +171,7 @@ pub fn plan(
     prepare_output(out, options.overwrite)?;
 
     let sampled = sampled_inputs(scanned.len(), options.gene_order_files);
-    let totals = gene_totals(&scanned, &sampled, &options.matrix, n_genes as u32, progress)?;
+    let totals = gene_totals(&scanned, &sampled, &options.matrix, &var_names, progress)?;
     let order = gene_order_from_totals(&totals);
     let order_i32: Vec<i32> = order.iter().map(|&g| g as i32).collect();
     out.put(format::GENE_ORDER_KEY, Bytes::from(npy::write_i32(&order_i32)))?;
@@ -180,7 +183,23 @@ pub fn plan(
     out.put(format::VAR_NAMES_KEY, Bytes::from(names_text))?;
     if options.write_var {
         let first = H5adFile::open(&scanned[0].path)?;
-        let table = crate::obs::var_table::build(&first, H5adFile::var_group_for(&options.matrix), &order)?;
+        let first_genes = first.dataframe_index(first.var_group_for(&options.matrix))?;
+        // The first input's row of each stored gene (none for genes only later inputs have).
+        let first_rows: Vec<Option<u32>> = match super::genes::column_map(&scanned[0].path, &first_genes, &var_names)? {
+            None => order.iter().map(|&g| Some(g)).collect(),
+            Some(map) => {
+                let mut row_of = vec![None; var_names.len()];
+                for (row, &g) in map.iter().enumerate() {
+                    if g != super::genes::DROPPED {
+                        row_of[g as usize] = Some(row as u32);
+                    }
+                }
+                order.iter().map(|&g| row_of[g as usize]).collect()
+            }
+        };
+        let stored_names: Vec<&str> = order.iter().map(|&g| var_names[g as usize].as_str()).collect();
+        let table =
+            crate::obs::var_table::build(&first, first.var_group_for(&options.matrix), &first_rows, &stored_names)?;
         out.put(format::VAR_TABLE_KEY, Bytes::from(table))?;
     }
     if let Some(p) = &obs_plan {
@@ -194,6 +213,7 @@ pub fn plan(
         json!({
             "inputs": scanned.iter().map(|i| i.path.display().to_string()).collect::<Vec<_>>(),
             "matrix": options.matrix,
+            "genes": options.genes.as_str(),
             "gene_order_files": sampled.iter().map(|&i| scanned[i].path.display().to_string()).collect::<Vec<_>>(),
             "tile_size": options.write.tile_size,
             "n_chunks": options.write.n_chunks,
@@ -271,6 +291,15 @@ pub fn run_shard(
     for (j, &g) in order.iter().enumerate() {
         remap[g as usize] = j as u32;
     }
+    // The genes in source order, to map each input's columns by name.
+    let names_location = out.location(format::VAR_NAMES_KEY);
+    let names_bytes = out.get(format::VAR_NAMES_KEY)?.with_context(|| format!("{names_location}: missing"))?;
+    let mut stored_names = crate::dataset::parse_var_names(&names_bytes, plan.n_genes)
+        .map_err(|e| anyhow::anyhow!("{names_location}: {e}"))?;
+    let mut source_genes = vec![String::new(); order.len()];
+    for (j, &g) in order.iter().enumerate() {
+        source_genes[g as usize] = std::mem::take(&mut stored_names[j]);
+    }
 
     let obs_plan = match &plan.obs {
         None => None,
@@ -287,14 +316,16 @@ pub fn run_shard(
         inputs: &plan.inputs,
         matrix: &plan.matrix,
         tiles: tiles.clone(),
+        source_genes: &source_genes,
         remap: &remap,
         obs_plan: obs_plan.as_ref(),
         obs_tiles_per_file: plan.tiles_per_unit() as u64,
         write: plan.write_options(),
         max_in_flight,
     };
-    let shards = if tiles.is_empty() { None } else { write_tiles(&job, &mut writer, progress)? };
-    let shards = shards.unwrap_or_default();
+    let written = if tiles.is_empty() { None } else { Some(write_tiles(&job, &mut writer, progress)?) };
+    let dropped_nonzeros = written.as_ref().map_or(0, |w| w.dropped_nonzeros);
+    let shards = written.and_then(|w| w.obs_shards).unwrap_or_default();
     let result = ShardResult {
         format: RESULT_FORMAT.into(),
         plan: plan.id.clone(),
@@ -308,6 +339,7 @@ pub fn run_shard(
         first_obs_shard: tiles.start / plan.tiles_per_unit(),
         obs_shard_bytes: shards.iter().map(|s| s.bytes).collect(),
         obs_shard_sha256: shards.iter().map(|s| s.sha256.clone()).collect(),
+        dropped_nonzeros,
     };
     let mut text = serde_json::to_vec_pretty(&result)?;
     text.push(b'\n');
@@ -389,6 +421,9 @@ pub fn finalize(out: &dyn Storage) -> anyhow::Result<ConvertSummary> {
     let mut tiles: BTreeMap<usize, Entry> = BTreeMap::new();
     let mut obs: BTreeMap<usize, Entry> = BTreeMap::new();
     let mut seen: Vec<(usize, usize)> = Vec::new();
+    // Per first tile, so that a shard whose result appears twice (as K/N and
+    // as another split) is counted once.
+    let mut dropped: BTreeMap<usize, u64> = BTreeMap::new();
     for key in out.list(RESULTS_PREFIX)? {
         let Some((k, n)) = parse_result_key(&key).filter(|(k, n)| k < n) else {
             bail!("{}: not a shard result name (shard-K-of-N.json)", out.location(&key));
@@ -400,8 +435,10 @@ pub fn finalize(out: &dyn Storage) -> anyhow::Result<ConvertSummary> {
         for (i, s) in (r.first_obs_shard..).zip(0..r.obs_shard_bytes.len()) {
             record(&mut obs, i, (r.obs_shard_bytes[s], r.obs_shard_sha256[s].clone(), 0), (k, n), "obs shard")?;
         }
+        dropped.insert(r.first_tile, r.dropped_nonzeros);
         seen.push((k, n));
     }
+    let dropped_nonzeros: u64 = dropped.values().sum();
 
     let missing_tiles: Vec<usize> = (0..n_tiles).filter(|t| !tiles.contains_key(t)).collect();
     if !missing_tiles.is_empty() {
@@ -453,7 +490,13 @@ pub fn finalize(out: &dyn Storage) -> anyhow::Result<ConvertSummary> {
         .map(|(&t, ((bytes, _, nnz), _))| TileRecord { cells: plan.tile_cells(t), nnz: *nnz, bytes: *bytes })
         .collect();
     let flags = ManifestFlags { gene_order: true, var_names: true, var_table: plan.var_table };
-    let mut m = manifest_of(plan.write_options(), plan.n_genes as u32, &records, flags, plan.metadata.clone());
+    let mut metadata = plan.metadata.clone();
+    if let Some(Value::Object(convert)) = metadata.get_mut("convert") {
+        if convert.get("genes").is_some_and(|g| g == "intersection") {
+            convert.insert("dropped_nonzeros".into(), json!(dropped_nonzeros));
+        }
+    }
+    let mut m = manifest_of(plan.write_options(), plan.n_genes as u32, &records, flags, metadata);
     if let Some(o) = &plan.obs {
         let location = out.location(format::OBS_SCHEMA_KEY);
         let text = out.get(format::OBS_SCHEMA_KEY)?.with_context(|| format!("{location}: missing"))?;
@@ -484,6 +527,7 @@ pub fn finalize(out: &dyn Storage) -> anyhow::Result<ConvertSummary> {
         nnz,
         tile_bytes,
         bytes_per_nonzero: if nnz == 0 { 0.0 } else { tile_bytes as f64 / nnz as f64 },
+        dropped_nonzeros,
         seconds: started.elapsed().as_secs_f64(),
     })
 }

@@ -10,7 +10,7 @@ use arrow_array::{
 };
 use hdf5::types::{FloatSize, IntSize, TypeDescriptor};
 
-use super::{read_string_attr, read_strings, read_strings_range, H5adError, H5adFile};
+use super::{check_filters, read_string_attr, read_strings, read_strings_range, H5adError, H5adFile};
 
 /// The vocabulary of a categorical column, in its own type.
 #[derive(Clone, Debug, PartialEq)]
@@ -91,9 +91,19 @@ fn read_string_vec(ds: &hdf5::Dataset, rows: Rows<'_>) -> Result<Vec<String>, St
     }
 }
 
-/// A column of a type the format cannot store.
+/// A column of a type the format cannot store, with the way to leave it out.
 fn unsupported_type(file: &H5adFile, object: &str, what: impl std::fmt::Display) -> H5adError {
-    file.unsupported(object, format!("{what}; leave the column out with --obs-exclude (or --no-var)"))
+    let advice = match object.split_once('/') {
+        Some(("obs", column)) => {
+            let column = ["/values", "/codes", "/categories", "/mask"]
+                .iter()
+                .find_map(|part| column.strip_suffix(part))
+                .unwrap_or(column);
+            format!("leave the column out with --obs-exclude {column} (or all of obs with --no-obs)")
+        }
+        _ => "leave the gene table out with --no-var".to_string(),
+    };
+    file.unsupported(object, format!("{what}, which deltacells cannot store; {advice}"))
 }
 
 fn read_numeric(
@@ -193,7 +203,12 @@ pub fn read_column(
     let group = file.file().group(group_name).map_err(|_| file.invalid(group_name, "missing"))?;
     if let Ok(sub) = group.group(name) {
         let encoding = read_string_attr(&sub, "encoding-type").map_err(|e| file.invalid(&object, e))?;
-        let member = |m: &str| sub.dataset(m).map_err(|_| file.invalid(&format!("{object}/{m}"), "missing"));
+        let member = |m: &str| {
+            let member_object = format!("{object}/{m}");
+            let ds = sub.dataset(m).map_err(|_| file.invalid(&member_object, "missing"))?;
+            check_filters(file, &member_object, &ds)?;
+            Ok::<_, H5adError>(ds)
+        };
         let mask =
             |sub_object: &str| -> Result<Vec<bool>, H5adError> { read_bools(file, sub_object, &member("mask")?, rows) };
         return match encoding.as_deref() {
@@ -235,6 +250,7 @@ pub fn read_column(
         };
     }
     let ds = group.dataset(name).map_err(|_| file.invalid(&object, "missing"))?;
+    check_filters(file, &object, &ds)?;
     if ds.shape().len() != 1 {
         return Err(unsupported_type(file, &object, format!("a {}-D array", ds.shape().len())));
     }
@@ -269,8 +285,8 @@ pub fn read_column(
 /// (an empty float array when there are none), then any other member that is
 /// not the index or `__categories`.
 pub fn column_names(file: &H5adFile, group_name: &str) -> Result<Vec<String>, H5adError> {
-    let group = file.file().group(group_name).map_err(|_| file.invalid(group_name, "missing"))?;
     let (index_name, _) = file.index_dataset(group_name)?;
+    let group = file.file().group(group_name).map_err(|_| file.invalid(group_name, "missing"))?;
     let mut names: Vec<String> = match group.attr("column-order") {
         Ok(attr) if attr.size() > 0 => {
             let as_strings: Result<Vec<String>, String> = (|| {
@@ -285,7 +301,10 @@ pub fn column_names(file: &H5adFile, group_name: &str) -> Result<Vec<String>, H5
         _ => Vec::new(),
     };
     for member in group.member_names().unwrap_or_default() {
-        if member != index_name && member != "__categories" && !names.contains(&member) {
+        // A column named "a/b" (older anndata wrote such names) is the member
+        // "b" of a group "a"; it is listed under its real name by column-order.
+        let holds_listed = names.iter().any(|n| n.starts_with(&format!("{member}/")));
+        if member != index_name && member != "__categories" && !names.contains(&member) && !holds_listed {
             names.push(member);
         }
     }

@@ -142,6 +142,7 @@ impl H5adFile {
 
     /// The matrix at `name`: `X`, `raw/X` or `layers/NAME`.
     pub fn matrix(&self, name: &str) -> Result<MatrixReader<'_>, H5adError> {
+        let name = self.matrix_path(name);
         if !self.exists(name) {
             let mut message = "not found".to_string();
             let others = self.matrix_names();
@@ -230,7 +231,7 @@ impl H5adFile {
     pub fn matrix_names(&self) -> Vec<String> {
         let mut names = Vec::new();
         for n in ["X", "raw/X"] {
-            if self.exists(n) {
+            if self.exists(self.matrix_path(n)) {
                 names.push(n.to_string());
             }
         }
@@ -242,32 +243,95 @@ impl H5adFile {
         names
     }
 
-    /// The var (gene) table group that goes with matrix `name`: `raw/var` for
-    /// `raw/X`, `var` otherwise.
-    pub fn var_group_for(name: &str) -> &'static str {
-        if name == "raw/X" {
-            "raw/var"
+    /// Where matrix `name` is stored: itself, except that `raw/X` is `raw.X`
+    /// in files written before anndata 0.7, which kept raw as top-level
+    /// `raw.X` and `raw.var`.
+    fn matrix_path<'n>(&self, name: &'n str) -> &'n str {
+        if name == "raw/X" && !self.exists("raw/X") && self.file.link_exists("raw.X") {
+            "raw.X"
         } else {
-            "var"
+            name
         }
+    }
+
+    /// The var (gene) table group that goes with matrix `name`: `raw/var` for
+    /// `raw/X` (`raw.var` in files before anndata 0.7), `var` otherwise.
+    pub fn var_group_for(&self, name: &str) -> &'static str {
+        match self.matrix_path(name) {
+            "raw/X" => "raw/var",
+            "raw.X" => "raw.var",
+            _ => "var",
+        }
+    }
+
+    /// The dataframe group `group_name` (obs, var), or an error naming what is
+    /// there instead.
+    fn dataframe_group(&self, group_name: &str) -> Result<hdf5::Group, H5adError> {
+        if let Ok(group) = self.file.group(group_name) {
+            return Ok(group);
+        }
+        if self.file.dataset(group_name).is_ok() {
+            return Err(self.unsupported(
+                group_name,
+                "a compound dataset, the layout of anndata before 0.7 (2019); anndata still reads it: \
+                 write it again with a current anndata, anndata.read_h5ad(path).write_h5ad(new_path)",
+            ));
+        }
+        Err(self.invalid(group_name, "missing"))
     }
 
     /// The name (the `_index` attribute, "_index" when absent) and dataset of
     /// the index of a dataframe group such as `obs` or `var`.
     pub fn index_dataset(&self, group_name: &str) -> Result<(String, hdf5::Dataset), H5adError> {
-        let group = self.file.group(group_name).map_err(|_| self.invalid(group_name, "missing"))?;
+        let group = self.dataframe_group(group_name)?;
         let index = read_string_attr(&group, "_index")
             .map_err(|e| self.invalid(group_name, e))?
             .unwrap_or_else(|| "_index".into());
         let object = format!("{group_name}/{index}");
         let ds = group.dataset(&index).map_err(|_| self.invalid(&object, "the index column is missing"))?;
+        check_filters(self, &object, &ds)?;
         Ok((index, ds))
+    }
+
+    /// Rows `rows` (all when None) of the index (names) of a dataframe group
+    /// such as `obs` or `var`. Besides strings, reads an index stored as an
+    /// old-style categorical (anndata before 0.8: codes in the column, the
+    /// names in `__categories/<index>`), as anndata does.
+    pub fn index_rows(&self, group_name: &str, rows: Option<Range<usize>>) -> Result<Vec<String>, H5adError> {
+        let (index, ds) = self.index_dataset(group_name)?;
+        let object = format!("{group_name}/{index}");
+        let categories_object = format!("{group_name}/__categories/{index}");
+        if let Ok(categories) = self.file.dataset(&categories_object) {
+            let names = read_strings(&categories).map_err(|e| self.invalid(&categories_object, e))?;
+            let codes: Vec<i64> = match &rows {
+                None => ds.read_raw::<i64>(),
+                Some(r) => ds.read_slice_1d::<i64, _>(r.clone()).map(|a| a.to_vec()),
+            }
+            .map_err(|e| self.invalid(&object, first_line(&h5err(e))))?;
+            let first = rows.as_ref().map_or(0, |r| r.start);
+            return codes
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| {
+                    usize::try_from(c).ok().and_then(|c| names.get(c).cloned()).ok_or_else(|| {
+                        self.invalid(
+                            &format!("{object}[{}]", first + i),
+                            format!("code {c} is not one of the {} names in {categories_object}", names.len()),
+                        )
+                    })
+                })
+                .collect();
+        }
+        match rows {
+            None => read_strings(&ds),
+            Some(r) => read_strings_range(&ds, r),
+        }
+        .map_err(|e| self.invalid(&object, e))
     }
 
     /// The index (names) of a dataframe group such as `obs` or `var`.
     pub fn dataframe_index(&self, group_name: &str) -> Result<Vec<String>, H5adError> {
-        let (index, ds) = self.index_dataset(group_name)?;
-        read_strings(&ds).map_err(|e| self.invalid(&format!("{group_name}/{index}"), e))
+        self.index_rows(group_name, None)
     }
 
     /// The cell names, or None when the file has no readable obs index.
@@ -280,7 +344,51 @@ fn first_line(s: &str) -> String {
     s.lines().next().unwrap_or("").to_string()
 }
 
+/// An HDF5 filter, by its registered id (the HDF Group's list), as words.
+fn filter_name(id: i32) -> String {
+    let name = match id {
+        1 => "gzip (deflate)",
+        2 => "shuffle",
+        3 => "fletcher32",
+        4 => "szip",
+        5 => "n-bit",
+        6 => "scale-offset",
+        307 => "bzip2",
+        32000 => "LZF",
+        32001 => "Blosc",
+        32004 => "LZ4",
+        32008 => "bitshuffle",
+        32013 => "ZFP",
+        32015 => "Zstandard",
+        32017 => "SZ",
+        32026 => "Blosc2",
+        _ => return "a filter that is not in HDF5's registry".into(),
+    };
+    format!("the {name} filter")
+}
+
+/// Refuses, in plain words, a dataset compressed with a filter this build cannot
+/// decode (HDF5's own error names a plugin folder of the build machine instead).
+pub(crate) fn check_filters(file: &H5adFile, object: &str, ds: &hdf5::Dataset) -> Result<(), H5adError> {
+    for filter in ds.filters() {
+        if !filter.is_available() {
+            let id = filter.id();
+            return Err(file.unsupported(
+                object,
+                format!(
+                    "compressed with {} (HDF5 filter {id}), which deltacells cannot decode (it reads \
+                     gzip, LZF, shuffle and fletcher32); rewrite the file with one of those, for example \
+                     anndata.read_h5ad(path).write_h5ad(new_path, compression=\"gzip\")",
+                    filter_name(id)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn check_numeric(file: &H5adFile, object: &str, ds: &hdf5::Dataset) -> Result<(), H5adError> {
+    check_filters(file, object, ds)?;
     let desc =
         ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.unsupported(object, first_line(&h5err(e))))?;
     match desc {
@@ -439,11 +547,17 @@ pub struct BadValue {
     pub problem: String,
 }
 
+/// A column that [`to_counts`] leaves out (a gene the dataset does not store).
+pub const DROPPED_COLUMN: u32 = u32::MAX;
+
 /// Turns stored rows into counts: every value must be a whole number in
 /// 0..2^31-1; zeros are dropped, column indices are mapped through `remap`
 /// (source column -> output column) when given, sorted within each row, and
-/// duplicates summed.
-pub fn to_counts(raw: &RawRows, n_cols: u32, remap: Option<&[u32]>) -> Result<CsrMatrix, BadValue> {
+/// duplicates summed. Columns that `remap` maps to [`DROPPED_COLUMN`] are left
+/// out (after their values were checked); the second value counts their
+/// nonzeros.
+pub fn to_counts(raw: &RawRows, n_cols: u32, remap: Option<&[u32]>) -> Result<(CsrMatrix, u64), BadValue> {
+    let mut dropped = 0u64;
     let mut out = CsrMatrix::empty(n_cols);
     out.indices.reserve(raw.indices.len());
     out.data.reserve(raw.values.len());
@@ -471,6 +585,10 @@ pub fn to_counts(raw: &RawRows, n_cols: u32, remap: Option<&[u32]>) -> Result<Cs
                 continue;
             }
             let column = remap.map_or(source, |m| m[source as usize]);
+            if column == DROPPED_COLUMN {
+                dropped += 1;
+                continue;
+            }
             if previous.is_some_and(|p| column <= p) {
                 sorted = false;
             }
@@ -509,7 +627,7 @@ pub fn to_counts(raw: &RawRows, n_cols: u32, remap: Option<&[u32]>) -> Result<Cs
         }
         out.indptr.push(out.indices.len() as u64);
     }
-    Ok(out)
+    Ok((out, dropped))
 }
 
 #[cfg(test)]
@@ -531,13 +649,17 @@ mod tests {
     #[test]
     fn counts_are_cleaned() {
         // explicit zero dropped, unsorted sorted, duplicates summed
-        let m = to_counts(&raw(&[&[(3, 2.0), (1, 0.0), (0, 1.0), (3, 5.0)], &[]]), 5, None).unwrap();
+        let (m, _) = to_counts(&raw(&[&[(3, 2.0), (1, 0.0), (0, 1.0), (3, 5.0)], &[]]), 5, None).unwrap();
         assert_eq!(m.indptr, vec![0, 2, 2]);
         assert_eq!(m.indices, vec![0, 3]);
         assert_eq!(m.data, vec![1, 7]);
         // remapped columns are sorted in output order
-        let m = to_counts(&raw(&[&[(0, 1.0), (1, 2.0), (2, 3.0)]]), 3, Some(&[2, 0, 1])).unwrap();
-        assert_eq!((m.indices, m.data), (vec![0, 1, 2], vec![2, 3, 1]));
+        let (m, dropped) = to_counts(&raw(&[&[(0, 1.0), (1, 2.0), (2, 3.0)]]), 3, Some(&[2, 0, 1])).unwrap();
+        assert_eq!((m.indices, m.data, dropped), (vec![0, 1, 2], vec![2, 3, 1], 0));
+        // columns mapped to DROPPED_COLUMN are left out and counted
+        let (m, dropped) =
+            to_counts(&raw(&[&[(0, 1.0), (1, 2.0), (2, 3.0)], &[(1, 4.0)]]), 2, Some(&[1, DROPPED_COLUMN, 0])).unwrap();
+        assert_eq!((m.indptr, m.indices, m.data, dropped), (vec![0, 2, 2], vec![0, 1], vec![3, 1], 2));
     }
 
     #[test]

@@ -53,10 +53,22 @@ fn append<T: hdf5::H5Type + Copy>(ds: &hdf5::Dataset, at: u64, values: &[T]) -> 
 }
 
 impl H5adWriter {
-    /// Starts `path` (written as `path.tmp-<pid>` until finished).
+    /// Starts `path`, written as `.NAME.tmp-<pid>` beside it until finished.
+    /// Such files left by earlier runs that died (their process is gone) are
+    /// removed first; on any error the temporary file is removed too.
     pub fn create(path: &Path, n_cols: u32) -> hdf5::Result<H5adWriter> {
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        remove_stale_temporaries(path, &name);
         let tmp = path.with_file_name(format!(".{name}.tmp-{}", std::process::id()));
+        let started = Self::start(path, &tmp, n_cols);
+        if started.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        started
+    }
+
+    fn start(path: &Path, tmp: &Path, n_cols: u32) -> hdf5::Result<H5adWriter> {
+        let tmp = tmp.to_path_buf();
         let file = hdf5::File::create(&tmp)?;
         encoding(&file, "anndata", "0.1.0")?;
         let x = file.create_group("X")?;
@@ -88,6 +100,15 @@ impl H5adWriter {
     /// Writes obs and var (their names as the index), the shape, and renames
     /// the file into place.
     pub fn finish(self, obs_names: &[String], var_names: &[String]) -> hdf5::Result<()> {
+        let tmp = self.tmp.clone();
+        let finished = self.finish_file(obs_names, var_names);
+        if finished.is_err() {
+            let _ = std::fs::remove_file(tmp);
+        }
+        finished
+    }
+
+    fn finish_file(self, obs_names: &[String], var_names: &[String]) -> hdf5::Result<()> {
         let x = self.file.group("X")?;
         x.new_attr::<i64>().shape(2).create("shape")?.write_raw(&[self.rows as i64, i64::from(self.n_cols)])?;
         for (group, names) in [("obs", obs_names), ("var", var_names)] {
@@ -114,5 +135,24 @@ impl H5adWriter {
         let tmp = self.tmp.clone();
         drop(self);
         let _ = std::fs::remove_file(tmp);
+    }
+}
+
+/// Removes `.NAME.tmp-<pid>` files beside `path` whose process no longer runs
+/// (an export that was killed); those of running processes are left alone.
+fn remove_stale_temporaries(path: &Path, name: &str) {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let prefix = format!(".{name}.tmp-");
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else { continue };
+        let Ok(pid) = pid.parse::<u32>() else { continue };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(entry.path());
+        }
     }
 }

@@ -66,9 +66,36 @@ pub fn column_path(root: &Path, fingerprint: &str, column: &str) -> PathBuf {
     column_dir(root, fingerprint).join(format!("{}.arrow", quote(column)))
 }
 
+/// The record of a cache file's size and CRC-32, written beside it when it is
+/// localized: `<quoted name>.arrow.crc32`. It is ours, not the format's: a
+/// cache file written by another reader has none and is checked by structure
+/// only.
+pub fn checksum_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".crc32");
+    path.with_file_name(name)
+}
+
+/// `bytes crc32` (decimal size, 8 hex digits) of the file at `path`.
+fn file_checksum(path: &Path) -> std::io::Result<String> {
+    let data = std::fs::read(path)?;
+    Ok(format!("{} {:08x}\n", data.len(), crc32fast::hash(&data)))
+}
+
 /// Whether `path` is a complete cache file for a dataset with these tiles: one
-/// record batch per tile with that tile's rows, one field named `column`.
+/// record batch per tile with that tile's rows, one field named `column`, and,
+/// when a checksum was recorded at localize time, the same size and CRC-32 (so
+/// that a file damaged in place is not trusted).
 pub fn cached_file_is_valid(path: &Path, column: &str, tile_cells: &[u64]) -> bool {
+    match std::fs::read_to_string(checksum_path(path)) {
+        Ok(recorded) => {
+            if file_checksum(path).ok().as_deref() != Some(recorded.as_str()) {
+                return false;
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(_) => return false,
+    }
     let Ok(file) = File::open(path) else { return false };
     let Ok(reader) = arrow_ipc::reader::FileReader::try_new(file, None) else { return false };
     let schema = reader.schema();
@@ -191,7 +218,9 @@ pub struct ObsSource<'a> {
     manifest: &'a Manifest,
     pub schema: ObsSchema,
     footers: Vec<Footer>,
-    pub requests: u64,
+    /// Requests made to open it: the schema and the footers.
+    requests: u64,
+    schema_bytes: u64,
 }
 
 impl<'a> ObsSource<'a> {
@@ -220,10 +249,21 @@ impl<'a> ObsSource<'a> {
             footers.push(footer);
             requests += n;
         }
-        Ok(ObsSource { storage, manifest, schema, footers, requests })
+        Ok(ObsSource { storage, manifest, schema, footers, requests, schema_bytes: schema_bytes.len() as u64 })
     }
 
-    /// The bytes a localize would fetch for `column`: its chunk in every row
+    /// What opening the obs costs, before any column: obs/schema.json and
+    /// each shard's footer (requests, bytes).
+    pub fn opening_cost(&self) -> (u64, u64) {
+        (self.requests, self.schema_bytes + self.footers.iter().map(|f| f.tail.1.len() as u64).sum::<u64>())
+    }
+
+    /// The requests a localize makes for `column`: one per row group.
+    pub fn column_requests(&self) -> u64 {
+        self.footers.iter().map(|f| f.metadata.num_row_groups() as u64).sum()
+    }
+
+    /// The bytes a localize fetches for `column`: its chunk in every row
     /// group of every shard.
     pub fn column_bytes(&self, column: usize) -> u64 {
         self.footers
@@ -320,7 +360,7 @@ fn write_ipc(path: &Path, column: &str, batches: &[RecordBatch]) -> anyhow::Resu
     let schema = Arc::new(Schema::new(vec![field
         .unwrap_or_else(|| Field::new(column, arrow_schema::DataType::Utf8, true))
         .with_name(column)]));
-    let mut tmp = tempfile::Builder::new().prefix(".deltacells-").suffix(".tmp").tempfile_in(dir)?;
+    let mut tmp = crate::storage::temp_file_in(dir)?;
     {
         let mut writer = arrow_ipc::writer::FileWriter::try_new(tmp.as_file_mut(), &schema)?;
         for b in batches {
@@ -329,7 +369,11 @@ fn write_ipc(path: &Path, column: &str, batches: &[RecordBatch]) -> anyhow::Resu
         writer.finish()?;
     }
     tmp.as_file().sync_all()?;
+    let checksum = file_checksum(tmp.path())?;
     tmp.persist(path).map_err(|e| e.error)?;
+    let mut sum = crate::storage::temp_file_in(dir)?;
+    std::io::Write::write_all(&mut sum, checksum.as_bytes())?;
+    sum.persist(checksum_path(path)).map_err(|e| e.error)?;
     Ok(())
 }
 
@@ -345,11 +389,15 @@ fn remove_stale_temporaries(dir: &Path) {
 }
 
 /// Localizes `columns` of the dataset into the cache under `root`.
+///
+/// A column already in the cache and valid ([`cached_file_is_valid`]) is not
+/// fetched again, unless `force`.
 pub fn localize(
     storage: &dyn Storage,
     manifest: &Manifest,
     columns: &[String],
     root: &Path,
+    force: bool,
 ) -> anyhow::Result<LocalizeReport> {
     let started = Instant::now();
     let obs = manifest.obs().ok_or_else(|| anyhow::anyhow!("{}: the dataset has no obs", storage.location("")))?;
@@ -371,11 +419,12 @@ pub fn localize(
         remove_stale_temporaries(&dir);
         let path = column_path(root, obs.fingerprint, name);
         if path.exists() {
-            if cached_file_is_valid(&path, name, &manifest.tile_cells) {
+            if !force && cached_file_is_valid(&path, name, &manifest.tile_cells) {
                 report.already_local.push(name.clone());
                 continue;
             }
             std::fs::remove_file(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            let _ = std::fs::remove_file(checksum_path(&path));
             report.replaced.push(name.clone());
         }
         if source.is_none() {
@@ -396,8 +445,9 @@ pub fn localize(
         drop(lock);
     }
     if let Some(src) = &source {
-        report.requests += src.requests;
-        report.bytes += src.footers.iter().map(|f| f.tail.1.len() as u64).sum::<u64>();
+        let (requests, bytes) = src.opening_cost();
+        report.requests += requests;
+        report.bytes += bytes;
     }
     report.seconds = started.elapsed().as_secs_f64();
     Ok(report)

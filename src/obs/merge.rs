@@ -22,7 +22,7 @@ use serde_json::Value;
 use super::{arrow_type_from_name, arrow_type_name};
 use crate::format::obs_schema::{ObsColumn, ObsKind, ObsSchema, SCHEMA_FORMAT, SCHEMA_VERSION};
 use crate::h5ad::frame::{column_names, read_column, Categories, FrameColumn};
-use crate::h5ad::{read_strings_range, H5adError, H5adFile};
+use crate::h5ad::{H5adError, H5adFile};
 
 /// What convert stores of obs.
 #[derive(Clone, Debug)]
@@ -175,11 +175,6 @@ fn common_numeric(a: &DataType, b: &DataType) -> DataType {
     }
 }
 
-/// The obs columns of a file that are stored: all but the excluded ones.
-fn stored_columns(file: &H5adFile, exclude: &[String]) -> Result<Vec<String>, H5adError> {
-    Ok(column_names(file, "obs")?.into_iter().filter(|n| !exclude.contains(n)).collect())
-}
-
 fn shape_of(column: FrameColumn) -> Shape {
     match column {
         FrameColumn::Category { categories, .. } => Shape::Category(categories),
@@ -198,6 +193,8 @@ impl ObsPlan {
         let mut first_with: Option<usize> = None;
         let mut first_without: Option<usize> = None;
         let mut names: Vec<String> = Vec::new();
+        // Every obs column of any input, to check the excluded names against.
+        let mut every_name: Vec<String> = Vec::new();
         // per column: per input, its shape
         let mut shapes: HashMap<String, Vec<Shape>> = HashMap::new();
         for (i, path) in inputs.iter().enumerate() {
@@ -206,7 +203,13 @@ impl ObsPlan {
                 first_without.get_or_insert(i);
                 continue;
             }
-            let here = stored_columns(&file, &options.exclude)?;
+            let all_here = column_names(&file, "obs")?;
+            for n in &all_here {
+                if !every_name.contains(n) {
+                    every_name.push(n.clone());
+                }
+            }
+            let here: Vec<String> = all_here.into_iter().filter(|n| !options.exclude.contains(n)).collect();
             match first_with {
                 None => {
                     first_with = Some(i);
@@ -222,9 +225,9 @@ impl ObsPlan {
                     }
                     if let Some(n) = here.iter().find(|n| !names.contains(n)) {
                         anyhow::bail!(
-                            "{}: obs column {n:?} is not in {}; leave it out with --obs-exclude {n}",
-                            inputs[first].display(),
-                            path.display()
+                            "{}: obs column {n:?} is not in {} (the first input with obs); leave it out with --obs-exclude {n}",
+                            path.display(),
+                            inputs[first].display()
                         );
                     }
                 }
@@ -233,6 +236,12 @@ impl ObsPlan {
                 let column = read_column(&file, "obs", n, Some(&(0..0)), true)?;
                 shapes.entry(n.clone()).or_default().push(shape_of(column));
             }
+        }
+        if let Some(unknown) = options.exclude.iter().find(|n| !every_name.contains(n)) {
+            anyhow::bail!(
+                "--obs-exclude {unknown:?}: no input has an obs column of that name; the obs columns are: {}",
+                every_name.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(", ")
+            );
         }
         let Some(first) = first_with else { return Ok(None) };
         if let Some(i) = first_without {
@@ -344,9 +353,7 @@ impl ObsPlan {
         let range = rows.start as usize..rows.end as usize;
         let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.columns.len() + 1);
         if self.names {
-            let (index, ds) = file.index_dataset("obs")?;
-            let object = format!("obs/{index}");
-            let names = read_strings_range(&ds, range.clone()).map_err(|e| file.invalid(&object, e))?;
+            let names = file.index_rows("obs", Some(range.clone()))?;
             arrays.push(Arc::new(StringArray::from(names)));
         }
         for (k, c) in self.columns.iter().enumerate() {

@@ -40,17 +40,20 @@ fn pandas_type(dt: &DataType) -> (&'static str, &'static str) {
     }
 }
 
-/// One column's rows taken in `order`, as Arrow.
-fn to_arrow(column: &FrameColumn, order: &[u32]) -> Result<ArrayRef, String> {
+/// One column's rows taken in `rows` (None: a null), as Arrow.
+fn to_arrow(column: &FrameColumn, rows: &[Option<u32>]) -> Result<ArrayRef, String> {
     let take = |a: &ArrayRef| {
-        arrow_select::take::take(a.as_ref(), &UInt32Array::from(order.to_vec()), None).map_err(|e| e.to_string())
+        arrow_select::take::take(a.as_ref(), &rows.iter().copied().collect::<UInt32Array>(), None)
+            .map_err(|e| e.to_string())
     };
     Ok(match column {
         FrameColumn::Numeric(a) => take(a)?,
-        FrameColumn::Bool(v) => Arc::new(order.iter().map(|&i| v[i as usize]).collect::<BooleanArray>()),
-        FrameColumn::String(v) => Arc::new(order.iter().map(|&i| v[i as usize].as_deref()).collect::<StringArray>()),
+        FrameColumn::Bool(v) => Arc::new(rows.iter().map(|i| i.and_then(|i| v[i as usize])).collect::<BooleanArray>()),
+        FrameColumn::String(v) => {
+            Arc::new(rows.iter().map(|i| i.and_then(|i| v[i as usize].as_deref())).collect::<StringArray>())
+        }
         FrameColumn::Category { codes, categories, .. } => {
-            let keys: Int32Array = order.iter().map(|&i| codes[i as usize]).map(|c| (c >= 0).then_some(c)).collect();
+            let keys: Int32Array = rows.iter().map(|i| i.map(|i| codes[i as usize]).filter(|&c| c >= 0)).collect();
             let values: ArrayRef = match categories {
                 Categories::Strings(v) => Arc::new(StringArray::from_iter_values(v)),
                 Categories::Ints(v) => Arc::new(Int64Array::from(v.clone())),
@@ -62,20 +65,19 @@ fn to_arrow(column: &FrameColumn, order: &[u32]) -> Result<ArrayRef, String> {
     })
 }
 
-/// Builds var.parquet from dataframe group `group` of `file`, rows in `order`
-/// (order[j] is the source row of output row j).
-pub fn build(file: &H5adFile, group: &str, order: &[u32]) -> Result<Vec<u8>, H5adError> {
+/// Builds var.parquet from dataframe group `group` of `file`: one row per stored
+/// gene, named `names[j]`, with the columns of the file's row `rows[j]` (nulls
+/// where the file lacks that gene).
+pub fn build(file: &H5adFile, group: &str, rows: &[Option<u32>], names: &[&str]) -> Result<Vec<u8>, H5adError> {
     let frame = read_frame(file, group)?;
-    if frame.index.len() != order.len() {
-        return Err(
-            file.invalid(group, format!("has {} rows, the matrix has {} genes", frame.index.len(), order.len()))
-        );
+    if let Some(&row) = rows.iter().flatten().find(|&&r| r as usize >= frame.index.len()) {
+        return Err(file.invalid(group, format!("has {} rows, row {row} was asked for", frame.index.len())));
     }
     let mut fields = Vec::new();
     let mut arrays: Vec<ArrayRef> = Vec::new();
     let mut pandas_columns = Vec::new();
     for (name, column) in &frame.columns {
-        let array = to_arrow(column, order).map_err(|e| file.invalid(&format!("{group}/{name}"), e))?;
+        let array = to_arrow(column, rows).map_err(|e| file.invalid(&format!("{group}/{name}"), e))?;
         let (pandas, numpy) = pandas_type(array.data_type());
         let metadata = match column {
             FrameColumn::Category { categories, ordered, .. } => {
@@ -95,8 +97,7 @@ pub fn build(file: &H5adFile, group: &str, order: &[u32]) -> Result<Vec<u8>, H5a
     } else {
         (frame.index_name.clone(), Value::String(frame.index_name.clone()))
     };
-    let index: ArrayRef =
-        Arc::new(order.iter().map(|&i| Some(frame.index[i as usize].as_str())).collect::<StringArray>());
+    let index: ArrayRef = Arc::new(StringArray::from_iter_values(names.iter()));
     pandas_columns.push(json!({"name": index_name, "field_name": field_name, "pandas_type": "unicode", "numpy_type": "object", "metadata": null}));
     fields.push(Field::new(&field_name, DataType::Utf8, false));
     arrays.push(index);

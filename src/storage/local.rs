@@ -38,6 +38,22 @@ impl LocalStorage {
     }
 }
 
+/// A temporary file in `dir` (named `.deltacells-*.tmp`, so that an interrupted
+/// writer's leftovers can be recognised) that will be renamed into place.
+///
+/// tempfile creates private (0600) files, and the mode survives the rename; a
+/// dataset or cache file must instead get the mode of any file this process
+/// creates (0666 less the umask, 0644 under the usual 022), so that the other
+/// accounts of a team can read what one of them wrote.
+pub(crate) fn temp_file_in(dir: &Path) -> std::io::Result<tempfile::NamedTempFile> {
+    use std::os::unix::fs::PermissionsExt;
+    tempfile::Builder::new()
+        .prefix(".deltacells-")
+        .suffix(".tmp")
+        .permissions(std::fs::Permissions::from_mode(0o666))
+        .tempfile_in(dir)
+}
+
 fn missing_is_none<T>(r: std::io::Result<T>) -> std::io::Result<Option<T>> {
     match r {
         Ok(v) => Ok(Some(v)),
@@ -86,11 +102,7 @@ impl Storage for LocalStorage {
         let path = self.path(key);
         let dir = path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(|e| self.io_err(key, e))?;
-        let mut tmp = tempfile::Builder::new()
-            .prefix(".deltacells-")
-            .suffix(".tmp")
-            .tempfile_in(dir)
-            .map_err(|e| self.io_err(key, e))?;
+        let mut tmp = temp_file_in(dir).map_err(|e| self.io_err(key, e))?;
         std::io::Write::write_all(&mut tmp, &data).map_err(|e| self.io_err(key, e))?;
         tmp.as_file().sync_data().map_err(|e| self.io_err(key, e))?;
         tmp.persist(&path).map_err(|e| self.io_err(key, e.error))?;

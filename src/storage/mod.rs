@@ -15,13 +15,15 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+pub(crate) use local::temp_file_in;
 pub use local::LocalStorage;
 pub use object::{anonymous_gcs, ObjectStorage, StoreOptions};
 
 /// A failure to reach or read stored bytes (not a missing object).
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
-    #[error("{location}: {source}")]
+    /// The cause is left to `source()`, so that a chain is printed once.
+    #[error("{location}")]
     Io { location: String, source: std::io::Error },
     #[error("{location}: range {start}..{end} is past the end of the object ({size} bytes)")]
     Range { location: String, start: u64, end: u64, size: u64 },

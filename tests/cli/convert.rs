@@ -247,7 +247,11 @@ fn bad_files_fail_cleanly() {
     names[6] = "renamed".into();
     h5::dataframe(&f, "var", "gene_ids", &names);
     drop(f);
-    fails(&t, &[s(&good), s(&other)], &["other.h5ad", "gene 6 is \"renamed\" here and \"gene6\""]);
+    fails(
+        &t,
+        &[s(&good), s(&other)],
+        &["other.h5ad", "1 of its 10 genes are not in the first file (e.g. \"renamed\"), and 1 of the first file's 10 are not in it (e.g. \"gene6\")"],
+    );
     // no X
     let no_x = t.join("nox.h5ad");
     let f = h5::create(&no_x);
@@ -402,6 +406,6 @@ pub fn read_h5ad_rows(path: &Path) -> Vec<Vec<(u32, u32)>> {
     let file = deltacells::h5ad::H5adFile::open(path).unwrap();
     let mut x = file.matrix("X").unwrap();
     let raw = x.read_rows(0..x.n_rows()).unwrap();
-    let m = deltacells::h5ad::to_counts(&raw, x.n_cols() as u32, None).unwrap();
+    let (m, _) = deltacells::h5ad::to_counts(&raw, x.n_cols() as u32, None).unwrap();
     (0..m.n_rows()).map(|r| m.row(r).0.iter().copied().zip(m.row(r).1.iter().copied()).collect()).collect()
 }

@@ -18,7 +18,7 @@ pub fn golden() -> Option<PathBuf> {
     if dir.join("INDEX.json").is_file() {
         Some(dir)
     } else {
-        eprintln!("note: {} not found; golden conformance tests skipped", dir.display());
+        crate::util::skip(&format!("{} not found; golden conformance tests skipped", dir.display()));
         None
     }
 }

@@ -10,6 +10,7 @@ mod h5;
 mod hardening;
 mod obs;
 mod pbmc;
+mod real_world;
 mod remote;
 mod sharded;
 mod util;

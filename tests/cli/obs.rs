@@ -345,7 +345,7 @@ fn processes_started_together_fetch_each_column_once() {
 #[test]
 fn obs_of_every_encoding_written_by_anndata_reads_back() {
     let Some(python) = std::env::var_os("DELTACELLS_PYTHON") else {
-        eprintln!("note: DELTACELLS_PYTHON not set; anndata-written obs test skipped");
+        crate::util::skip("DELTACELLS_PYTHON not set; anndata-written obs test skipped");
         return;
     };
     let t = TestDir::new();

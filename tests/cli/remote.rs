@@ -26,7 +26,7 @@ struct Server {
 impl Server {
     fn start(kind: &str, args: &[&str]) -> Option<Server> {
         let Some(python) = std::env::var_os("DELTACELLS_PYTHON") else {
-            eprintln!("note: DELTACELLS_PYTHON not set; {kind} server tests skipped");
+            crate::util::skip(&format!("DELTACELLS_PYTHON not set; {kind} server tests skipped"));
             return None;
         };
         let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/servers/serve.py");
@@ -248,8 +248,13 @@ fn http_server_serves_a_dataset_to_every_reading_command() {
     let forbidden = format!("{}/forbidden/ds", http.url());
     let run = t.run(&["info", &forbidden]).expect_code(2);
     assert!(run.stderr().contains(&forbidden) && run.stderr().contains("403"), "{}", run.stderr());
-    let run = t.run(&["info", &format!("{}/nothing", http.url())]).expect_code(2);
-    assert!(run.stderr().contains("incomplete"), "{}", run.stderr());
+    // nothing there: what a local folder with nothing in it says, though HTTP cannot list
+    let nothing = format!("{}/nothing", http.url());
+    let run = t.run(&["info", &nothing]).expect_code(2);
+    assert_eq!(
+        run.stderr().trim_end(),
+        format!("deltacells: info: {nothing}: no dataset here (nothing at this location)")
+    );
     let run = t.run(&["convert", &example(), &format!("{}/new", http.url())]).expect_code(2);
     assert!(run.stderr().contains("read-only"), "{}", run.stderr());
 }
@@ -299,7 +304,7 @@ fn gcs_emulator_serves_a_dataset_uploaded_to_it() {
 fn localize_on_a_slow_store_makes_one_request_per_column_chunk() {
     let Some((ctrl, _)) = crate::util::pbmc() else { return };
     if std::env::var_os("DELTACELLS_PYTHON").is_none() {
-        eprintln!("note: DELTACELLS_PYTHON not set; slow-store test skipped");
+        crate::util::skip("DELTACELLS_PYTHON not set; slow-store test skipped");
         return;
     }
     let t = TestDir::new();
@@ -333,8 +338,9 @@ fn localize_on_a_slow_store_makes_one_request_per_column_chunk() {
     let columns = ["cell_type", "donor_id", "n_genes"].map(String::from);
     let (before, _) = slow.stats().snapshot();
     let started = Instant::now();
-    let report =
-        pool.install(|| deltacells::obs::localize::localize(&slow, &manifest, &columns, &t.join("cache"))).unwrap();
+    let report = pool
+        .install(|| deltacells::obs::localize::localize(&slow, &manifest, &columns, &t.join("cache"), false))
+        .unwrap();
     let elapsed = started.elapsed();
     let (after, _) = slow.stats().snapshot();
 

@@ -150,6 +150,19 @@ pub fn synthetic_matrix(n_cells: usize, n_genes: u32, seed: u64) -> CsrMatrix {
     m
 }
 
+/// Notes that a test (or part of one) is skipped because something it needs is
+/// absent here: `../shared`, the PBMC files, or the Python packages that
+/// scripts/setup.sh installs (the servers and the anndata checks). Where
+/// DELTACELLS_REQUIRE_ALL is set, as `.ci/run` sets it, a skip is a failure
+/// instead, so that CI cannot pass without those tests.
+#[track_caller]
+pub fn skip(note: &str) {
+    if std::env::var_os("DELTACELLS_REQUIRE_ALL").is_some_and(|v| !v.is_empty() && v != "0") {
+        panic!("{note}, and DELTACELLS_REQUIRE_ALL is set: this test must not be skipped");
+    }
+    eprintln!("note: {note}");
+}
+
 /// Runs tests/python/check_roundtrip.py with ARGS under $DELTACELLS_PYTHON (set
 /// by scripts/test.sh, whose venv has anndata, pandas and pyarrow); skipped
 /// with a note where it is not set.
@@ -160,7 +173,7 @@ pub fn python_check(args: &[&str]) {
 /// Runs tests/python/SCRIPT with ARGS under $DELTACELLS_PYTHON, or notes the skip.
 pub fn python_script(script: &str, args: &[&str]) {
     let Some(python) = std::env::var_os("DELTACELLS_PYTHON") else {
-        eprintln!("note: DELTACELLS_PYTHON not set; anndata/pandas checks skipped");
+        skip("DELTACELLS_PYTHON not set; anndata/pandas checks skipped");
         return;
     };
     let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python").join(script);
@@ -182,7 +195,7 @@ pub fn pbmc() -> Option<(PathBuf, PathBuf)> {
     if a.is_file() && b.is_file() {
         Some((a, b))
     } else {
-        eprintln!("note: PBMC files not found in {}; real-data test skipped", dir.display());
+        skip(&format!("PBMC files not found in {}; real-data test skipped", dir.display()));
         None
     }
 }
