@@ -56,7 +56,7 @@ pub(crate) fn human_rate(per_second: f64, unit: &str) -> String {
     } else if per_second >= 1e4 {
         format!("{:.1} k {unit}/s", per_second / 1e3)
     } else {
-        format!("{per_second:.0} {unit}/s")
+        format!("{} {unit}/s", HumanCount(per_second as u64))
     }
 }
 

@@ -192,6 +192,11 @@ pub fn gene_order_from_totals(totals: &[u64]) -> Vec<u32> {
 /// Rows read from HDF5 at a time while computing totals.
 const SCAN_ROWS: u64 = 10_000;
 
+/// Rows read from HDF5 at a time while converting: a tile is gathered from
+/// blocks of at most this many rows, so that progress moves (and a change of
+/// input shows) within a tile, not a whole tile at a time.
+const READ_ROWS: u64 = 2_048;
+
 /// Converts `inputs` into a dataset in `out`: plan, one shard of every tile,
 /// finalize, in this process.
 pub fn convert(
@@ -515,7 +520,7 @@ pub(crate) fn write_tiles(
                 let mut row = start - here.start;
                 let last = end - here.start;
                 while row < last && !abort.load(Ordering::Relaxed) {
-                    let take = (tile_size - cells_in_tile).min(last - row);
+                    let take = (tile_size - cells_in_tile).min(last - row).min(READ_ROWS);
                     let rows = m.read_rows(row..row + take)?;
                     let obs = match (obs_plan, &input_obs) {
                         (Some(p), Some(maps)) => Some(p.batch(maps, &file, row..row + take)?),

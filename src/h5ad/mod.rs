@@ -377,7 +377,7 @@ pub(crate) fn check_filters(file: &H5adFile, object: &str, ds: &hdf5::Dataset) -
                 object,
                 format!(
                     "compressed with {} (HDF5 filter {id}), which deltacells cannot decode (it reads \
-                     gzip, LZF, shuffle and fletcher32); rewrite the file with one of those, for example \
+                     gzip, LZF, Blosc, shuffle and fletcher32); rewrite the file with one of those, for example \
                      anndata.read_h5ad(path).write_h5ad(new_path, compression=\"gzip\")",
                     filter_name(id)
                 ),

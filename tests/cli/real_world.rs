@@ -82,12 +82,12 @@ fn error_line(run: &Run) -> String {
 }
 
 #[test]
-fn lzf_and_gzip_files_written_by_anndata_convert() {
+fn lzf_gzip_and_blosc_files_convert() {
     if inputs().is_none() {
         return;
     }
     let t = TestDir::new();
-    for name in ["lzf.h5ad", "gzip.h5ad"] {
+    for name in ["lzf.h5ad", "gzip.h5ad", "blosc.h5ad"] {
         let out = t.join(name);
         t.run(&["convert", "-q", &input(name), out.to_str().unwrap()]).expect_code(0);
         t.run(&["verify", "-q", out.to_str().unwrap()]).expect_code(0);
@@ -101,14 +101,13 @@ fn a_filter_we_cannot_decode_is_named_in_plain_words() {
         return;
     }
     let t = TestDir::new();
-    let file = input("unknown_filter.h5ad");
+    let file = input("zstd_filter.h5ad");
     let run = t.run(&["convert", &file, "out"]).expect_code(2);
     assert_eq!(
         error_line(&run),
         format!(
-            "deltacells: convert: {file}: X/data: unsupported: compressed with a filter that is not in HDF5's \
-             registry (HDF5 filter 32099), which deltacells cannot decode (it reads gzip, LZF, shuffle and \
-             fletcher32); rewrite the file with one of those, for example \
+            "deltacells: convert: {file}: X/data: unsupported: compressed with the Zstandard filter (HDF5 filter \
+             32015), which deltacells cannot decode (it reads gzip, LZF, Blosc, shuffle and fletcher32); rewrite the file with one of those, for example \
              anndata.read_h5ad(path).write_h5ad(new_path, compression=\"gzip\")"
         )
     );

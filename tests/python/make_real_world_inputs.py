@@ -14,7 +14,9 @@ Files:
   compound.h5ad         obs and var as compound datasets (anndata before 0.7)
   raw_dot.h5ad          raw stored as top-level raw.X / raw.var (before 0.7)
   slash.h5ad            an obs column named "qc/pass" (a nested group)
-  unknown_filter.h5ad   X/data compressed with a filter deltacells cannot read
+  blosc.h5ad            X/data and X/indices compressed with Blosc (LZ4)
+  zstd_filter.h5ad      the same with the Zstandard filter, which deltacells
+                        cannot decode
   expected.json         per file: n_cells, genes, and dense rows
 """
 
@@ -24,6 +26,7 @@ import sys
 
 import anndata as ad
 import h5py
+import hdf5plugin
 import numpy as np
 import pandas as pd
 import scipy.sparse as sp
@@ -148,30 +151,27 @@ with h5py.File(os.path.join(out, "slash.h5ad"), "w") as f:
     dataframe(f, "var", "_index", genes)
 expect("slash.h5ad", dense, genes)
 
-# X/data compressed with LZF, then the filter id changed to one that no
-# library registers (32099), as a file written with a plugin we lack looks.
-path = os.path.join(out, "unknown_filter.h5ad")
-with h5py.File(path, "w", libver="earliest") as f:
-    m = sp.csr_matrix(dense)
-    g = f.create_group("X")
-    g.attrs["encoding-type"] = "csr_matrix"
-    g.attrs["encoding-version"] = "0.1.0"
-    g.attrs["shape"] = np.array(m.shape, dtype=np.int64)
-    g.create_dataset("data", data=m.data, chunks=True, compression="lzf")
-    g["indices"] = m.indices
-    g["indptr"] = m.indptr.astype(np.int64)
-    dataframe(f, "obs", "_index", list(obs.index))
-    dataframe(f, "var", "_index", genes)
-blob = bytearray(open(path, "rb").read())
-# The filter pipeline message (version 1): filter id 32000 (0x7D00), then the
-# name length 4 ("lzf" and its NUL, padded to 8), flags, client data count.
-marker = (32000).to_bytes(2, "little") + (8).to_bytes(2, "little")
-at = blob.find(marker)
-assert at >= 0 and blob.count(marker) == 1, "the LZF filter message was not found exactly once"
-blob[at : at + 2] = (32099).to_bytes(2, "little")
-open(path, "wb").write(bytes(blob))
-with h5py.File(path, "r") as f:
-    assert f["X/data"]._filters is not None
+
+
+def write_filtered(path, compression):
+    """base's data with X/data compressed by an hdf5plugin filter."""
+    with h5py.File(path, "w") as f:
+        m = sp.csr_matrix(dense)
+        g = f.create_group("X")
+        g.attrs["encoding-type"] = "csr_matrix"
+        g.attrs["encoding-version"] = "0.1.0"
+        g.attrs["shape"] = np.array(m.shape, dtype=np.int64)
+        g.create_dataset("data", data=m.data, chunks=(64,), **compression)
+        g.create_dataset("indices", data=m.indices, chunks=(64,), **compression)
+        g["indptr"] = m.indptr.astype(np.int64)
+        dataframe(f, "obs", "_index", list(obs.index))
+        dataframe(f, "var", "_index", genes)
+
+
+# Blosc (with LZ4 inside), which deltacells reads; Zstandard, which it does not.
+write_filtered(os.path.join(out, "blosc.h5ad"), hdf5plugin.Blosc(cname="lz4", clevel=5))
+expect("blosc.h5ad", dense, genes)
+write_filtered(os.path.join(out, "zstd_filter.h5ad"), hdf5plugin.Zstd(clevel=3))
 
 with open(os.path.join(out, "expected.json"), "w") as f:
     json.dump(expected, f)
