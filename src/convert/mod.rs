@@ -247,6 +247,15 @@ pub(crate) fn input_genes(file: &H5adFile, matrix: &str, m: &MatrixReader<'_>) -
     Ok(names)
 }
 
+/// Checks that the tables that go with matrix `m` have its shape: obs (index
+/// and every column) one row per cell, the var table one row per gene.
+fn check_table_rows(file: &H5adFile, matrix: &str, m: &MatrixReader<'_>) -> Result<(), H5adError> {
+    if file.exists("obs") {
+        crate::h5ad::frame::check_rows(file, "obs", m.n_rows(), "cells")?;
+    }
+    crate::h5ad::frame::check_rows(file, file.var_group_for(matrix), m.n_cols(), "genes")
+}
+
 /// Opens every input: the matrix's shape, and its genes, from which the source
 /// genes are chosen as `genes` says.
 pub(crate) fn scan_inputs(
@@ -263,6 +272,7 @@ pub(crate) fn scan_inputs(
         let file = H5adFile::open(path)?;
         let m = file.matrix(matrix)?;
         let names = input_genes(&file, matrix, &m)?;
+        check_table_rows(&file, matrix, &m)?;
         match &mut source {
             None => source = Some(genes::SourceGenes::new(genes, path, names)),
             Some(s) => s.add(path, &names)?,

@@ -281,6 +281,46 @@ pub fn read_column(
     }
 }
 
+/// The number of rows of column `name` of dataframe group `group_name`, from
+/// its shape alone (the codes of a categorical, the values of a nullable
+/// column).
+pub fn column_len(file: &H5adFile, group_name: &str, name: &str) -> Result<usize, H5adError> {
+    let object = format!("{group_name}/{name}");
+    let group = file.file().group(group_name).map_err(|_| file.invalid(group_name, "missing"))?;
+    let ds = match group.group(name) {
+        Ok(sub) => {
+            let member = if sub.link_exists("codes") { "codes" } else { "values" };
+            sub.dataset(member).map_err(|_| file.invalid(&format!("{object}/{member}"), "missing"))?
+        }
+        Err(_) => group.dataset(name).map_err(|_| file.invalid(&object, "missing"))?,
+    };
+    Ok(ds.shape().first().copied().unwrap_or(0))
+}
+
+/// Checks that the index and every column of dataframe group `group_name`
+/// have `rows` rows, as anndata requires of obs (one row per cell) and var
+/// (one per gene); names the file, the table and both lengths otherwise.
+pub fn check_rows(file: &H5adFile, group_name: &str, rows: u64, what: &str) -> Result<(), H5adError> {
+    let (index_name, index) = file.index_dataset(group_name)?;
+    let mut lengths = vec![(index_name, index.shape().first().copied().unwrap_or(0))];
+    for name in column_names(file, group_name)? {
+        let n = column_len(file, group_name, &name)?;
+        lengths.push((name, n));
+    }
+    for (name, n) in lengths {
+        if n as u64 != rows {
+            return Err(file.invalid(
+                &format!("{group_name}/{name}"),
+                format!(
+                    "has {n} rows, but the matrix has {rows} {what}; anndata requires one row per {}",
+                    what.trim_end_matches('s')
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The columns of a dataframe group: those of its `column-order` attribute
 /// (an empty float array when there are none), then any other member that is
 /// not the index or `__categories`.

@@ -482,3 +482,57 @@ fn summaries_count_in_words() {
     let info = t2.run(&["info", "ds"]).expect_code(0).stdout();
     assert!(info.contains("var columns  (unnamed index)"), "{info}");
 }
+
+#[test]
+fn tables_whose_length_is_not_the_matrix_shape_are_refused() {
+    let t = TestDir::new();
+    let rows = crate::h5::random_rows(2, 5, 4);
+    // obs with 3 names for an X of 2 rows (anndata refuses to read this file)
+    let f = crate::h5::create(&t.join("obs3.h5ad"));
+    crate::h5::matrix(&f, "X", &rows, 5, crate::h5::Layout::Csr, |v| v as f32);
+    crate::h5::dataframe(&f, "obs", "_index", &crate::h5::cells(3, "c"));
+    crate::h5::dataframe(&f, "var", "_index", &crate::h5::genes(5));
+    drop(f);
+    let run = t.run(&["convert", "obs3.h5ad", "a"]).expect_code(2);
+    assert_eq!(
+        error_line(&run),
+        "deltacells: convert: obs3.h5ad: obs/_index: has 3 rows, but the matrix has 2 cells; anndata requires one \
+         row per cell"
+    );
+    // a var column one row short
+    let f = crate::h5::create(&t.join("var_short.h5ad"));
+    crate::h5::matrix(&f, "X", &rows, 5, crate::h5::Layout::Csr, |v| v as f32);
+    crate::h5::dataframe(&f, "obs", "_index", &crate::h5::cells(2, "c"));
+    let var = crate::h5::dataframe(&f, "var", "_index", &crate::h5::genes(5));
+    var.new_dataset_builder().with_data(&[1.0f64, 2.0, 3.0, 4.0]).create("mean").unwrap();
+    drop(var);
+    drop(f);
+    let run = t.run(&["convert", "var_short.h5ad", "b"]).expect_code(2);
+    assert_eq!(
+        error_line(&run),
+        "deltacells: convert: var_short.h5ad: var/mean: has 4 rows, but the matrix has 5 genes; anndata requires one \
+         row per gene"
+    );
+    assert!(!t.join("a").exists() && !t.join("b").exists());
+}
+
+#[test]
+fn an_obs_column_of_a_kind_we_cannot_store_points_to_no_obs() {
+    let t = TestDir::new();
+    let rows = crate::h5::random_rows(3, 5, 4);
+    let f = crate::h5::create(&t.join("in.h5ad"));
+    crate::h5::matrix(&f, "X", &rows, 5, crate::h5::Layout::Csr, |v| v as f32);
+    let obs = crate::h5::dataframe(&f, "obs", "_index", &crate::h5::cells(3, "c"));
+    let grid = ndarray::Array2::<f64>::zeros((3, 2));
+    obs.new_dataset_builder().with_data(&grid).create("spatial").unwrap();
+    drop(obs);
+    crate::h5::dataframe(&f, "var", "_index", &crate::h5::genes(5));
+    drop(f);
+    let run = t.run(&["convert", "in.h5ad", "out"]).expect_code(2);
+    assert_eq!(
+        error_line(&run),
+        "deltacells: convert: in.h5ad: obs/spatial: unsupported: a 2-D array, which deltacells cannot store; leave \
+         the column out with --obs-exclude spatial (or all of obs with --no-obs)"
+    );
+    t.run(&["convert", "-q", "--obs-exclude", "spatial", "in.h5ad", "out"]).expect_code(0);
+}
