@@ -4,7 +4,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::dataset::{Dataset, DatasetError};
-use crate::format::{self, obs_schema::ObsSchema};
+use crate::format;
 use crate::obs;
 
 #[derive(Clone, Debug, Serialize)]
@@ -79,12 +79,7 @@ pub fn dataset_info(ds: &Dataset) -> Result<DatasetInfo, DatasetError> {
     let obs = match m.obs() {
         None => None,
         Some(o) => {
-            let key = format::OBS_SCHEMA_KEY;
-            let location = storage.location(key);
-            let bytes = storage
-                .get(key)?
-                .ok_or_else(|| DatasetError::Missing { location: location.clone(), what: "has_obs is true".into() })?;
-            let schema = ObsSchema::parse(&bytes).map_err(|message| DatasetError::Invalid { location, message })?;
+            let schema = obs::read_schema(storage.as_ref())?.schema;
             Some(ObsInfo {
                 shards: o.shard_bytes.len(),
                 tiles_per_file: o.tiles_per_file,

@@ -5,9 +5,11 @@
 //! tables. [`format`](mod@format) holds the byte layout; [`Dataset`] reads cells back;
 //! [`verify`] checks a whole dataset; [`storage`] is where the bytes live.
 
+#[cfg(feature = "convert")]
 pub mod convert;
 pub mod dataset;
 pub mod format;
+#[cfg(feature = "convert")]
 pub mod h5ad;
 pub mod info;
 pub mod obs;

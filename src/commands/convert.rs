@@ -5,8 +5,8 @@ use anyhow::{bail, Context};
 use indicatif::{HumanBytes, HumanCount, ProgressBar, ProgressState, ProgressStyle};
 use serde_json::{Map, Value};
 
+use deltacells::convert::ObsOptions;
 use deltacells::convert::{convert, ConvertOptions, ConvertProgress};
-use deltacells::obs::merge::ObsOptions;
 use std::sync::Arc;
 
 use deltacells::storage::{self, Storage};

@@ -54,14 +54,21 @@ fn info(args: &ObsInfoArgs) -> anyhow::Result<ExitCode> {
         .columns
         .iter()
         .enumerate()
-        .map(|(i, c)| ColumnInfo {
-            name: c.name.clone(),
-            kind: c.kind.as_str().to_string(),
-            arrow_type: c.arrow_type.clone(),
-            n_categories: c.categories.as_ref().map(Vec::len),
-            fetch_bytes: source.column_bytes(i),
-            fetch_requests: source.column_requests(),
-            cached: cached_file_is_valid(&column_path(&root, obs.fingerprint, &c.name), &c.name, &manifest.tile_cells),
+        .map(|(i, c)| {
+            let (fetch_requests, fetch_bytes) = source.column_cost(i);
+            ColumnInfo {
+                name: c.name.clone(),
+                kind: c.kind.as_str().to_string(),
+                arrow_type: c.arrow_type.clone(),
+                n_categories: c.categories.as_ref().map(Vec::len),
+                fetch_bytes,
+                fetch_requests,
+                cached: cached_file_is_valid(
+                    &column_path(&root, obs.fingerprint, &c.name),
+                    &c.name,
+                    &manifest.tile_cells,
+                ),
+            }
         })
         .collect();
     let (open_requests, open_bytes) = source.opening_cost();
@@ -130,11 +137,7 @@ fn run_localize(args: &LocalizeArgs) -> anyhow::Result<ExitCode> {
         bail!("obs localize: {}: the dataset has no obs", args.dataset);
     }
     let columns: Vec<String> = if args.all {
-        let text = ds
-            .storage()
-            .get(deltacells::format::OBS_SCHEMA_KEY)?
-            .context("obs localize: obs/schema.json is missing")?;
-        let schema = deltacells::format::obs_schema::ObsSchema::parse(&text).map_err(anyhow::Error::msg)?;
+        let schema = deltacells::obs::read_schema(ds.storage().as_ref()).context("obs localize")?.schema;
         schema.columns.into_iter().map(|c| c.name).collect()
     } else {
         args.columns.clone()

@@ -22,15 +22,18 @@ use serde_json::{Map, Value};
 
 use crate::format::{self, CsrMatrix, TileEncoder};
 use crate::h5ad::{to_counts, BadCount, BadValue, H5adError, H5adFile, MatrixReader, RawRows};
-use crate::obs::merge::{ObsOptions, ObsPlan};
 use crate::obs::shard::{ShardRecord, ShardWriter};
 use crate::storage::Storage;
 use crate::writer::{DatasetWriter, WriteOptions};
+use obs_merge::ObsPlan;
 
 pub mod genes;
+pub mod obs_merge;
 pub mod plan;
+pub mod var_table;
 
 pub use genes::GeneSet;
+pub use obs_merge::ObsOptions;
 pub use plan::{finalize, plan, run_shard, Plan, ShardResult};
 
 /// Tiles read but not yet written, by default. Each tile's chunks already use

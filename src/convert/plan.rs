@@ -23,14 +23,13 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
+use super::obs_merge::ObsPlan;
 use super::{
     gene_order_from_totals, gene_totals, prepare_output, sampled_inputs, scan_inputs, write_tiles, ConvertOptions,
     ConvertProgress, ConvertSummary, Input, TileJob,
 };
-use crate::format::obs_schema::ObsSchema;
 use crate::format::{self, fingerprint, npy, MAX_GENES};
 use crate::h5ad::H5adFile;
-use crate::obs::merge::ObsPlan;
 use crate::storage::Storage;
 use crate::writer::{manifest_of, DatasetWriter, ManifestFlags, TileRecord, WriteOptions};
 
@@ -198,8 +197,7 @@ pub fn plan(
             }
         };
         let stored_names: Vec<&str> = order.iter().map(|&g| var_names[g as usize].as_str()).collect();
-        let table =
-            crate::obs::var_table::build(&first, first.var_group_for(&options.matrix), &first_rows, &stored_names)?;
+        let table = super::var_table::build(&first, first.var_group_for(&options.matrix), &first_rows, &stored_names)?;
         out.put(format::VAR_TABLE_KEY, Bytes::from(table))?;
     }
     if let Some(p) = &obs_plan {
@@ -304,9 +302,8 @@ pub fn run_shard(
     let obs_plan = match &plan.obs {
         None => None,
         Some(o) => {
+            let schema = crate::obs::read_schema(out)?.schema;
             let location = out.location(format::OBS_SCHEMA_KEY);
-            let text = out.get(format::OBS_SCHEMA_KEY)?.with_context(|| format!("{location}: missing"))?;
-            let schema = ObsSchema::parse(&text).map_err(|e| anyhow::anyhow!("{location}: {e}"))?;
             Some(ObsPlan::from_schema(schema, o.names).map_err(|e| anyhow::anyhow!("{location}: {e}"))?)
         }
     };
@@ -498,14 +495,12 @@ pub fn finalize(out: &dyn Storage) -> anyhow::Result<ConvertSummary> {
     }
     let mut m = manifest_of(plan.write_options(), plan.n_genes as u32, &records, flags, metadata);
     if let Some(o) = &plan.obs {
-        let location = out.location(format::OBS_SCHEMA_KEY);
-        let text = out.get(format::OBS_SCHEMA_KEY)?.with_context(|| format!("{location}: missing"))?;
-        let text = std::str::from_utf8(&text).map_err(|e| anyhow::anyhow!("{location}: {e}"))?;
+        let text = crate::obs::read_schema(out)?.text;
         let sha256: Vec<String> = (0..n_obs_shards).map(|s| obs[&s].0 .1.clone()).collect();
         m.has_obs = true;
         m.obs_tiles_per_file = Some(o.tiles_per_file);
         m.obs_shard_bytes = Some((0..n_obs_shards).map(|s| obs[&s].0 .0).collect());
-        m.obs_fingerprint = Some(fingerprint::obs_fingerprint(text, &m.tile_cells, &sha256));
+        m.obs_fingerprint = Some(fingerprint::obs_fingerprint(&text, &m.tile_cells, &sha256));
         m.obs_shard_sha256 = Some(sha256);
     }
     // Temporary files of killed shard runs (their re-runs wrote the objects).

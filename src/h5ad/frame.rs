@@ -283,18 +283,18 @@ pub fn read_column(
 
 /// The number of rows of column `name` of dataframe group `group_name`, from
 /// its shape alone (the codes of a categorical, the values of a nullable
-/// column).
-pub fn column_len(file: &H5adFile, group_name: &str, name: &str) -> Result<usize, H5adError> {
+/// column); None for a group of another encoding, which reading it reports.
+pub fn column_len(file: &H5adFile, group_name: &str, name: &str) -> Result<Option<usize>, H5adError> {
     let object = format!("{group_name}/{name}");
     let group = file.file().group(group_name).map_err(|_| file.invalid(group_name, "missing"))?;
     let ds = match group.group(name) {
-        Ok(sub) => {
-            let member = if sub.link_exists("codes") { "codes" } else { "values" };
-            sub.dataset(member).map_err(|_| file.invalid(&format!("{object}/{member}"), "missing"))?
-        }
+        Ok(sub) => match ["codes", "values"].into_iter().find(|m| sub.link_exists(m)) {
+            Some(member) => sub.dataset(member).map_err(|_| file.invalid(&format!("{object}/{member}"), "missing"))?,
+            None => return Ok(None),
+        },
         Err(_) => group.dataset(name).map_err(|_| file.invalid(&object, "missing"))?,
     };
-    Ok(ds.shape().first().copied().unwrap_or(0))
+    Ok(Some(ds.shape().first().copied().unwrap_or(0)))
 }
 
 /// Checks that the index and every column of dataframe group `group_name`
@@ -304,8 +304,9 @@ pub fn check_rows(file: &H5adFile, group_name: &str, rows: u64, what: &str) -> R
     let (index_name, index) = file.index_dataset(group_name)?;
     let mut lengths = vec![(index_name, index.shape().first().copied().unwrap_or(0))];
     for name in column_names(file, group_name)? {
-        let n = column_len(file, group_name, &name)?;
-        lengths.push((name, n));
+        if let Some(n) = column_len(file, group_name, &name)? {
+            lengths.push((name, n));
+        }
     }
     for (name, n) in lengths {
         if n as u64 != rows {

@@ -227,11 +227,8 @@ impl<'a> ObsSource<'a> {
     /// Reads obs/schema.json and every shard's footer (in parallel).
     pub fn open(storage: &'a dyn Storage, manifest: &'a Manifest) -> anyhow::Result<ObsSource<'a>> {
         let obs = manifest.obs().ok_or_else(|| anyhow::anyhow!("{}: the dataset has no obs", storage.location("")))?;
-        let schema_bytes = storage
-            .get(format::OBS_SCHEMA_KEY)?
-            .ok_or_else(|| anyhow::anyhow!("{}: missing", storage.location(format::OBS_SCHEMA_KEY)))?;
-        let schema = ObsSchema::parse(&schema_bytes)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", storage.location(format::OBS_SCHEMA_KEY)))?;
+        let stored = super::read_schema(storage)?;
+        let (schema, schema_bytes) = (stored.schema, stored.text.len() as u64);
         let results: Vec<anyhow::Result<(Footer, u64)>> = obs
             .shard_bytes
             .par_iter()
@@ -249,7 +246,7 @@ impl<'a> ObsSource<'a> {
             footers.push(footer);
             requests += n;
         }
-        Ok(ObsSource { storage, manifest, schema, footers, requests, schema_bytes: schema_bytes.len() as u64 })
+        Ok(ObsSource { storage, manifest, schema, footers, requests, schema_bytes })
     }
 
     /// What opening the obs costs, before any column: obs/schema.json and
@@ -258,53 +255,51 @@ impl<'a> ObsSource<'a> {
         (self.requests, self.schema_bytes + self.footers.iter().map(|f| f.tail.1.len() as u64).sum::<u64>())
     }
 
-    /// The requests a localize makes for `column`: one per row group.
-    pub fn column_requests(&self) -> u64 {
-        self.footers.iter().map(|f| f.metadata.num_row_groups() as u64).sum()
-    }
-
-    /// The bytes a localize fetches for `column`: its chunk in every row
-    /// group of every shard.
-    pub fn column_bytes(&self, column: usize) -> u64 {
+    /// The byte ranges of `column` in each shard: its chunk in every row group.
+    fn column_ranges(&self, column: usize) -> Vec<Vec<Range<u64>>> {
         self.footers
             .iter()
-            .flat_map(|f| f.metadata.row_groups().iter().map(move |rg| rg.column(column).byte_range().1))
-            .sum()
+            .map(|footer| {
+                footer
+                    .metadata
+                    .row_groups()
+                    .iter()
+                    .map(|rg| {
+                        let (start, len) = rg.column(column).byte_range();
+                        start..start.saturating_add(len)
+                    })
+                    .collect()
+            })
+            .collect()
     }
 
-    /// Every tile's values of `column`, read with ranged reads of its chunks only.
+    /// The requests and bytes a localize of `column` reads after opening: the
+    /// column's chunks, merged as the storage merges nearby ranges.
+    pub fn column_cost(&self, column: usize) -> (u64, u64) {
+        self.column_ranges(column).iter().map(|r| self.storage.read_cost(r)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+
+    /// Every tile's values of `column`, read with ranged reads of its chunks
+    /// only; with the requests and bytes that took.
     pub fn fetch_column(&self, column: usize) -> anyhow::Result<(Vec<RecordBatch>, u64, u64)> {
         let k = self.manifest.obs_tiles_per_file.unwrap_or(1) as usize;
-        // Every chunk of the column, of every shard, is its own request, all of
-        // them in parallel: a shard holds up to a thousand row groups.
-        let chunks: Vec<(usize, Range<u64>)> = self
-            .footers
-            .iter()
-            .enumerate()
-            .flat_map(|(s, footer)| {
-                footer.metadata.row_groups().iter().map(move |rg| {
-                    let (start, len) = rg.column(column).byte_range();
-                    (s, start..start.saturating_add(len))
-                })
-            })
-            .collect();
-        let fetched: Vec<anyhow::Result<Bytes>> = chunks
-            .par_iter()
-            .map(|(s, range)| fetch(self.storage, &format::obs_shard_key(*s), range.clone(), &mut 0))
-            .collect();
-        let requests = chunks.len() as u64;
-        let bytes = chunks.iter().map(|(_, r)| r.end - r.start).sum();
-        let mut per_shard: Vec<Vec<(u64, Bytes)>> = self.footers.iter().map(|f| vec![f.tail.clone()]).collect();
-        for ((s, range), data) in chunks.iter().zip(fetched) {
-            per_shard[*s].push((range.start, data?));
-        }
+        let ranges = self.column_ranges(column);
+        let (requests, bytes) = self.column_cost(column);
+        // Each shard's chunks of the column in one call (the storage merges
+        // nearby ones and fetches them concurrently), the shards in parallel.
         let decoded: Vec<anyhow::Result<Vec<RecordBatch>>> = self
             .footers
             .par_iter()
-            .zip(per_shard)
+            .zip(&ranges)
             .enumerate()
-            .map(|(s, (footer, parts))| {
+            .map(|(s, (footer, shard_ranges))| {
                 let key = format::obs_shard_key(s);
+                let chunks = self
+                    .storage
+                    .get_ranges(&key, shard_ranges)?
+                    .ok_or_else(|| anyhow::anyhow!("{}: missing", self.storage.location(&key)))?;
+                let mut parts = vec![footer.tail.clone()];
+                parts.extend(shard_ranges.iter().map(|r| r.start).zip(chunks));
                 let file = SparseFile { len: footer.len, parts: Arc::new(parts) };
                 let meta = ArrowReaderMetadata::try_new(footer.metadata.clone(), ArrowReaderOptions::new())?;
                 let mask = ProjectionMask::roots(meta.parquet_schema(), [column]);

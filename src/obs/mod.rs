@@ -8,49 +8,59 @@ use bytes::Bytes;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
 
+use crate::dataset::DatasetError;
 use crate::format::obs_schema::{ObsKind, ObsSchema};
+use crate::storage::Storage;
 
 pub mod localize;
-pub mod merge;
 pub mod shard;
-pub mod var_table;
 
-/// The pyarrow name of an Arrow type (decisions.md 15), if it is one obs may use.
+/// The Arrow types obs may use, under their pyarrow names (decisions.md 15):
+/// the one table both directions are read from.
+const ARROW_TYPES: [(&str, DataType); 12] = [
+    ("int8", DataType::Int8),
+    ("int16", DataType::Int16),
+    ("int32", DataType::Int32),
+    ("int64", DataType::Int64),
+    ("uint8", DataType::UInt8),
+    ("uint16", DataType::UInt16),
+    ("uint32", DataType::UInt32),
+    ("uint64", DataType::UInt64),
+    ("float", DataType::Float32),
+    ("double", DataType::Float64),
+    ("bool", DataType::Boolean),
+    ("string", DataType::Utf8),
+];
+
+/// The pyarrow name of an Arrow type, if it is one obs may use.
 pub fn arrow_type_name(dt: &DataType) -> Option<&'static str> {
-    Some(match dt {
-        DataType::Int8 => "int8",
-        DataType::Int16 => "int16",
-        DataType::Int32 => "int32",
-        DataType::Int64 => "int64",
-        DataType::UInt8 => "uint8",
-        DataType::UInt16 => "uint16",
-        DataType::UInt32 => "uint32",
-        DataType::UInt64 => "uint64",
-        DataType::Float32 => "float",
-        DataType::Float64 => "double",
-        DataType::Boolean => "bool",
-        DataType::Utf8 => "string",
-        _ => return None,
-    })
+    ARROW_TYPES.iter().find(|(_, t)| t == dt).map(|(name, _)| *name)
 }
 
 /// The Arrow type of an obs/schema.json type name (the inverse of [`arrow_type_name`]).
 pub fn arrow_type_from_name(name: &str) -> Option<DataType> {
-    Some(match name {
-        "int8" => DataType::Int8,
-        "int16" => DataType::Int16,
-        "int32" => DataType::Int32,
-        "int64" => DataType::Int64,
-        "uint8" => DataType::UInt8,
-        "uint16" => DataType::UInt16,
-        "uint32" => DataType::UInt32,
-        "uint64" => DataType::UInt64,
-        "float" => DataType::Float32,
-        "double" => DataType::Float64,
-        "bool" => DataType::Boolean,
-        "string" => DataType::Utf8,
-        _ => return None,
-    })
+    ARROW_TYPES.iter().find(|(n, _)| *n == name).map(|(_, t)| t.clone())
+}
+
+/// A dataset's obs/schema.json: its exact text (which the obs fingerprint
+/// hashes) and what it says.
+pub struct StoredSchema {
+    pub text: String,
+    pub schema: ObsSchema,
+}
+
+/// Reads and checks a dataset's obs/schema.json.
+pub fn read_schema(storage: &dyn Storage) -> Result<StoredSchema, DatasetError> {
+    let key = crate::format::OBS_SCHEMA_KEY;
+    let location = storage.location(key);
+    let bytes = storage.get(key)?.ok_or_else(|| DatasetError::Missing {
+        location: location.clone(),
+        what: "the manifest says the dataset has obs".into(),
+    })?;
+    let text = String::from_utf8(bytes.to_vec())
+        .map_err(|e| DatasetError::Invalid { location: location.clone(), message: format!("not UTF-8: {e}") })?;
+    let schema = ObsSchema::parse(text.as_bytes()).map_err(|message| DatasetError::Invalid { location, message })?;
+    Ok(StoredSchema { text, schema })
 }
 
 /// Checks one shard's Parquet content: row groups (one per tile, each with that

@@ -77,6 +77,12 @@ pub trait Storage: Send + Sync {
     fn get(&self, key: &str) -> Result<Option<Bytes>, StorageError>;
     /// Several byte ranges of `key`, in the order asked.
     fn get_ranges(&self, key: &str, ranges: &[Range<u64>]) -> Result<Option<Vec<Bytes>>, StorageError>;
+    /// The requests and bytes that `get_ranges` with these ranges costs (a
+    /// store that merges nearby ranges counts the merged requests).
+    fn read_cost(&self, ranges: &[Range<u64>]) -> (u64, u64) {
+        let nonempty = ranges.iter().filter(|r| r.start < r.end);
+        (nonempty.clone().count() as u64, nonempty.map(|r| r.end - r.start).sum())
+    }
     /// Writes `key` atomically: readers see the old object or the whole new one.
     fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError>;
     /// Removes `key`; absent is fine.

@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::{StreamExt, TryStreamExt};
+use futures::TryStreamExt;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 
@@ -46,7 +46,6 @@ pub struct ObjectStorage {
     stats: IoStats,
     multipart_threshold: usize,
     part_size: usize,
-    concurrency: usize,
 }
 
 impl std::fmt::Debug for ObjectStorage {
@@ -66,7 +65,6 @@ impl ObjectStorage {
             stats: IoStats::default(),
             multipart_threshold: MULTIPART_THRESHOLD,
             part_size: PART_SIZE,
-            concurrency: 8,
         }
     }
 
@@ -85,12 +83,6 @@ impl ObjectStorage {
     pub fn with_multipart(mut self, threshold: usize, part_size: usize) -> Self {
         self.multipart_threshold = threshold;
         self.part_size = part_size.max(1);
-        self
-    }
-
-    /// Requests in flight within one call (the ranges of one `get_ranges`).
-    pub fn with_concurrency(mut self, n: usize) -> Self {
-        self.concurrency = n.max(1);
         self
     }
 
@@ -136,22 +128,14 @@ fn is_not_found(e: &object_store::Error) -> bool {
     matches!(e, object_store::Error::NotFound { .. })
 }
 
-/// Sorted, merged ranges: (merged range, indices of the asked ranges in it).
-fn coalesce(ranges: &[Range<u64>], gap: u64) -> Vec<(Range<u64>, Vec<usize>)> {
-    let mut order: Vec<usize> = (0..ranges.len()).filter(|&i| ranges[i].start < ranges[i].end).collect();
-    order.sort_by_key(|&i| (ranges[i].start, ranges[i].end));
-    let mut merged: Vec<(Range<u64>, Vec<usize>)> = Vec::new();
-    for i in order {
-        let r = &ranges[i];
-        match merged.last_mut() {
-            Some((m, members)) if r.start <= m.end.saturating_add(gap) => {
-                m.end = m.end.max(r.end);
-                members.push(i);
-            }
-            _ => merged.push((r.clone(), vec![i])),
-        }
-    }
-    merged
+/// Why one request of a `get_ranges` failed.
+enum Fetch {
+    Store(object_store::Error),
+    /// The store sent fewer bytes than the range asked for (past the end).
+    Short {
+        range: Range<u64>,
+        got: u64,
+    },
 }
 
 impl Storage for ObjectStorage {
@@ -194,52 +178,67 @@ impl Storage for ObjectStorage {
     }
 
     fn get_ranges(&self, key: &str, ranges: &[Range<u64>]) -> Result<Option<Vec<Bytes>>, StorageError> {
-        let merged = coalesce(ranges, COALESCE_GAP);
-        if merged.is_empty() {
+        if let Some(r) = ranges.iter().find(|r| r.start > r.end) {
+            return Err(StorageError::Range { location: self.location(key), start: r.start, end: r.end, size: 0 });
+        }
+        if ranges.iter().all(|r| r.start == r.end) {
             // Only empty ranges: the object must still exist, and be long enough.
             let Some(size) = self.size(key)? else { return Ok(None) };
-            if let Some(r) = ranges.iter().find(|r| r.start > r.end || r.end > size) {
+            if let Some(r) = ranges.iter().find(|r| r.end > size) {
                 return Err(StorageError::Range { location: self.location(key), start: r.start, end: r.end, size });
             }
             return Ok(Some(vec![Bytes::new(); ranges.len()]));
         }
+        // Ranges closer than COALESCE_GAP are fetched as one request; the
+        // requests run concurrently (object_store's coalescing).
         let path = self.path(key);
-        let fetched: Result<Vec<Bytes>, object_store::Error> = runtime().block_on(
-            futures::stream::iter(merged.iter().map(|(r, _)| {
+        let fetched = runtime().block_on(object_store::coalesce_ranges(
+            ranges,
+            |range| {
                 let path = &path;
                 async move {
-                    let bytes = self.store.get_range(path, r.clone()).await?;
+                    let bytes = self.store.get_range(path, range.clone()).await.map_err(Fetch::Store)?;
                     self.stats.record(bytes.len() as u64);
+                    if bytes.len() as u64 != range.end - range.start {
+                        return Err(Fetch::Short { range, got: bytes.len() as u64 });
+                    }
                     Ok(bytes)
                 }
-            }))
-            .buffered(self.concurrency)
-            .try_collect(),
-        );
-        let fetched = match fetched {
-            Ok(f) => f,
-            Err(e) if is_not_found(&e) => return Ok(None),
-            Err(e) => return Err(self.err(key, e)),
-        };
-        let mut out = vec![Bytes::new(); ranges.len()];
-        for ((whole, members), bytes) in merged.iter().zip(fetched) {
-            if bytes.len() as u64 != whole.end - whole.start {
-                return Err(StorageError::Range {
-                    location: self.location(key),
-                    start: whole.start,
-                    end: whole.end,
-                    size: whole.start + bytes.len() as u64,
-                });
-            }
-            for &i in members {
-                let r = &ranges[i];
-                out[i] = bytes.slice((r.start - whole.start) as usize..(r.end - whole.start) as usize);
-            }
+            },
+            COALESCE_GAP,
+        ));
+        match fetched {
+            Ok(parts) => Ok(Some(parts)),
+            Err(Fetch::Store(e)) if is_not_found(&e) => Ok(None),
+            Err(Fetch::Store(e)) => Err(self.err(key, e)),
+            Err(Fetch::Short { range, got }) => Err(StorageError::Range {
+                location: self.location(key),
+                start: range.start,
+                end: range.end,
+                size: range.start + got,
+            }),
         }
-        if let Some(r) = ranges.iter().find(|r| r.start > r.end) {
-            return Err(StorageError::Range { location: self.location(key), start: r.start, end: r.end, size: 0 });
+    }
+
+    fn read_cost(&self, ranges: &[Range<u64>]) -> (u64, u64) {
+        // object_store's own merging, run with a fetch that only counts. (Its
+        // zeroed buffers are never written, so they take no memory.)
+        use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+        if ranges.iter().all(|r| r.start >= r.end) {
+            return (0, 0);
         }
-        Ok(Some(out))
+        let (requests, bytes) = (AtomicU64::new(0), AtomicU64::new(0));
+        let counted = futures::executor::block_on(object_store::coalesce_ranges(
+            ranges,
+            |range| {
+                requests.fetch_add(1, Relaxed);
+                bytes.fetch_add(range.end - range.start, Relaxed);
+                std::future::ready(Ok::<_, ()>(Bytes::from(vec![0u8; (range.end - range.start) as usize])))
+            },
+            COALESCE_GAP,
+        ));
+        debug_assert!(counted.is_ok());
+        (requests.into_inner(), bytes.into_inner())
     }
 
     fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError> {

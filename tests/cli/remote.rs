@@ -160,8 +160,18 @@ fn reading_commands_agree(t: &TestDir, local: &str, remote: &str, extra: &[&str]
         t.run_env(&all, env)
     };
     for args in [&["info", "--json"][..], &["verify", "--json"], &["obs", "info", "--json", "--cache-dir", "c0"]] {
-        let l = run(args, local).expect_code(0).json();
-        let r = run(args, remote).expect_code(0).json();
+        let mut l = run(args, local).expect_code(0).json();
+        let mut r = run(args, remote).expect_code(0).json();
+        // An object store merges the nearby chunks of a column into fewer
+        // requests than a local folder's reads; everything else is the same.
+        if let (Some(lc), Some(rc)) = (l["columns"].as_array_mut(), r["columns"].as_array_mut()) {
+            for (lc, rc) in lc.iter_mut().zip(rc.iter_mut()) {
+                let (lr, rr) = (lc["fetch_requests"].take(), rc["fetch_requests"].take());
+                if args[0] == "obs" {
+                    assert!(rr.as_u64().unwrap() <= lr.as_u64().unwrap(), "{rr} requests remote, {lr} local");
+                }
+            }
+        }
         assert_eq!(without_location(r), without_location(l), "{args:?}");
     }
     run(&["obs", "localize", "--all", "--cache-dir", "cache-local"], local).expect_code(0);
@@ -301,7 +311,7 @@ fn gcs_emulator_serves_a_dataset_uploaded_to_it() {
 }
 
 #[test]
-fn localize_on_a_slow_store_makes_one_request_per_column_chunk() {
+fn localize_on_a_slow_store_reads_each_shards_chunks_of_a_column_in_one_request() {
     let Some((ctrl, _)) = crate::util::pbmc() else { return };
     if std::env::var_os("DELTACELLS_PYTHON").is_none() {
         crate::util::skip("DELTACELLS_PYTHON not set; slow-store test skipped");
@@ -310,7 +320,11 @@ fn localize_on_a_slow_store_makes_one_request_per_column_chunk() {
     let t = TestDir::new();
     let with_obs = t.join("pbmc_obs.h5ad");
     crate::util::python_script("add_obs_columns.py", &[ctrl.to_str().unwrap(), with_obs.to_str().unwrap()]);
-    t.run(&["convert", "-q", "--tile-size", "500", "--level", "1", "pbmc_obs.h5ad", "ds"]).expect_code(0);
+    let layout = ["--tile-size", "500", "--obs-tiles-per-file", "2", "--level", "1"];
+    let mut args = vec!["convert", "-q"];
+    args.extend(layout);
+    args.extend(["pbmc_obs.h5ad", "ds"]);
+    t.run(&args).expect_code(0);
 
     // 100 ms per request, 100 MB/s
     let latency = Duration::from_millis(100);
@@ -332,6 +346,7 @@ fn localize_on_a_slow_store_makes_one_request_per_column_chunk() {
     let tiles = manifest.n_tiles() as u64;
     assert_eq!(tiles, 14, "6,548 cells in tiles of 500");
     let shards = manifest.obs().unwrap().shard_bytes.len() as u64;
+    assert_eq!(shards, 7);
 
     let threads = 4;
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
@@ -344,22 +359,24 @@ fn localize_on_a_slow_store_makes_one_request_per_column_chunk() {
     let elapsed = started.elapsed();
     let (after, _) = slow.stats().snapshot();
 
-    // obs/schema.json, one footer per shard, one chunk per column per tile
-    assert_eq!(report.requests, 1 + shards + 3 * tiles);
+    // obs/schema.json, one footer per shard, then per column one request per
+    // shard: a column's chunks in a shard are within 64 KiB of each other, so
+    // the store merges them. What the report counts is what the store served.
+    assert_eq!(report.requests, 1 + shards + 3 * shards);
     assert_eq!(after - before, report.requests);
-    let serial = latency * report.requests as u32;
-    let expected = serial / threads as u32;
+    // the same columns, localized from the local copy, are the same files
+    let local_report =
+        deltacells::obs::localize::localize(&local, &manifest, &columns, &t.join("cache-local"), false).unwrap();
+    assert_eq!(local_report.requests, 1 + shards + 3 * tiles, "a local folder reads each chunk");
+    assert_eq!(cached_files(&t.join("cache")), cached_files(&t.join("cache-local")));
     eprintln!(
-        "slow store: {} requests, {} bytes, {:.2} s with {threads} in flight (requests x latency / threads = {:.2} s)",
+        "slow store: {} requests, {} bytes, {:.2} s with {threads} in flight ({} chunks unmerged: {:.2} s of latency at {threads} in flight)",
         report.requests,
         report.bytes,
         elapsed.as_secs_f64(),
-        expected.as_secs_f64()
+        local_report.requests,
+        (latency * local_report.requests as u32 / threads as u32).as_secs_f64()
     );
-    // No more than `threads` requests are ever in flight, so it cannot be
-    // faster than this; and they do overlap, so it is far from serial.
-    assert!(elapsed >= expected.mul_f64(0.95), "{elapsed:?} < {expected:?}");
-    assert!(elapsed < serial.mul_f64(0.6), "{elapsed:?}: requests did not overlap (serial {serial:?})");
 }
 
 #[test]

@@ -19,10 +19,10 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use serde_json::Value;
 
-use super::{arrow_type_from_name, arrow_type_name};
 use crate::format::obs_schema::{ObsColumn, ObsKind, ObsSchema, SCHEMA_FORMAT, SCHEMA_VERSION};
 use crate::h5ad::frame::{column_names, read_column, Categories, FrameColumn};
 use crate::h5ad::{H5adError, H5adFile};
+use crate::obs::{arrow_type_from_name, arrow_type_name};
 
 /// What convert stores of obs.
 #[derive(Clone, Debug)]
