@@ -114,13 +114,14 @@ struct Conversion {
 fn conversion(args: &ConvertArgs) -> anyhow::Result<Conversion> {
     super::set_threads(args.threads)?;
     let (inputs, out) = inputs_and_output(args)?;
-    if out.starts_with("http://") || out.starts_with("https://") {
-        bail!("{out}: an HTTP server is read-only; write to a local folder, s3:// or gs://");
-    }
-    let out_path = out.strip_prefix("file://").unwrap_or(&out);
-    if !storage::is_remote(&out) && Path::new(out_path).is_file() {
-        bail!("{out_path}: is a file, not a folder");
-    }
+    let out_path = match storage::Location::parse(&out)? {
+        storage::Location::Http { .. } => {
+            bail!("{out}: an HTTP server is read-only; write to a local folder, s3:// or gs://")
+        }
+        storage::Location::Local(path) if path.is_file() => bail!("{}: is a file, not a folder", path.display()),
+        storage::Location::Local(path) => path.display().to_string(),
+        _ => out.clone(),
+    };
     let store = super::open_store(&out, &args.store)?;
     let options = ConvertOptions {
         matrix: args.matrix.clone(),

@@ -6,6 +6,7 @@
 //! callers can tell "absent" from "could not read".
 
 mod aws_profile;
+pub mod conformance;
 mod local;
 mod object;
 
@@ -107,6 +108,56 @@ pub trait Storage: Send + Sync {
     fn stats(&self) -> &IoStats;
 }
 
+/// Where a dataset root is, as the user named it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    /// A local folder (a path, or a `file://` URL).
+    Local(std::path::PathBuf),
+    /// `s3://bucket/prefix` (also `s3a://`).
+    S3 { bucket: String, prefix: String },
+    /// `gs://bucket/prefix`.
+    Gcs { bucket: String, prefix: String },
+    /// `http://` or `https://`: read-only, no listing. An https address of a
+    /// bucket's host is read as plain HTTP too; use `s3://` or `gs://` for the
+    /// bucket's own API.
+    Http { url: String },
+}
+
+impl Location {
+    /// Parses a dataset root: anything with `://` is a URL, read by
+    /// object_store's own scheme parser; anything else a local path.
+    pub fn parse(root: &str) -> Result<Location, StorageError> {
+        use object_store::ObjectStoreScheme as Scheme;
+        if !root.contains("://") {
+            return Ok(Location::Local(root.into()));
+        }
+        let fail = |message: String| StorageError::Unsupported { location: root.to_string(), message };
+        let unsupported = || {
+            fail(format!(
+                "{} is not a supported dataset location (use a local path, file://, s3://, gs://, http:// or https://)",
+                root.split_once("://").map_or(root, |(scheme, _)| scheme).to_string() + "://"
+            ))
+        };
+        let url = url::Url::parse(root).map_err(|e| fail(format!("not a valid URL: {e}")))?;
+        if matches!(url.scheme(), "http" | "https") {
+            return Ok(Location::Http { url: root.trim_end_matches('/').to_string() });
+        }
+        let (scheme, path) = Scheme::parse(&url).map_err(|_| unsupported())?;
+        let bucket = || url.host_str().unwrap_or_default().to_string();
+        match scheme {
+            Scheme::Local => url.to_file_path().map(Location::Local).map_err(|()| fail("not a local file path".into())),
+            Scheme::AmazonS3 => Ok(Location::S3 { bucket: bucket(), prefix: path.to_string() }),
+            Scheme::GoogleCloudStorage => Ok(Location::Gcs { bucket: bucket(), prefix: path.to_string() }),
+            _ => Err(unsupported()),
+        }
+    }
+
+    /// Whether this is a bucket or server rather than a local folder.
+    pub fn is_remote(&self) -> bool {
+        !matches!(self, Location::Local(_))
+    }
+}
+
 /// Opens a dataset root given as a local path, `file://` URL, or object-store
 /// URL (`s3://`, `gs://`, `http(s)://`), with default [`StoreOptions`].
 pub fn open(root: &str) -> Result<Arc<dyn Storage>, StorageError> {
@@ -115,18 +166,10 @@ pub fn open(root: &str) -> Result<Arc<dyn Storage>, StorageError> {
 
 /// Opens a dataset root, reaching object stores as `options` say.
 pub fn open_with(root: &str, options: &StoreOptions) -> Result<Arc<dyn Storage>, StorageError> {
-    if let Some(path) = root.strip_prefix("file://") {
-        return Ok(Arc::new(LocalStorage::new(path)));
-    }
-    if root.contains("://") {
-        return Ok(Arc::new(object::open_url(root, options)?));
-    }
-    Ok(Arc::new(LocalStorage::new(root)))
-}
-
-/// Whether `root` names a remote location (anything but a local path or `file://`).
-pub fn is_remote(root: &str) -> bool {
-    root.contains("://") && !root.starts_with("file://")
+    Ok(match Location::parse(root)? {
+        Location::Local(path) => Arc::new(LocalStorage::new(path)),
+        remote => Arc::new(object::open(root, &remote, options)?),
+    })
 }
 
 #[cfg(test)]

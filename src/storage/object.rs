@@ -14,7 +14,7 @@ use futures::TryStreamExt;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 
-use super::{IoStats, Storage, StorageError};
+use super::{IoStats, Location, Storage, StorageError};
 
 /// Objects larger than this are uploaded in parts.
 pub const MULTIPART_THRESHOLD: usize = 64 << 20;
@@ -347,13 +347,11 @@ pub fn anonymous_gcs(
     builder.with_skip_signature(true).with_credentials(Arc::new(object_store::StaticCredentialProvider::new(none)))
 }
 
-/// Opens `url` (`s3://`, `gs://`, `http://`, `https://`).
-pub(super) fn open_url(url: &str, options: &StoreOptions) -> Result<ObjectStorage, StorageError> {
+/// Opens the remote `location` (parsed from `url`, which names it in messages).
+pub(super) fn open(url: &str, location: &Location, options: &StoreOptions) -> Result<ObjectStorage, StorageError> {
     let fail = |message: String| StorageError::Unsupported { location: url.to_string(), message };
-    let (scheme, rest) = url.split_once("://").expect("callers pass a URL");
-    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-    match scheme {
-        "s3" | "s3a" => {
+    match location {
+        Location::S3 { bucket, prefix } => {
             let mut builder = object_store::aws::AmazonS3Builder::from_env()
                 .with_bucket_name(bucket)
                 .with_retry(retry_config())
@@ -373,7 +371,7 @@ pub(super) fn open_url(url: &str, options: &StoreOptions) -> Result<ObjectStorag
             let store = builder.build().map_err(|e| fail(describe(&e)))?;
             Ok(ObjectStorage::new(Arc::new(store), prefix, url))
         }
-        "gs" => {
+        Location::Gcs { bucket, prefix } => {
             let mut builder = object_store::gcp::GoogleCloudStorageBuilder::from_env()
                 .with_bucket_name(bucket)
                 .with_retry(retry_config());
@@ -388,17 +386,15 @@ pub(super) fn open_url(url: &str, options: &StoreOptions) -> Result<ObjectStorag
             let store = builder.build().map_err(|e| fail(describe(&e)))?;
             Ok(ObjectStorage::new(Arc::new(store), prefix, url))
         }
-        "http" | "https" => {
+        Location::Http { url: http_url } => {
             let store = object_store::http::HttpBuilder::new()
-                .with_url(url.trim_end_matches('/'))
+                .with_url(http_url)
                 .with_retry(retry_config())
                 .with_client_options(client_options(Some(url)))
                 .build()
                 .map_err(|e| fail(describe(&e)))?;
             Ok(ObjectStorage::new(Arc::new(store), "", url).without_listing())
         }
-        other => Err(fail(format!(
-            "{other}:// is not a supported dataset location (use a local path, file://, s3://, gs://, http:// or https://)"
-        ))),
+        Location::Local(_) => Err(fail("a local folder is not an object store".into())),
     }
 }

@@ -2,42 +2,38 @@
 
 use super::*;
 
-#[allow(clippy::single_range_in_vec_init)] // one range per call is the point
-pub(crate) fn conformance(store: &dyn Storage) {
-    assert_eq!(store.get("missing.bin").unwrap(), None);
-    assert_eq!(store.size("missing.bin").unwrap(), None);
-    assert_eq!(store.get_ranges("missing.bin", &[0..1]).unwrap(), None);
-    store.put("a/b/c.bin", Bytes::from_static(b"0123456789")).unwrap();
-    store.put("top.txt", Bytes::from_static(b"x")).unwrap();
-    assert_eq!(store.get("a/b/c.bin").unwrap().unwrap(), Bytes::from_static(b"0123456789"));
-    assert_eq!(store.size("a/b/c.bin").unwrap(), Some(10));
-    let parts = store.get_ranges("a/b/c.bin", &[2..4, 0..1, 9..10, 5..5]).unwrap().unwrap();
-    assert_eq!(
-        parts,
-        vec![Bytes::from_static(b"23"), Bytes::from_static(b"0"), Bytes::from_static(b"9"), Bytes::new()]
-    );
-    assert!(store.get_ranges("a/b/c.bin", &[5..11]).is_err());
-    store.put("a/b/c.bin", Bytes::from_static(b"new")).unwrap();
-    assert_eq!(store.get("a/b/c.bin").unwrap().unwrap(), Bytes::from_static(b"new"));
-    assert_eq!(store.list("").unwrap(), vec!["a/b/c.bin".to_string(), "top.txt".to_string()]);
-    assert_eq!(store.list("a").unwrap(), vec!["a/b/c.bin".to_string()]);
-    assert_eq!(store.list("nothing").unwrap(), Vec::<String>::new());
-    store.delete("top.txt").unwrap();
-    store.delete("top.txt").unwrap();
-    assert_eq!(store.get("top.txt").unwrap(), None);
-    let (requests, _) = store.stats().snapshot();
-    assert!(requests >= 3);
-    // a.b.c.bin twice and top.txt: 10 + 1 + 3 bytes
-    assert_eq!(store.stats().uploads(), (3, 14));
-}
-
 #[test]
 fn local_storage_conformance() {
     let dir = tempfile::tempdir().unwrap();
-    conformance(&LocalStorage::new(dir.path()));
+    let store = LocalStorage::new(dir.path());
+    for (key, data) in conformance::FIXTURE {
+        store.put(key, Bytes::from_static(data)).unwrap();
+    }
     // no temporary files are left behind by put
     let names: Vec<_> = std::fs::read_dir(dir.path().join("a/b")).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names, vec!["c.bin"]);
+    conformance::check_read_write(&store).unwrap();
+    // folders left empty by delete go too
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn locations_are_parsed_by_scheme() {
+    let parse = |s: &str| Location::parse(s).unwrap();
+    assert_eq!(parse("out/ds"), Location::Local("out/ds".into()));
+    assert_eq!(parse("file:///tmp/ds"), Location::Local("/tmp/ds".into()));
+    assert_eq!(parse("s3://bucket/a/b"), Location::S3 { bucket: "bucket".into(), prefix: "a/b".into() });
+    assert_eq!(parse("s3a://bucket/a"), Location::S3 { bucket: "bucket".into(), prefix: "a".into() });
+    assert_eq!(parse("gs://bucket"), Location::Gcs { bucket: "bucket".into(), prefix: "".into() });
+    assert_eq!(parse("https://host/x/"), Location::Http { url: "https://host/x".into() });
+    // an https address of a bucket's host is still plain HTTP
+    assert_eq!(
+        parse("https://bucket.s3.amazonaws.com/ds"),
+        Location::Http { url: "https://bucket.s3.amazonaws.com/ds".into() }
+    );
+    assert!(!parse("a:b").is_remote());
+    let e = Location::parse("az://container/ds").unwrap_err().to_string();
+    assert!(e.contains("az:// is not a supported dataset location"), "{e}");
 }
 
 #[test]
@@ -51,10 +47,49 @@ fn unsupported_schemes_say_so() {
 #[test]
 fn object_storage_conformance() {
     let memory: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-    conformance(&ObjectStorage::new(memory.clone(), "data/set", "mem://data/set"));
+    let store = ObjectStorage::new(memory.clone(), "data/set", "mem://data/set");
+    conformance::check_read_write(&store).unwrap();
     // every key stayed under the prefix
+    store.put("x", Bytes::from_static(b"1")).unwrap();
     let outside = ObjectStorage::new(memory, "data", "mem://data");
-    assert_eq!(outside.list("").unwrap(), vec!["set/a/b/c.bin".to_string()]);
+    assert_eq!(outside.list("").unwrap(), vec!["set/x".to_string()]);
+}
+
+#[test]
+fn the_checks_find_a_broken_store() {
+    /// A store whose ranged reads come back in sorted order, not the order asked.
+    struct Sorted(LocalStorage);
+    impl Storage for Sorted {
+        fn location(&self, key: &str) -> String {
+            self.0.location(key)
+        }
+        fn size(&self, key: &str) -> Result<Option<u64>, StorageError> {
+            self.0.size(key)
+        }
+        fn get(&self, key: &str) -> Result<Option<Bytes>, StorageError> {
+            self.0.get(key)
+        }
+        fn get_ranges(&self, key: &str, ranges: &[Range<u64>]) -> Result<Option<Vec<Bytes>>, StorageError> {
+            let mut sorted = ranges.to_vec();
+            sorted.sort_by_key(|r| r.start);
+            self.0.get_ranges(key, &sorted)
+        }
+        fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError> {
+            self.0.put(key, data)
+        }
+        fn delete(&self, key: &str) -> Result<(), StorageError> {
+            self.0.delete(key)
+        }
+        fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
+            self.0.list(prefix)
+        }
+        fn stats(&self) -> &IoStats {
+            self.0.stats()
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let e = conformance::check_read_write(&Sorted(LocalStorage::new(dir.path()))).unwrap_err();
+    assert!(e.starts_with("get_ranges: got Some(["), "{e}");
 }
 
 #[test]

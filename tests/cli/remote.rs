@@ -438,3 +438,27 @@ fn a_store_that_goes_away_mid_convert_is_a_clear_error() {
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("s3://test/ds/") && stderr.contains("retries"), "{stderr}");
 }
+
+#[test]
+fn every_server_passes_the_storage_conformance_checks() {
+    use deltacells::storage::conformance::{check_read, check_read_write, FIXTURE};
+    // S3 (moto): reads and writes
+    let Some(s3) = Server::start("s3", &[]) else { return };
+    check_read_write(&s3_storage(&s3.url(), "conformance")).unwrap();
+    // the fixture in a folder, for the read-only servers
+    let t = TestDir::new();
+    for (key, data) in FIXTURE {
+        let path = t.join("fixture").join(key);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, data).unwrap();
+    }
+    // HTTP with Range (no listing, read-only), through the same opener as the CLI
+    let root = t.path().display().to_string();
+    let Some(http) = Server::start("http", &[&root]) else { return };
+    let store = deltacells::storage::open(&format!("{}/fixture", http.url())).unwrap();
+    check_read(store.as_ref()).unwrap();
+    // GCS (fake-gcs-server, which takes uploads only through its JSON API)
+    let fixture = t.join("fixture").display().to_string();
+    let Some(gcs) = Server::start("fake-gcs", &[&fixture]) else { return };
+    check_read(&gcs_storage(&gcs.url(), "fixture")).unwrap();
+}
