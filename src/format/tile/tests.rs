@@ -1,5 +1,10 @@
+use super::header::{u32_at, u64_at};
+#[cfg(target_arch = "x86_64")]
+use super::kernels::{cell_gaps_avx2, cell_gaps_sse2};
+use super::kernels::{cell_gaps_scalar, recombine_counts, select_gaps_kernel, GapsKernel};
 use super::*;
 use crate::format::MAX_COUNT;
+use crate::format::{CsrMatrix, EncodeError, Stream, TileError};
 use proptest::prelude::*;
 
 /// Builds a CSR block from rows of (gene, count).

@@ -1,0 +1,253 @@
+//! Decoding a tile whose layout was checked: every frame's declared size
+//! before any output is sized, then the chunks in parallel, each straight into
+//! its own slice of the output, with every reader rule checked on the way.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use super::super::error::{Stream, TileError};
+use super::super::CsrMatrix;
+use super::frames::{decompress_exact, frame_content_size};
+use super::header::{u32_at, ChunkEntry};
+use super::kernels::{recombine_counts, select_gaps_kernel};
+use super::layout::{TileExpectation, TileLayout};
+use super::STREAM_MAX;
+
+thread_local! {
+    static SCRATCH: RefCell<(Vec<u8>, Vec<u8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Decodes a whole tile, checking every rule of format.md and decisions.md that a
+/// reader can check. Chunks are decoded in parallel, each straight into its own
+/// slice of the output.
+///
+/// `expect`, when given, is what the manifest says of this tile.
+pub fn decode_tile(blob: &[u8], expect: Option<&TileExpectation>) -> Result<CsrMatrix, TileError> {
+    let mut out = CsrMatrix::default();
+    decode_tile_into(blob, expect, &mut out)?;
+    Ok(out)
+}
+
+/// Like [`decode_tile`], but reuses `out`'s buffers, so that a loop over tiles
+/// allocates (and the kernel zeroes) nothing once they are large enough. On
+/// error, `out` holds unspecified data.
+pub fn decode_tile_into(blob: &[u8], expect: Option<&TileExpectation>, out: &mut CsrMatrix) -> Result<(), TileError> {
+    let layout = TileLayout::parse(blob, expect)?;
+    // Every frame's declared size is checked before the output is sized, so a
+    // lying header cannot make us allocate more than the frames would produce.
+    for (c, chunk) in layout.chunks.iter().enumerate() {
+        for (stream, r) in [(Stream::Gaps, chunk.gaps), (Stream::Vals, chunk.vals)] {
+            let declared = frame_content_size(layout.stream(r), c as u64, stream)?;
+            if declared != 2 * chunk.n() {
+                return Err(TileError::FrameSize {
+                    chunk: c as u64,
+                    stream,
+                    expected: 2 * chunk.n(),
+                    actual: declared,
+                });
+            }
+        }
+    }
+    let nnz = layout.header.nnz as usize;
+    // Every entry is overwritten by its chunk, so stale values may stay: only
+    // growth is zero-filled.
+    out.indices.resize(nnz, 0);
+    out.data.resize(nnz, 0);
+    let mut jobs = Vec::with_capacity(layout.chunks.len());
+    let (mut rest_i, mut rest_d) = (out.indices.as_mut_slice(), out.data.as_mut_slice());
+    for (c, chunk) in layout.chunks.iter().enumerate() {
+        let (i, ri) = rest_i.split_at_mut(chunk.n() as usize);
+        let (d, rd) = rest_d.split_at_mut(chunk.n() as usize);
+        (rest_i, rest_d) = (ri, rd);
+        jobs.push((c, chunk, i, d));
+    }
+    jobs.into_par_iter().try_for_each(|(c, chunk, i, d)| decode_chunk(&layout, c as u64, chunk, i, d))?;
+    out.n_cols = layout.header.n_genes;
+    out.indptr = layout.indptr;
+    Ok(())
+}
+
+/// Longest cell whose u32 prefix sum of uint16 gaps cannot wrap around.
+const MAX_UNCHECKED_CELL: usize = (u32::MAX / STREAM_MAX) as usize;
+
+fn decode_chunk(
+    layout: &TileLayout<'_>,
+    c: u64,
+    chunk: &ChunkEntry,
+    indices: &mut [u32],
+    data: &mut [u32],
+) -> Result<(), TileError> {
+    let n = chunk.n() as usize;
+    let n_genes = u64::from(layout.header.n_genes);
+    SCRATCH.with(|scratch| {
+        let (gaps, vals) = &mut *scratch.borrow_mut();
+        gaps.resize(2 * n, 0);
+        vals.resize(2 * n, 0);
+        decompress_exact(layout.stream(chunk.gaps), gaps, c, Stream::Gaps)?;
+        decompress_exact(layout.stream(chunk.vals), vals, c, Stream::Vals)?;
+
+        let (vlo, vhi) = vals.split_at(n);
+        if recombine_counts(vlo, vhi, data) {
+            let position = data.iter().position(|&v| v == 0).expect("a zero was seen") as u64;
+            return Err(TileError::ZeroCount { chunk: c, position });
+        }
+
+        let (glo, ghi) = gaps.split_at(n);
+        let cell_ptr = &layout.indptr[chunk.cell_lo as usize..=chunk.cell_hi as usize];
+        // Gene indices: a prefix sum of the gaps within each cell. The rules
+        // (no gap of 0 after a cell's first, last index below n_genes) are
+        // checked in separate passes that keep this loop tight; u32 sums cannot
+        // wrap for cells of at most MAX_UNCHECKED_CELL entries, and longer ones
+        // take the checked path.
+        // Gene indices are the prefix sums of the stored gaps within each cell,
+        // computed in one pass that also counts zero gaps (allowed only as a
+        // cell's first). u32 sums cannot wrap for cells of at most
+        // MAX_UNCHECKED_CELL entries; longer ones take a checked path.
+        let gaps_kernel = select_gaps_kernel();
+        let mut bad = false;
+        let mut zero_gaps = 0u32;
+        let mut zero_firsts = 0u32;
+        for w in cell_ptr.windows(2) {
+            let (s, e) = ((w[0] - chunk.nnz_lo) as usize, (w[1] - chunk.nnz_lo) as usize);
+            if s == e {
+                continue;
+            }
+            zero_firsts += u32::from(glo[s] == 0 && ghi[s] == 0);
+            if e - s > MAX_UNCHECKED_CELL {
+                let mut acc = 0u64;
+                for k in s..e {
+                    let g = u64::from(glo[k]) | u64::from(ghi[k]) << 8;
+                    zero_gaps += u32::from(g == 0);
+                    acc += g;
+                    if acc >= n_genes {
+                        bad = true;
+                        break;
+                    }
+                    indices[k] = acc as u32;
+                }
+                continue;
+            }
+            let (last, zeros) = gaps_kernel(&glo[s..e], &ghi[s..e], &mut indices[s..e]);
+            zero_gaps += zeros;
+            bad |= u64::from(last) >= n_genes;
+        }
+        // A zero gap anywhere but at a cell's start breaks strict increase.
+        if bad || zero_gaps != zero_firsts {
+            return Err(locate_gap_error(layout, c, chunk, glo, ghi));
+        }
+
+        if chunk.vexc.len > 0 {
+            let exceptions = read_exceptions(layout, c, chunk, Stream::Vexc)?;
+            for (position, payload) in exceptions {
+                let p = position as usize;
+                if data[p] != STREAM_MAX {
+                    let stored = u64::from(data[p]);
+                    return Err(TileError::ExceptionStoredValue { chunk: c, stream: Stream::Vexc, position, stored });
+                }
+                if !(STREAM_MAX + 1..=crate::format::MAX_COUNT).contains(&payload) {
+                    return Err(TileError::VexcPayload { chunk: c, position, value: payload.into() });
+                }
+                data[p] = payload;
+            }
+        }
+        if chunk.gexc.len > 0 {
+            let exceptions = read_exceptions(layout, c, chunk, Stream::Gexc)?;
+            for (position, payload) in exceptions {
+                let p = position as usize;
+                let stored = u32::from(glo[p]) | u32::from(ghi[p]) << 8;
+                if stored != STREAM_MAX {
+                    let stored = u64::from(stored);
+                    return Err(TileError::ExceptionStoredValue { chunk: c, stream: Stream::Gexc, position, stored });
+                }
+                if payload == 0 || u64::from(payload) >= n_genes {
+                    return Err(TileError::GexcPayload { chunk: c, position, value: payload.into() });
+                }
+                // The cell whose indptr range holds this nonzero (decisions.md 5).
+                let global = chunk.nnz_lo + position;
+                let cell_in_chunk = cell_ptr.partition_point(|&x| x <= global) - 1;
+                let cell_end = (cell_ptr[cell_in_chunk + 1] - chunk.nnz_lo) as usize;
+                for (k, index) in indices[p..cell_end].iter_mut().enumerate() {
+                    let shifted = u64::from(*index) + u64::from(payload);
+                    if shifted >= n_genes {
+                        return Err(TileError::GeneIndexRange {
+                            chunk: c,
+                            cell: chunk.cell_lo + cell_in_chunk as u64,
+                            position: (p + k) as u64,
+                            gene: shifted,
+                            n_genes,
+                        });
+                    }
+                    *index = shifted as u32;
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Finds the first gap that made the fast path fail, for the error message.
+fn locate_gap_error(layout: &TileLayout<'_>, c: u64, chunk: &ChunkEntry, glo: &[u8], ghi: &[u8]) -> TileError {
+    let n_genes = u64::from(layout.header.n_genes);
+    for cell in chunk.cell_lo..chunk.cell_hi {
+        let s = (layout.indptr[cell as usize] - chunk.nnz_lo) as usize;
+        let e = (layout.indptr[cell as usize + 1] - chunk.nnz_lo) as usize;
+        let mut acc = 0u64;
+        for k in s..e {
+            let g = u64::from(glo[k]) | u64::from(ghi[k]) << 8;
+            if k > s && g == 0 {
+                return TileError::GeneIndexOrder { chunk: c, cell, position: k as u64 };
+            }
+            acc += g;
+            if acc >= n_genes {
+                return TileError::GeneIndexRange { chunk: c, cell, position: k as u64, gene: acc, n_genes };
+            }
+        }
+    }
+    unreachable_gap_error(c)
+}
+
+#[cold]
+fn unreachable_gap_error(chunk: u64) -> TileError {
+    // The fast path and this scan apply the same rules; reaching here would be a
+    // bug, reported as a layout error rather than a panic.
+    TileError::Layout { reason: format!("chunk {chunk}: inconsistent gap check") }
+}
+
+/// Reads an exception frame: k uint32 positions then k uint32 payloads, with
+/// positions strictly increasing and below the chunk's nnz.
+fn read_exceptions(
+    layout: &TileLayout<'_>,
+    c: u64,
+    chunk: &ChunkEntry,
+    stream: Stream,
+) -> Result<Vec<(u64, u32)>, TileError> {
+    let r = if stream == Stream::Vexc { chunk.vexc } else { chunk.gexc };
+    let frame = layout.stream(r);
+    let declared = frame_content_size(frame, c, stream)?;
+    if declared % 8 != 0 || declared > 8 * chunk.n() {
+        return Err(TileError::FrameSize { chunk: c, stream, expected: 8 * chunk.n(), actual: declared });
+    }
+    let mut buf = vec![0u8; declared as usize];
+    decompress_exact(frame, &mut buf, c, stream)?;
+    let k = buf.len() / 8;
+    let (positions, payloads) = buf.split_at(4 * k);
+    let mut out = Vec::with_capacity(k);
+    let mut previous: Option<u32> = None;
+    for i in 0..k {
+        let position = u32_at(positions, 4 * i);
+        let payload = u32_at(payloads, 4 * i);
+        let err = |reason: String| TileError::ExceptionPosition { chunk: c, stream, index: i as u64, reason };
+        if u64::from(position) >= chunk.n() {
+            return Err(err(format!("position {position} is not below the chunk's {} nonzeros", chunk.n())));
+        }
+        if let Some(prev) = previous {
+            if position <= prev {
+                return Err(err(format!("position {position} follows {prev}; positions must be strictly increasing")));
+            }
+        }
+        previous = Some(position);
+        out.push((u64::from(position), payload));
+    }
+    Ok(out)
+}

@@ -1,0 +1,148 @@
+//! The inner loops of decoding: recombining byte planes into counts, and the
+//! per-cell prefix sums of gaps into gene indices, with SSE2 and AVX2 builds
+//! chosen at run time. Each takes and returns plain slices; the rules of the
+//! format are checked by the caller from what they return.
+
+/// Writes the counts whose low and high bytes are `lo` and `hi` into `out`;
+/// returns whether any is zero. Uses an AVX2 build of the same loop where the
+/// processor has it (detection is cached by std).
+#[inline]
+pub(super) fn recombine_counts(lo: &[u8], hi: &[u8], out: &mut [u32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the processor supports AVX2, checked just above.
+            return unsafe { recombine_counts_avx2(lo, hi, out) };
+        }
+    }
+    recombine_counts_portable(lo, hi, out)
+}
+
+#[inline(always)]
+fn recombine_counts_portable(lo: &[u8], hi: &[u8], out: &mut [u32]) -> bool {
+    let mut zero = false;
+    for ((o, &l), &h) in out.iter_mut().zip(lo).zip(hi) {
+        let v = u32::from(l) | u32::from(h) << 8;
+        zero |= v == 0;
+        *o = v;
+    }
+    zero
+}
+
+/// The same loop, compiled for AVX2 so that it runs 8 lanes wide.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn recombine_counts_avx2(lo: &[u8], hi: &[u8], out: &mut [u32]) -> bool {
+    recombine_counts_portable(lo, hi, out)
+}
+
+/// A function that writes the (wrapping) prefix sums of the gaps whose low and
+/// high bytes are `lo` and `hi` into `out`, and returns the last sum and the
+/// number of zero gaps.
+pub(super) type GapsKernel = fn(&[u8], &[u8], &mut [u32]) -> (u32, u32);
+
+/// The fastest gaps kernel this processor runs (detection is cached by std).
+pub(super) fn select_gaps_kernel() -> GapsKernel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return |lo, hi, out| {
+                // SAFETY: the processor supports AVX2, checked above.
+                unsafe { cell_gaps_avx2(lo, hi, out) }
+            };
+        }
+        cell_gaps_sse2
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        |lo, hi, out| cell_gaps_scalar(lo, hi, out, 0)
+    }
+}
+
+/// Eight gaps at a time: prefix sums within each 128-bit half, the first
+/// half's total added to the second, then the running total of the block
+/// before.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn cell_gaps_avx2(lo: &[u8], hi: &[u8], out: &mut [u32]) -> (u32, u32) {
+    use std::arch::x86_64::*;
+    let n = out.len().min(lo.len()).min(hi.len());
+    let blocks = n / 8;
+    let zero = _mm256_setzero_si256();
+    let mut carry = zero;
+    let mut zeros = zero;
+    let last_of_first_half = _mm256_set1_epi32(3);
+    let last = _mm256_set1_epi32(7);
+    let upper_half = _mm256_set_epi32(-1, -1, -1, -1, 0, 0, 0, 0);
+    for b in 0..blocks {
+        // SAFETY: each load reads the 8 bytes at 8 * b of `lo` and `hi`, and the
+        // store writes the 8 u32 at 8 * b of `out`, all below n.
+        let l = _mm_loadl_epi64(lo.as_ptr().add(8 * b) as *const __m128i);
+        let h = _mm_loadl_epi64(hi.as_ptr().add(8 * b) as *const __m128i);
+        let mut x = _mm256_cvtepu16_epi32(_mm_unpacklo_epi8(l, h));
+        zeros = _mm256_sub_epi32(zeros, _mm256_cmpeq_epi32(x, zero));
+        x = _mm256_add_epi32(x, _mm256_slli_si256::<4>(x));
+        x = _mm256_add_epi32(x, _mm256_slli_si256::<8>(x));
+        let first_total = _mm256_and_si256(_mm256_permutevar8x32_epi32(x, last_of_first_half), upper_half);
+        x = _mm256_add_epi32(_mm256_add_epi32(x, first_total), carry);
+        _mm256_storeu_si256(out.as_mut_ptr().add(8 * b) as *mut __m256i, x);
+        carry = _mm256_permutevar8x32_epi32(x, last);
+    }
+    let mut lanes = [0u32; 8];
+    _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, zeros);
+    let block_zeros = lanes.iter().fold(0u32, |a, &z| a.wrapping_add(z));
+    let acc = _mm256_extract_epi32::<0>(carry) as u32;
+    let t = 8 * blocks;
+    let (last_sum, tail_zeros) = cell_gaps_scalar(&lo[t..n], &hi[t..n], &mut out[t..n], acc);
+    (last_sum, block_zeros + tail_zeros)
+}
+
+#[inline]
+pub(super) fn cell_gaps_scalar(lo: &[u8], hi: &[u8], out: &mut [u32], mut acc: u32) -> (u32, u32) {
+    let mut zeros = 0u32;
+    for ((o, &l), &h) in out.iter_mut().zip(lo).zip(hi) {
+        let g = u32::from(l) | u32::from(h) << 8;
+        zeros += u32::from(g == 0);
+        acc = acc.wrapping_add(g);
+        *o = acc;
+    }
+    (acc, zeros)
+}
+
+/// Four gaps at a time: interleaving the low and high bytes gives the uint16
+/// values, widened to u32 lanes; two shifted adds give the prefix sums within
+/// the register, and the running total of the previous block is added. SSE2
+/// is part of every x86_64 processor, so no runtime detection is needed.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(super) fn cell_gaps_sse2(lo: &[u8], hi: &[u8], out: &mut [u32]) -> (u32, u32) {
+    use std::arch::x86_64::*;
+    let n = out.len().min(lo.len()).min(hi.len());
+    let blocks = n / 4;
+    // SAFETY: SSE2 is always available on x86_64. Every load reads 4 bytes at
+    // 4 * b of `lo` and `hi` and every store writes 4 u32 at 4 * b of `out`,
+    // with b < n / 4, so all accesses stay inside the slices.
+    unsafe {
+        let zero = _mm_setzero_si128();
+        let mut carry = zero;
+        let mut zeros = zero;
+        for b in 0..blocks {
+            let l = _mm_cvtsi32_si128(i32::from_le_bytes(lo[4 * b..4 * b + 4].try_into().expect("4")));
+            let h = _mm_cvtsi32_si128(i32::from_le_bytes(hi[4 * b..4 * b + 4].try_into().expect("4")));
+            let mut x = _mm_unpacklo_epi16(_mm_unpacklo_epi8(l, h), zero);
+            zeros = _mm_sub_epi32(zeros, _mm_cmpeq_epi32(x, zero));
+            x = _mm_add_epi32(x, _mm_slli_si128::<4>(x));
+            x = _mm_add_epi32(x, _mm_slli_si128::<8>(x));
+            x = _mm_add_epi32(x, carry);
+            _mm_storeu_si128(out.as_mut_ptr().add(4 * b) as *mut __m128i, x);
+            carry = _mm_shuffle_epi32::<0xFF>(x);
+        }
+        let mut lanes = [0u32; 4];
+        _mm_storeu_si128(lanes.as_mut_ptr() as *mut __m128i, zeros);
+        let block_zeros = lanes.iter().fold(0u32, |a, &z| a.wrapping_add(z));
+        let acc = _mm_cvtsi128_si32(carry) as u32;
+        let t = 4 * blocks;
+        let (last, tail_zeros) = cell_gaps_scalar(&lo[t..n], &hi[t..n], &mut out[t..n], acc);
+        (last, block_zeros + tail_zeros)
+    }
+}
