@@ -14,9 +14,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
+use deltacells::convert::input::to_counts;
 use deltacells::format::tile::stream_frames;
 use deltacells::format::{decode_tile, decode_tile_into, CsrMatrix, TileEncoder};
-use deltacells::h5ad::{to_counts, H5adFile};
+use deltacells::h5ad::H5adFile;
 
 const TILE_CELLS: u64 = 10_000;
 const LEVEL: i32 = 19;
@@ -36,7 +37,7 @@ fn pbmc_tile() -> Option<CsrMatrix> {
     let mut left = TILE_CELLS;
     for name in ["pbmc_ctrl.h5ad", "pbmc_stim.h5ad"] {
         let file = H5adFile::open(&dir.join(name)).ok()?;
-        let mut x = file.matrix("X").ok()?;
+        let x = file.matrix("X").ok()?;
         let take = left.min(x.n_rows());
         let raw = x.read_rows(0..take).ok()?;
         rows.push(to_counts(&raw, x.n_cols() as u32, None).ok()?.0);

@@ -11,9 +11,7 @@
 //! writer thread writes finished tiles in order. At most `max_in_flight` tiles
 //! exist between reading and writing, so memory does not grow with the input.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::Instant;
 
@@ -21,13 +19,14 @@ use anyhow::{bail, Context};
 use serde_json::{Map, Value};
 
 use crate::format::{self, CsrMatrix, TileEncoder};
-use crate::h5ad::{to_counts, BadCount, BadValue, H5adError, H5adFile, MatrixReader, RawRows};
 use crate::obs::shard::{ShardRecord, ShardWriter};
 use crate::storage::Storage;
 use crate::writer::{DatasetWriter, WriteOptions};
+use input::{to_counts, BadCount, BadValue, InputError, InputSource, RawRows};
 use obs_merge::ObsPlan;
 
 pub mod genes;
+pub mod input;
 pub mod obs_merge;
 pub mod plan;
 pub mod var_table;
@@ -238,29 +237,8 @@ fn is_dataset_key(key: &str) -> bool {
         || [format::MANIFEST_KEY, format::GENE_ORDER_KEY, format::VAR_NAMES_KEY, format::VAR_TABLE_KEY].contains(&key)
 }
 
-/// The gene names of `file` that go with its matrix `m`, checked to be one per column.
-pub(crate) fn input_genes(file: &H5adFile, matrix: &str, m: &MatrixReader<'_>) -> Result<Vec<String>, H5adError> {
-    let var_group = file.var_group_for(matrix);
-    let names = file.dataframe_index(var_group)?;
-    if names.len() as u64 != m.n_cols() {
-        return Err(
-            file.invalid(var_group, format!("has {} genes but {matrix} has {} columns", names.len(), m.n_cols()))
-        );
-    }
-    Ok(names)
-}
-
-/// Checks that the tables that go with matrix `m` have its shape: obs (index
-/// and every column) one row per cell, the var table one row per gene.
-fn check_table_rows(file: &H5adFile, matrix: &str, m: &MatrixReader<'_>) -> Result<(), H5adError> {
-    if file.exists("obs") {
-        crate::h5ad::frame::check_rows(file, "obs", m.n_rows(), "cells")?;
-    }
-    crate::h5ad::frame::check_rows(file, file.var_group_for(matrix), m.n_cols(), "genes")
-}
-
-/// Opens every input: the matrix's shape, and its genes, from which the source
-/// genes are chosen as `genes` says.
+/// Opens every input: the matrix's shape, its tables' lengths, and its genes,
+/// from which the source genes are chosen as `genes` says.
 pub(crate) fn scan_inputs(
     inputs: &[PathBuf],
     matrix: &str,
@@ -269,22 +247,25 @@ pub(crate) fn scan_inputs(
 ) -> anyhow::Result<(Vec<Input>, Vec<String>)> {
     progress.phase("scanning", 0);
     let mut scanned = Vec::with_capacity(inputs.len());
-    let mut source: Option<genes::SourceGenes> = None;
+    let mut source_genes: Option<genes::SourceGenes> = None;
     for path in inputs {
         progress.file(path);
-        let file = H5adFile::open(path)?;
-        let m = file.matrix(matrix)?;
-        let names = input_genes(&file, matrix, &m)?;
-        check_table_rows(&file, matrix, &m)?;
-        match &mut source {
-            None => source = Some(genes::SourceGenes::new(genes, path, names)),
+        let source = input::open(path, matrix)?;
+        let names = source.gene_names()?;
+        // One row per cell in obs, one per gene in var, as anndata requires.
+        if let Some(obs) = source.obs()? {
+            obs.check_rows(source.n_rows(), "cells")?;
+        }
+        source.var()?.check_rows(source.n_cols(), "genes")?;
+        match &mut source_genes {
+            None => source_genes = Some(genes::SourceGenes::new(genes, path, names)),
             Some(s) => s.add(path, &names)?,
         }
         let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-        scanned.push(Input { path: path.clone(), n_rows: m.n_rows(), bytes });
+        scanned.push(Input { path: path.clone(), n_rows: source.n_rows(), bytes });
     }
-    let source = source.expect("at least one input");
-    match source.aligned.as_slice() {
+    let source_genes = source_genes.expect("at least one input");
+    match source_genes.aligned.as_slice() {
         [] => {}
         [one] => progress.note(&format!(
             "{one} has the same genes as {} in another order; its columns are aligned by gene name",
@@ -298,20 +279,14 @@ pub(crate) fn scan_inputs(
             if many.len() > 5 { ", ..." } else { "" }
         )),
     }
-    Ok((scanned, source.finish()))
+    Ok((scanned, source_genes.finish()))
 }
 
-/// `file`'s column -> output column, given the source genes and `remap`
-/// (source gene -> output column).
-fn input_remap(
-    file: &H5adFile,
-    matrix: &str,
-    m: &MatrixReader<'_>,
-    source_genes: &[String],
-    remap: &[u32],
-) -> anyhow::Result<Option<Vec<u32>>> {
-    let names = input_genes(file, matrix, m)?;
-    let map = genes::column_map(file.path(), &names, source_genes)?;
+/// An input's column -> output column, given the source genes and `remap`
+/// (source gene -> output column); None when that is `remap` itself.
+fn input_remap(source: &dyn InputSource, source_genes: &[String], remap: &[u32]) -> anyhow::Result<Option<Vec<u32>>> {
+    let names = source.gene_names()?;
+    let map = genes::column_map(source.path(), &names, source_genes)?;
     Ok(map.map(|map| map.iter().map(|&g| if g == genes::DROPPED { g } else { remap[g as usize] }).collect()))
 }
 
@@ -330,17 +305,16 @@ pub(crate) fn gene_totals(
     for &i in sampled {
         let input = &scanned[i];
         progress.file(&input.path);
-        let file = H5adFile::open(&input.path)?;
-        let mut m = file.matrix(matrix)?;
-        let map = input_remap(&file, matrix, &m, source_genes, &identity)?;
-        // Reading (HDF5, this thread) overlaps checking and summing the block
-        // read before (the rayon pool).
+        let source = input::open(&input.path, matrix)?;
+        let map = input_remap(source.as_ref(), source_genes, &identity)?;
+        // Reading (this thread) overlaps checking and summing the block read
+        // before (the rayon pool).
         let mut pending: Option<(u64, RawRows)> = None;
         let mut start = 0;
         loop {
             let end = (start + SCAN_ROWS).min(input.n_rows);
             let (next, counted) = rayon::join(
-                || if start < input.n_rows { m.read_rows(start..end).map(Some) } else { Ok(None) },
+                || if start < input.n_rows { source.read_rows(start..end).map(Some) } else { Ok(None) },
                 || {
                     pending.take().map(|(first, raw)| {
                         (first, raw.indptr.len() as u64 - 1, block_totals(&raw, n_genes, map.as_deref()))
@@ -348,7 +322,7 @@ pub(crate) fn gene_totals(
                 },
             );
             if let Some((first, rows, result)) = counted {
-                let block = result.map_err(|bad| describe_bad_value(&file, matrix, first + bad.row, &bad))?;
+                let block = result.map_err(|bad| describe_bad_value(source.as_ref(), matrix, first + bad.row, &bad))?;
                 for (t, b) in totals.iter_mut().zip(&block) {
                     *t += b;
                 }
@@ -397,9 +371,19 @@ pub(crate) struct TilesWritten {
     pub dropped_nonzeros: u64,
 }
 
+/// A tile being encoded: where its result will arrive.
+type Pending = mpsc::Receiver<Result<EncodedTile, TileFailure>>;
+
 /// Streams the cells of tiles `job.tiles` (from the inputs that hold them) into
 /// tiles, encodes them in parallel and writes them in order, with their obs
 /// shards.
+///
+/// The reader (this thread) hands each tile to the rayon pool and sends the
+/// receiver of its result to the writer thread through one bounded channel; the
+/// writer takes the receivers in order and waits on each. The channel's bound
+/// is both the order and the memory bound: at most `max_in_flight` tiles are
+/// encoding or waiting to be written while the next one is read. When the
+/// writer stops (a failure), the channel closes and the reader stops too.
 pub(crate) fn write_tiles(
     job: &TileJob<'_>,
     writer: &mut DatasetWriter<'_>,
@@ -410,81 +394,40 @@ pub(crate) fn write_tiles(
     let tile_size = job.write.tile_size;
     let n_genes = remap.len() as u32;
     let encoder = TileEncoder::new(job.write.n_chunks, job.write.zstd_level);
-    let in_flight = job.max_in_flight.max(1);
     let n_cells: u64 = inputs.iter().map(|i| i.n_rows).sum();
     let cells = (job.tiles.start as u64 * tile_size).min(n_cells)..(job.tiles.end as u64 * tile_size).min(n_cells);
     progress.phase("converting", cells.end - cells.start);
-
-    // A token is taken before a tile is handed out and returned once it is
-    // written (or dropped after a failure): a counting semaphore on channels.
-    let (token_tx, token_rx) = mpsc::sync_channel::<()>(in_flight);
-    for _ in 0..in_flight {
-        token_tx.send(()).expect("the receiver is alive");
-    }
-    let (done_tx, done_rx) = mpsc::channel::<(usize, Result<EncodedTile, TileFailure>)>();
-    let abort = AtomicBool::new(false);
+    // A rendezvous channel for one tile in flight: the reader can hand over
+    // tile k + 1 only once the writer has finished tile k and waits for it.
+    let (queue, pending) = mpsc::sync_channel::<Pending>(job.max_in_flight.max(1) - 1);
 
     let (read_result, write_result) = std::thread::scope(|threads| {
-        let abort = &abort;
         let per_file = job.obs_tiles_per_file.max(1);
         let mut shard_writer = obs_plan
             .map(|p| ShardWriter::starting_at(p.arrow_schema().clone(), per_file, job.tiles.start / per_file as usize));
-        let writer_thread = threads.spawn(move || {
-            // indices relative to the first tile of the job
-            let mut pending: BTreeMap<usize, EncodedTile> = BTreeMap::new();
-            let mut next = 0usize;
+        let writer_thread = threads.spawn(move || -> Result<TilesWritten, (usize, TileFailure)> {
             let mut dropped_nonzeros = 0u64;
-            let mut failure: Option<(usize, TileFailure)> = None;
-            for (index, result) in done_rx {
-                match result {
-                    Ok(tile) if failure.is_none() => {
-                        pending.insert(index, tile);
-                    }
-                    Ok(_) => {
-                        let _ = token_tx.send(());
-                    }
-                    Err(e) => {
-                        abort.store(true, Ordering::Relaxed);
-                        // Keep the failure of the earliest tile: the first bad cell in input order.
-                        if failure.as_ref().is_none_or(|(i, _)| index < *i) {
-                            failure = Some((index, e));
-                        }
-                        // Nothing more is written: return the tokens of the tiles
-                        // held back and of this one, so the reader can stop.
-                        for _ in 0..=std::mem::take(&mut pending).len() {
-                            let _ = token_tx.send(());
-                        }
-                    }
-                }
-                while failure.is_none() {
-                    let Some(tile) = pending.remove(&next) else { break };
-                    let written = writer
-                        .put_tile(job.tiles.start + next, tile.blob, tile.cells, tile.nnz)
-                        .map_err(anyhow::Error::from)
-                        .and_then(|()| match (&mut shard_writer, &tile.obs) {
-                            (Some(shards), Some(batch)) => shards.add_tile(batch, writer.storage()),
-                            _ => Ok(()),
-                        });
-                    if let Err(e) = written {
-                        abort.store(true, Ordering::Relaxed);
-                        failure = Some((next, TileFailure::Other(e)));
-                        // As above: tiles held back will never be written.
-                        for _ in 0..std::mem::take(&mut pending).len() {
-                            let _ = token_tx.send(());
-                        }
-                    }
-                    dropped_nonzeros += tile.dropped;
-                    progress.tile_done(job.tiles.start + next, tile.cells, tile.nnz);
-                    next += 1;
-                    let _ = token_tx.send(());
-                }
+            for (next, tile) in pending.into_iter().enumerate() {
+                let index = job.tiles.start + next;
+                // A pool task that died without sending is a failure too.
+                let tile = tile
+                    .recv()
+                    .unwrap_or_else(|_| Err(TileFailure::Other(anyhow::anyhow!("tile {index}: encoding stopped"))))
+                    .map_err(|f| (next, f))?;
+                writer
+                    .put_tile(index, tile.blob, tile.cells, tile.nnz)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|()| match (&mut shard_writer, &tile.obs) {
+                        (Some(shards), Some(batch)) => shards.add_tile(batch, writer.storage()),
+                        _ => Ok(()),
+                    })
+                    .map_err(|e| (next, TileFailure::Other(e)))?;
+                dropped_nonzeros += tile.dropped;
+                progress.tile_done(index, tile.cells, tile.nnz);
             }
-            let obs_shards = match failure {
-                Some((_, f)) => return Err(f),
-                None => match shard_writer {
-                    Some(shards) => Some(shards.finish(writer.storage()).map_err(TileFailure::Other)?),
-                    None => None,
-                },
+            let obs_shards = match shard_writer {
+                Some(shards) => Some(shards.finish(writer.storage()).map_err(|e| (0, TileFailure::Other(e)))?),
+                None => None,
             };
             Ok(TilesWritten { obs_shards, dropped_nonzeros })
         });
@@ -492,17 +435,17 @@ pub(crate) fn write_tiles(
         let read_result = rayon::in_place_scope(|pool| -> anyhow::Result<()> {
             let mut parts: Vec<Part> = Vec::new();
             let mut cells_in_tile = 0u64;
-            let mut tile_index = 0usize; // relative to job.tiles.start
-            let dispatch = |parts: Vec<Part>, cells: u64, index: usize| {
-                if token_rx.recv().is_err() {
-                    return;
+            // Hands the tile's parts to the pool; false once the writer has stopped.
+            let dispatch = |parts: Vec<Part>, cells: u64| {
+                let (done, result) = mpsc::sync_channel(1);
+                if queue.send(result).is_err() {
+                    return false;
                 }
-                let done = done_tx.clone();
                 let encoder = &encoder;
                 pool.spawn(move |_| {
-                    let result = encode_tile(parts, cells, n_genes, encoder);
-                    let _ = done.send((index, result));
+                    let _ = done.send(encode_tile(parts, cells, n_genes, encoder));
                 });
+                true
             };
             // Only the inputs that hold the job's cells, and only those rows.
             let mut offset = 0u64;
@@ -513,64 +456,66 @@ pub(crate) fn write_tiles(
                 if start >= end {
                     continue;
                 }
-                if abort.load(Ordering::Relaxed) {
-                    break;
-                }
                 progress.file(&input.path);
                 // (a file that cannot be read at all fails in open, below)
                 if let Ok(now) = std::fs::metadata(&input.path).map(|m| m.len()) {
                     if now != input.bytes {
-                        return Err(H5adError::Changed { path: input.path.clone(), was: input.bytes, now }.into());
+                        return Err(InputError::Changed { path: input.path.clone(), was: input.bytes, now }.into());
                     }
                 }
-                let file = H5adFile::open(&input.path)?;
-                let mut m = file.matrix(matrix)?;
-                let input_remap = match input_remap(&file, matrix, &m, source_genes, remap)? {
+                let source = input::open(&input.path, matrix)?;
+                let input_remap = match input_remap(source.as_ref(), source_genes, remap)? {
                     Some(r) => std::sync::Arc::new(r),
                     None => shared_remap.clone(),
                 };
-                let input_obs = obs_plan.map(|p| p.for_input(&file)).transpose()?;
+                let obs_table = match obs_plan {
+                    Some(_) => Some(source.obs()?.ok_or_else(|| {
+                        anyhow::anyhow!("{}: has no obs table, but the plan has obs", input.path.display())
+                    })?),
+                    None => None,
+                };
+                let input_obs = obs_plan.zip(obs_table.as_deref()).map(|(p, t)| p.for_input(t)).transpose()?;
                 let mut row = start - here.start;
                 let last = end - here.start;
-                while row < last && !abort.load(Ordering::Relaxed) {
+                while row < last {
                     let take = (tile_size - cells_in_tile).min(last - row).min(READ_ROWS);
-                    let rows = m.read_rows(row..row + take)?;
-                    let obs = match (obs_plan, &input_obs) {
-                        (Some(p), Some(maps)) => Some(p.batch(maps, &file, row..row + take)?),
+                    let obs = match (obs_plan, &input_obs, obs_table.as_deref()) {
+                        (Some(p), Some(maps), Some(t)) => Some(p.batch(maps, t, row..row + take)?),
                         _ => None,
                     };
+                    let rows = source.read_rows(row..row + take)?;
                     parts.push(Part { input: i, first_row: row, rows, remap: input_remap.clone(), obs });
                     progress.advance(take);
                     row += take;
                     cells_in_tile += take;
                     if cells_in_tile == tile_size {
-                        dispatch(std::mem::take(&mut parts), cells_in_tile, tile_index);
-                        tile_index += 1;
+                        if !dispatch(std::mem::take(&mut parts), cells_in_tile) {
+                            return Ok(());
+                        }
                         cells_in_tile = 0;
                     }
                 }
             }
-            if cells_in_tile > 0 && !abort.load(Ordering::Relaxed) {
-                dispatch(std::mem::take(&mut parts), cells_in_tile, tile_index);
+            if cells_in_tile > 0 {
+                dispatch(std::mem::take(&mut parts), cells_in_tile);
             }
             Ok(())
         });
-        if read_result.is_err() {
-            abort.store(true, Ordering::Relaxed);
-        }
-        drop(done_tx);
+        // Closing the queue ends the writer's loop once it has what was sent.
+        drop(queue);
         let write_result = writer_thread.join().expect("the writer thread does not panic");
         (read_result, write_result)
     });
-    read_result?;
     match write_result {
-        Ok(shards) => Ok(shards),
-        Err(TileFailure::Other(e)) => Err(e),
-        Err(TileFailure::BadValue { input, row, gene, problem }) => {
-            let path = &inputs[input].path;
-            let file = H5adFile::open(path)?;
-            let bad = BadValue { row, gene, problem };
-            Err(describe_bad_value(&file, matrix, row, &bad).into())
+        Ok(written) => {
+            read_result?;
+            Ok(written)
+        }
+        // A failure of the writer comes first: it is why the reader stopped.
+        Err((_, TileFailure::Other(e))) => Err(e),
+        Err((_, TileFailure::BadValue { input, row, gene, problem })) => {
+            let source = input::open(&inputs[input].path, matrix)?;
+            Err(describe_bad_value(source.as_ref(), matrix, row, &BadValue { row, gene, problem }).into())
         }
     }
 }
@@ -627,18 +572,19 @@ fn encode_tile(parts: Vec<Part>, cells: u64, n_genes: u32, encoder: &TileEncoder
 /// The error for a value that is not a count: file, matrix, cell (row and obs
 /// name), gene (index and name), the value, and a hint when another matrix of
 /// the file holds counts.
-fn describe_bad_value(file: &H5adFile, matrix: &str, row: u64, bad: &BadValue) -> H5adError {
-    let obs_name = file
-        .obs_names()
-        .and_then(|names| names.get(row as usize).cloned())
-        .map(|n| format!(" ({n})"))
-        .unwrap_or_default();
-    let gene_name =
-        file.dataframe_index(file.var_group_for(matrix)).ok().and_then(|n| n.get(bad.gene as usize).cloned());
-    let var_name = gene_name.map(|n| format!(" ({n})")).unwrap_or_default();
-    let hint = counts_hint(file, matrix).map(|m| format!("; {m} holds counts: use --matrix {m}")).unwrap_or_default();
-    H5adError::BadCount(Box::new(BadCount {
-        path: file.path().to_path_buf(),
+fn describe_bad_value(source: &dyn InputSource, matrix: &str, row: u64, bad: &BadValue) -> InputError {
+    let name_of = |table: Option<Box<dyn input::Table + '_>>, at: u64| {
+        table
+            .and_then(|t| t.index(Some(at as usize..at as usize + 1)).ok())
+            .and_then(|names| names.into_iter().next())
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default()
+    };
+    let obs_name = name_of(source.obs().ok().flatten(), row);
+    let var_name = name_of(source.var().ok(), bad.gene);
+    let hint = source.counts_elsewhere().map(|m| format!("; {m} holds counts: use --matrix {m}")).unwrap_or_default();
+    InputError::BadCount(Box::new(BadCount {
+        path: source.path().to_path_buf(),
         matrix: matrix.to_string(),
         row,
         obs_name,
@@ -647,26 +593,6 @@ fn describe_bad_value(file: &H5adFile, matrix: &str, row: u64, bad: &BadValue) -
         problem: bad.problem.clone(),
         hint,
     }))
-}
-
-/// Another matrix of the file whose first rows are whole non-negative numbers.
-fn counts_hint(file: &H5adFile, matrix: &str) -> Option<String> {
-    for other in file.matrix_names() {
-        if other == matrix {
-            continue;
-        }
-        let Ok(mut m) = file.matrix(&other) else { continue };
-        let rows = m.n_rows().min(1000);
-        if rows == 0 {
-            continue;
-        }
-        if let Ok(raw) = m.read_rows(0..rows) {
-            if to_counts(&raw, m.n_cols() as u32, None).is_ok() {
-                return Some(other);
-            }
-        }
-    }
-    None
 }
 
 #[cfg(test)]

@@ -19,9 +19,8 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use serde_json::Value;
 
+use super::input::{self, Categories, FrameColumn, InputError, Table};
 use crate::format::obs_schema::{ObsColumn, ObsKind, ObsSchema, SCHEMA_FORMAT, SCHEMA_VERSION};
-use crate::h5ad::frame::{column_names, read_column, Categories, FrameColumn};
-use crate::h5ad::{H5adError, H5adFile};
 use crate::obs::{arrow_type_from_name, arrow_type_name};
 
 /// What convert stores of obs.
@@ -187,7 +186,7 @@ fn shape_of(column: FrameColumn) -> Shape {
 impl ObsPlan {
     /// Reads every input's obs columns (their types and vocabularies, not their
     /// values) and merges them. None when no input has an obs table at all.
-    pub fn new(inputs: &[&Path], options: &ObsOptions) -> Result<Option<ObsPlan>, anyhow::Error> {
+    pub fn new(inputs: &[&Path], matrix: &str, options: &ObsOptions) -> Result<Option<ObsPlan>, anyhow::Error> {
         // One pass, each file opened once: which inputs have obs, and the
         // columns and shapes of those that do.
         let mut first_with: Option<usize> = None;
@@ -198,12 +197,12 @@ impl ObsPlan {
         // per column: per input, its shape
         let mut shapes: HashMap<String, Vec<Shape>> = HashMap::new();
         for (i, path) in inputs.iter().enumerate() {
-            let file = H5adFile::open(path)?;
-            if !file.exists("obs") {
+            let source = input::open(path, matrix)?;
+            let Some(obs) = source.obs()? else {
                 first_without.get_or_insert(i);
                 continue;
-            }
-            let all_here = column_names(&file, "obs")?;
+            };
+            let all_here = obs.columns()?;
             for n in &all_here {
                 if !every_name.contains(n) {
                     every_name.push(n.clone());
@@ -233,7 +232,7 @@ impl ObsPlan {
                 }
             }
             for n in &names {
-                let column = read_column(&file, "obs", n, Some(&(0..0)), true)?;
+                let column = obs.column(n, Some(&(0..0)), true)?;
                 shapes.entry(n.clone()).or_default().push(shape_of(column));
             }
         }
@@ -300,21 +299,20 @@ impl ObsPlan {
         Ok(ObsPlan { names, columns, arrow_schema: Arc::new(Schema::new(fields)), schema })
     }
 
-    /// Reads `file`'s categories and maps them into the plan's vocabularies.
-    pub fn for_input(&self, file: &H5adFile) -> Result<InputObs, H5adError> {
+    /// Reads an input's categories (from its obs table) and maps them into
+    /// the plan's vocabularies.
+    pub fn for_input(&self, obs: &dyn Table) -> Result<InputObs, InputError> {
         let mut maps = InputObs { code_maps: Vec::new(), local_strings: Vec::new() };
         for c in &self.columns {
             let (mut map, mut strings) = (None, None);
             if matches!(c.kind, ObsKind::Category | ObsKind::String) {
-                if let FrameColumn::Category { categories, .. } =
-                    read_column(file, "obs", &c.name, Some(&(0..0)), true)?
-                {
+                if let FrameColumn::Category { categories, .. } = obs.column(&c.name, Some(&(0..0)), true)? {
                     if c.kind == ObsKind::Category {
                         let mut codes = Vec::with_capacity(categories.len());
                         for i in 0..categories.len() {
                             let value = category_value(&categories, i);
                             let Some(&code) = c.codes.get(&value.to_string()) else {
-                                return Err(file.invalid(
+                                return Err(obs.invalid(
                                     &format!("obs/{}", c.name),
                                     format!("category {value} is not in the planned vocabulary (did the file change after plan?)"),
                                 ));
@@ -348,25 +346,26 @@ impl ObsPlan {
         text
     }
 
-    /// Rows `rows` of `file` (whose categories `input` maps) as a batch of the schema.
-    pub fn batch(&self, input: &InputObs, file: &H5adFile, rows: Range<u64>) -> Result<RecordBatch, H5adError> {
+    /// Rows `rows` of an input's obs table (whose categories `input` maps) as
+    /// a batch of the schema.
+    pub fn batch(&self, input: &InputObs, obs: &dyn Table, rows: Range<u64>) -> Result<RecordBatch, InputError> {
         let range = rows.start as usize..rows.end as usize;
         let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.columns.len() + 1);
         if self.names {
-            let names = file.index_rows("obs", Some(range.clone()))?;
+            let names = obs.index(Some(range.clone()))?;
             arrays.push(Arc::new(StringArray::from(names)));
         }
         for (k, c) in self.columns.iter().enumerate() {
             let object = format!("obs/{}", c.name);
-            let column = read_column(file, "obs", &c.name, Some(&range), false)?;
+            let column = obs.column(&c.name, Some(&range), false)?;
             if column.len() != range.len() {
                 return Err(
-                    file.invalid(&object, format!("has {} rows where {} were expected", column.len(), range.len()))
+                    obs.invalid(&object, format!("has {} rows where {} were expected", column.len(), range.len()))
                 );
             }
-            arrays.push(convert_column(c, input, k, column).map_err(|e| file.invalid(&object, e))?);
+            arrays.push(convert_column(c, input, k, column).map_err(|e| obs.invalid(&object, e))?);
         }
-        RecordBatch::try_new(self.arrow_schema.clone(), arrays).map_err(|e| file.invalid("obs", e.to_string()))
+        RecordBatch::try_new(self.arrow_schema.clone(), arrays).map_err(|e| obs.invalid("obs", e.to_string()))
     }
 }
 

@@ -29,7 +29,6 @@ use super::{
     ConvertProgress, ConvertSummary, Input, TileJob,
 };
 use crate::format::{self, fingerprint, npy, MAX_GENES};
-use crate::h5ad::H5adFile;
 use crate::storage::Storage;
 use crate::writer::{manifest_of, DatasetWriter, ManifestFlags, TileRecord, WriteOptions};
 
@@ -163,7 +162,7 @@ pub fn plan(
         Some(o) => {
             progress.phase("reading obs", 0);
             let paths: Vec<&Path> = scanned.iter().map(|i| i.path.as_path()).collect();
-            ObsPlan::new(&paths, o)?
+            ObsPlan::new(&paths, &options.matrix, o)?
         }
         None => None,
     };
@@ -181,8 +180,8 @@ pub fn plan(
     }
     out.put(format::VAR_NAMES_KEY, Bytes::from(names_text))?;
     if options.write_var {
-        let first = H5adFile::open(&scanned[0].path)?;
-        let first_genes = first.dataframe_index(first.var_group_for(&options.matrix))?;
+        let first = super::input::open(&scanned[0].path, &options.matrix)?;
+        let first_genes = first.gene_names()?;
         // The first input's row of each stored gene (none for genes only later inputs have).
         let first_rows: Vec<Option<u32>> = match super::genes::column_map(&scanned[0].path, &first_genes, &var_names)? {
             None => order.iter().map(|&g| Some(g)).collect(),
@@ -197,7 +196,7 @@ pub fn plan(
             }
         };
         let stored_names: Vec<&str> = order.iter().map(|&g| var_names[g as usize].as_str()).collect();
-        let table = super::var_table::build(&first, first.var_group_for(&options.matrix), &first_rows, &stored_names)?;
+        let table = super::var_table::build(first.var()?.as_ref(), &first_rows, &stored_names)?;
         out.put(format::VAR_TABLE_KEY, Bytes::from(table))?;
     }
     if let Some(p) = &obs_plan {

@@ -15,8 +15,7 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use serde_json::{json, Value};
 
-use crate::h5ad::frame::{read_frame, Categories, FrameColumn};
-use crate::h5ad::{H5adError, H5adFile};
+use super::input::{Categories, FrameColumn, InputError, Table};
 
 /// The name pyarrow gives an unnamed pandas index.
 const UNNAMED_INDEX: &str = "__index_level_0__";
@@ -65,19 +64,43 @@ fn to_arrow(column: &FrameColumn, rows: &[Option<u32>]) -> Result<ArrayRef, Stri
     })
 }
 
-/// Builds var.parquet from dataframe group `group` of `file`: one row per stored
-/// gene, named `names[j]`, with the columns of the file's row `rows[j]` (nulls
-/// where the file lacks that gene).
-pub fn build(file: &H5adFile, group: &str, rows: &[Option<u32>], names: &[&str]) -> Result<Vec<u8>, H5adError> {
-    let frame = read_frame(file, group)?;
+/// A whole table: its index and every column, in order.
+struct Frame {
+    index_name: String,
+    index: Vec<String>,
+    columns: Vec<(String, FrameColumn)>,
+}
+
+fn read_frame(table: &dyn Table) -> Result<Frame, InputError> {
+    let index = table.index(None)?;
+    let mut columns = Vec::new();
+    for name in table.columns()? {
+        let column = table.column(&name, None, true)?;
+        if column.len() != index.len() {
+            return Err(table.invalid(
+                &format!("{}/{name}", table.name()),
+                format!("has {} rows but the index has {}", column.len(), index.len()),
+            ));
+        }
+        columns.push((name, column));
+    }
+    Ok(Frame { index_name: table.index_name()?, index, columns })
+}
+
+/// Builds var.parquet from the gene table `table`: one row per stored gene,
+/// named `names[j]`, with the columns of the table's row `rows[j]` (nulls where
+/// the input lacks that gene).
+pub fn build(table: &dyn Table, rows: &[Option<u32>], names: &[&str]) -> Result<Vec<u8>, InputError> {
+    let group = table.name();
+    let frame = read_frame(table)?;
     if let Some(&row) = rows.iter().flatten().find(|&&r| r as usize >= frame.index.len()) {
-        return Err(file.invalid(group, format!("has {} rows, row {row} was asked for", frame.index.len())));
+        return Err(table.invalid(group, format!("has {} rows, row {row} was asked for", frame.index.len())));
     }
     let mut fields = Vec::new();
     let mut arrays: Vec<ArrayRef> = Vec::new();
     let mut pandas_columns = Vec::new();
     for (name, column) in &frame.columns {
-        let array = to_arrow(column, rows).map_err(|e| file.invalid(&format!("{group}/{name}"), e))?;
+        let array = to_arrow(column, rows).map_err(|e| table.invalid(&format!("{group}/{name}"), e))?;
         let (pandas, numpy) = pandas_type(array.data_type());
         let metadata = match column {
             FrameColumn::Category { categories, ordered, .. } => {
@@ -110,8 +133,8 @@ pub fn build(file: &H5adFile, group: &str, rows: &[Option<u32>], names: &[&str])
         "pandas_version": "2.0.0",
     });
     let schema = Arc::new(Schema::new(fields).with_metadata([("pandas".to_string(), pandas.to_string())]));
-    let batch = RecordBatch::try_new(schema.clone(), arrays).map_err(|e| file.invalid(group, e.to_string()))?;
-    write_parquet(&batch).map_err(|e| file.invalid(group, format!("writing var.parquet: {e}")))
+    let batch = RecordBatch::try_new(schema.clone(), arrays).map_err(|e| table.invalid(group, e.to_string()))?;
+    write_parquet(&batch).map_err(|e| table.invalid(group, format!("writing var.parquet: {e}")))
 }
 
 fn write_parquet(batch: &RecordBatch) -> parquet::errors::Result<Vec<u8>> {

@@ -11,68 +11,7 @@ use arrow_array::{
 use hdf5::types::{FloatSize, IntSize, TypeDescriptor};
 
 use super::{check_filters, read_string_attr, read_strings, read_strings_range, H5adError, H5adFile};
-
-/// The vocabulary of a categorical column, in its own type.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Categories {
-    Strings(Vec<String>),
-    Ints(Vec<i64>),
-    Floats(Vec<f64>),
-    Bools(Vec<bool>),
-}
-
-impl Categories {
-    pub fn len(&self) -> usize {
-        match self {
-            Categories::Strings(v) => v.len(),
-            Categories::Ints(v) => v.len(),
-            Categories::Floats(v) => v.len(),
-            Categories::Bools(v) => v.len(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// One column, as read.
-#[derive(Clone, Debug)]
-pub enum FrameColumn {
-    /// Codes (-1 for missing) into `categories`.
-    Category {
-        codes: Vec<i32>,
-        categories: Categories,
-        ordered: bool,
-    },
-    /// An Arrow array of the source's numeric type; missing values (masked, or
-    /// NaN in floats) are nulls.
-    Numeric(ArrayRef),
-    Bool(Vec<Option<bool>>),
-    String(Vec<Option<String>>),
-}
-
-impl FrameColumn {
-    pub fn len(&self) -> usize {
-        match self {
-            FrameColumn::Category { codes, .. } => codes.len(),
-            FrameColumn::Numeric(a) => a.len(),
-            FrameColumn::Bool(v) => v.len(),
-            FrameColumn::String(v) => v.len(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// A dataframe group: index name and values, and the columns in their order.
-pub struct Frame {
-    pub index_name: String,
-    pub index: Vec<String>,
-    pub columns: Vec<(String, FrameColumn)>,
-}
+pub use crate::convert::input::{Categories, FrameColumn};
 
 /// Rows to read: all of them, or a range.
 type Rows<'a> = Option<&'a Range<usize>>;
@@ -350,24 +289,4 @@ pub fn column_names(file: &H5adFile, group_name: &str) -> Result<Vec<String>, H5
         }
     }
     Ok(names)
-}
-
-/// Reads a whole dataframe group: its index and every column (see
-/// [`column_names`]).
-pub fn read_frame(file: &H5adFile, group_name: &str) -> Result<Frame, H5adError> {
-    let (index_name, _) = file.index_dataset(group_name)?;
-    let index = file.dataframe_index(group_name)?;
-    let names = column_names(file, group_name)?;
-    let mut columns = Vec::with_capacity(names.len());
-    for name in names {
-        let column = read_column(file, group_name, &name, None, true)?;
-        if column.len() != index.len() {
-            return Err(file.invalid(
-                &format!("{group_name}/{name}"),
-                format!("has {} rows but the index has {}", column.len(), index.len()),
-            ));
-        }
-        columns.push((name, column));
-    }
-    Ok(Frame { index_name, index, columns })
 }

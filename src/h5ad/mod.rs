@@ -10,50 +10,20 @@
 //! thread; callers parallelize what they do with the rows.
 
 pub mod frame;
+mod source;
 mod strings;
 pub mod write;
+
+pub use source::H5adSource;
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use hdf5::types::TypeDescriptor;
 
-use crate::format::{CsrMatrix, MAX_COUNT};
+use crate::convert::input::{InputError as H5adError, RawRows};
 
 pub use strings::{read_string_attr, read_strings, read_strings_range};
-
-/// Why an .h5ad file could not be read. Each variant names the file and the
-/// object inside it.
-#[derive(Debug, thiserror::Error)]
-pub enum H5adError {
-    #[error("{path}: cannot open as HDF5: {message}")]
-    Open { path: PathBuf, message: String },
-    #[error("{path}: {object}: {message}")]
-    Invalid { path: PathBuf, object: String, message: String },
-    #[error("{path}: {object}: unsupported: {message}")]
-    Unsupported { path: PathBuf, object: String, message: String },
-    #[error("{0}")]
-    BadCount(Box<BadCount>),
-    #[error("{path}: the file changed since it was planned ({was} bytes then, {now} now); plan again")]
-    Changed { path: PathBuf, was: u64, now: u64 },
-}
-
-/// A value that is not a count, with everything needed to find it.
-#[derive(Debug, thiserror::Error)]
-#[error("{path}: {matrix}: cell {row}{obs_name}, gene {gene}{var_name}: {problem}{hint}", path = path.display())]
-pub struct BadCount {
-    pub path: PathBuf,
-    pub matrix: String,
-    pub row: u64,
-    /// " (name)" or empty.
-    pub obs_name: String,
-    pub gene: u64,
-    /// " (name)" or empty.
-    pub var_name: String,
-    pub problem: String,
-    /// "; ... use --matrix ..." or empty.
-    pub hint: String,
-}
 
 /// How a matrix is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,18 +39,9 @@ pub struct H5adFile {
     file: hdf5::File,
 }
 
-/// Rows of a matrix as stored, before they are checked as counts: CSR with
-/// indptr relative to the first row and values of any numeric type as f64.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct RawRows {
-    pub indptr: Vec<u64>,
-    pub indices: Vec<u32>,
-    pub values: Vec<f64>,
-}
-
 /// A matrix of an open file, read by rows.
-pub struct MatrixReader<'f> {
-    file: &'f H5adFile,
+pub struct MatrixReader {
+    path: PathBuf,
     name: String,
     layout: Layout,
     n_rows: u64,
@@ -88,7 +49,7 @@ pub struct MatrixReader<'f> {
     /// data, indices, indptr for sparse; the 2-D dataset for dense.
     datasets: Vec<hdf5::Dataset>,
     /// A CSC matrix, converted to CSR on first use.
-    csc_as_csr: Option<RawRows>,
+    csc_as_csr: std::sync::OnceLock<RawRows>,
 }
 
 fn h5err(e: hdf5::Error) -> String {
@@ -100,9 +61,10 @@ impl H5adFile {
     pub fn open(path: &Path) -> Result<H5adFile, H5adError> {
         if !path.is_file() {
             let message = if path.exists() { "not a file" } else { "no such file" };
-            return Err(H5adError::Open { path: path.to_path_buf(), message: message.into() });
+            return Err(H5adError::Open { path: path.to_path_buf(), format: "HDF5", message: message.into() });
         }
         let file = hdf5::File::open(path).map_err(|e| H5adError::Open {
+            format: "HDF5",
             path: path.to_path_buf(),
             message: format!("{} (not an HDF5 file, or truncated)", first_line(&h5err(e))),
         })?;
@@ -141,7 +103,7 @@ impl H5adFile {
     }
 
     /// The matrix at `name`: `X`, `raw/X` or `layers/NAME`.
-    pub fn matrix(&self, name: &str) -> Result<MatrixReader<'_>, H5adError> {
+    pub fn matrix(&self, name: &str) -> Result<MatrixReader, H5adError> {
         let name = self.matrix_path(name);
         if !self.exists(name) {
             let mut message = "not found".to_string();
@@ -158,13 +120,13 @@ impl H5adFile {
             }
             check_numeric(self, name, &ds)?;
             return Ok(MatrixReader {
-                file: self,
+                path: self.path.clone(),
                 name: name.into(),
                 layout: Layout::Dense,
                 n_rows: shape[0] as u64,
                 n_cols: shape[1] as u64,
                 datasets: vec![ds],
-                csc_as_csr: None,
+                csc_as_csr: std::sync::OnceLock::new(),
             });
         }
         let group = self.file.group(name).map_err(|e| self.invalid(name, h5err(e)))?;
@@ -217,13 +179,13 @@ impl H5adFile {
             ));
         }
         Ok(MatrixReader {
-            file: self,
+            path: self.path.clone(),
             name: name.into(),
             layout,
             n_rows: n_rows as u64,
             n_cols: n_cols as u64,
             datasets,
-            csc_as_csr: None,
+            csc_as_csr: std::sync::OnceLock::new(),
         })
     }
 
@@ -398,7 +360,11 @@ fn check_numeric(file: &H5adFile, object: &str, ds: &hdf5::Dataset) -> Result<()
     }
 }
 
-impl MatrixReader<'_> {
+impl MatrixReader {
+    fn invalid(&self, object: &str, message: impl Into<String>) -> H5adError {
+        H5adError::Invalid { path: self.path.clone(), object: object.to_string(), message: message.into() }
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -421,18 +387,21 @@ impl MatrixReader<'_> {
 
     /// Reads rows `rows` as stored (indices checked to be in range; values not
     /// yet checked as counts).
-    pub fn read_rows(&mut self, rows: Range<u64>) -> Result<RawRows, H5adError> {
+    pub fn read_rows(&self, rows: Range<u64>) -> Result<RawRows, H5adError> {
         if rows.end > self.n_rows || rows.start > rows.end {
-            return Err(self.file.invalid(&self.name, format!("rows {rows:?} outside 0..{}", self.n_rows)));
+            return Err(self.invalid(&self.name, format!("rows {rows:?} outside 0..{}", self.n_rows)));
         }
         match self.layout {
             Layout::Csr => self.read_csr_rows(rows),
             Layout::Dense => self.read_dense_rows(rows),
             Layout::Csc => {
-                if self.csc_as_csr.is_none() {
-                    self.csc_as_csr = Some(self.read_csc_as_csr()?);
-                }
-                let all = self.csc_as_csr.as_ref().expect("set above");
+                let all = match self.csc_as_csr.get() {
+                    Some(all) => all,
+                    None => {
+                        let converted = self.read_csc_as_csr()?;
+                        self.csc_as_csr.get_or_init(|| converted)
+                    }
+                };
                 let (lo, hi) = (all.indptr[rows.start as usize] as usize, all.indptr[rows.end as usize] as usize);
                 Ok(RawRows {
                     indptr: all.indptr[rows.start as usize..=rows.end as usize]
@@ -450,19 +419,19 @@ impl MatrixReader<'_> {
         let object = self.object("indptr");
         let raw: Vec<i64> = self.datasets[2]
             .read_slice_1d::<i64, _>(range.start as usize..range.end as usize + 1)
-            .map_err(|e| self.file.invalid(&object, first_line(&h5err(e))))?
+            .map_err(|e| self.invalid(&object, first_line(&h5err(e))))?
             .to_vec();
         let data_len = self.datasets[0].size() as i64;
         for (k, w) in raw.windows(2).enumerate() {
             if w[1] < w[0] {
-                return Err(self.file.invalid(
+                return Err(self.invalid(
                     &format!("{object}[{}]", range.start + k as u64 + 1),
                     format!("{} is below the previous entry {}", w[1], w[0]),
                 ));
             }
         }
         if let Some((k, &v)) = raw.iter().enumerate().find(|(_, &v)| v < 0 || v > data_len) {
-            return Err(self.file.invalid(
+            return Err(self.invalid(
                 &format!("{object}[{}]", range.start + k as u64),
                 format!("{v} points outside the {data_len} stored entries"),
             ));
@@ -475,14 +444,14 @@ impl MatrixReader<'_> {
         let object = self.object("indices");
         let raw_indices: Vec<i64> = self.datasets[1]
             .read_slice_1d::<i64, _>(a..b)
-            .map_err(|e| self.file.invalid(&object, first_line(&h5err(e))))?
+            .map_err(|e| self.invalid(&object, first_line(&h5err(e))))?
             .to_vec();
         if let Some((k, &v)) = raw_indices.iter().enumerate().find(|(_, &v)| v < 0 || v as u64 >= minor) {
-            return Err(self.file.invalid(&format!("{object}[{}]", a + k), format!("index {v} outside 0..{minor}")));
+            return Err(self.invalid(&format!("{object}[{}]", a + k), format!("index {v} outside 0..{minor}")));
         }
         let values: Vec<f64> = self.datasets[0]
             .read_slice_1d::<f64, _>(a..b)
-            .map_err(|e| self.file.invalid(&self.object("data"), first_line(&h5err(e))))?
+            .map_err(|e| self.invalid(&self.object("data"), first_line(&h5err(e))))?
             .to_vec();
         Ok((raw_indices.into_iter().map(|v| v as u32).collect(), values))
     }
@@ -497,7 +466,7 @@ impl MatrixReader<'_> {
     fn read_dense_rows(&self, rows: Range<u64>) -> Result<RawRows, H5adError> {
         let block = self.datasets[0]
             .read_slice_2d::<f64, _>((rows.start as usize..rows.end as usize, ..))
-            .map_err(|e| self.file.invalid(&self.name, first_line(&h5err(e))))?;
+            .map_err(|e| self.invalid(&self.name, first_line(&h5err(e))))?;
         let mut out = RawRows { indptr: vec![0], ..Default::default() };
         for row in block.rows() {
             for (j, &v) in row.iter().enumerate() {
@@ -535,144 +504,5 @@ impl MatrixReader<'_> {
             }
         }
         Ok(RawRows { indptr, indices, values: out_values })
-    }
-}
-
-/// A value that is not a count, found by [`to_counts`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct BadValue {
-    /// Row within the block.
-    pub row: u64,
-    pub gene: u64,
-    pub problem: String,
-}
-
-/// A column that [`to_counts`] leaves out (a gene the dataset does not store).
-pub const DROPPED_COLUMN: u32 = u32::MAX;
-
-/// Turns stored rows into counts: every value must be a whole number in
-/// 0..2^31-1; zeros are dropped, column indices are mapped through `remap`
-/// (source column -> output column) when given, sorted within each row, and
-/// duplicates summed. Columns that `remap` maps to [`DROPPED_COLUMN`] are left
-/// out (after their values were checked); the second value counts their
-/// nonzeros.
-pub fn to_counts(raw: &RawRows, n_cols: u32, remap: Option<&[u32]>) -> Result<(CsrMatrix, u64), BadValue> {
-    let mut dropped = 0u64;
-    let mut out = CsrMatrix::empty(n_cols);
-    out.indices.reserve(raw.indices.len());
-    out.data.reserve(raw.values.len());
-    let mut row_buf: Vec<(u32, u32)> = Vec::new();
-    for (r, w) in raw.indptr.windows(2).enumerate() {
-        row_buf.clear();
-        let mut sorted = true;
-        let mut previous: Option<u32> = None;
-        for k in w[0] as usize..w[1] as usize {
-            let source = raw.indices[k];
-            let v = raw.values[k];
-            if !(v >= 0.0 && v <= f64::from(MAX_COUNT) && v.fract() == 0.0) {
-                let problem = if v.is_nan() {
-                    "value NaN is not a count".to_string()
-                } else if v < 0.0 {
-                    format!("value {v} is negative")
-                } else if v > f64::from(MAX_COUNT) {
-                    format!("value {v} is above the largest count 2^31-1")
-                } else {
-                    format!("value {v} is not an integer count")
-                };
-                return Err(BadValue { row: r as u64, gene: source.into(), problem });
-            }
-            if v == 0.0 {
-                continue;
-            }
-            let column = remap.map_or(source, |m| m[source as usize]);
-            if column == DROPPED_COLUMN {
-                dropped += 1;
-                continue;
-            }
-            if previous.is_some_and(|p| column <= p) {
-                sorted = false;
-            }
-            previous = Some(column);
-            row_buf.push((column, v as u32));
-        }
-        if !sorted {
-            row_buf.sort_unstable_by_key(|&(c, _)| c);
-            let mut merged: Vec<(u32, u32)> = Vec::with_capacity(row_buf.len());
-            for &(c, v) in &row_buf {
-                match merged.last_mut() {
-                    Some(last) if last.0 == c => {
-                        let sum = u64::from(last.1) + u64::from(v);
-                        if sum > u64::from(MAX_COUNT) {
-                            let gene = raw.indices[w[0] as usize..w[1] as usize]
-                                .iter()
-                                .copied()
-                                .find(|&s| remap.map_or(s, |m| m[s as usize]) == c)
-                                .unwrap_or(c);
-                            return Err(BadValue {
-                                row: r as u64,
-                                gene: gene.into(),
-                                problem: format!("duplicate entries sum to {sum}, above the largest count 2^31-1"),
-                            });
-                        }
-                        last.1 = sum as u32;
-                    }
-                    _ => merged.push((c, v)),
-                }
-            }
-            row_buf = merged;
-        }
-        for &(c, v) in &row_buf {
-            out.indices.push(c);
-            out.data.push(v);
-        }
-        out.indptr.push(out.indices.len() as u64);
-    }
-    Ok((out, dropped))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn raw(rows: &[&[(u32, f64)]]) -> RawRows {
-        let mut r = RawRows { indptr: vec![0], ..Default::default() };
-        for row in rows {
-            for &(i, v) in *row {
-                r.indices.push(i);
-                r.values.push(v);
-            }
-            r.indptr.push(r.indices.len() as u64);
-        }
-        r
-    }
-
-    #[test]
-    fn counts_are_cleaned() {
-        // explicit zero dropped, unsorted sorted, duplicates summed
-        let (m, _) = to_counts(&raw(&[&[(3, 2.0), (1, 0.0), (0, 1.0), (3, 5.0)], &[]]), 5, None).unwrap();
-        assert_eq!(m.indptr, vec![0, 2, 2]);
-        assert_eq!(m.indices, vec![0, 3]);
-        assert_eq!(m.data, vec![1, 7]);
-        // remapped columns are sorted in output order
-        let (m, dropped) = to_counts(&raw(&[&[(0, 1.0), (1, 2.0), (2, 3.0)]]), 3, Some(&[2, 0, 1])).unwrap();
-        assert_eq!((m.indices, m.data, dropped), (vec![0, 1, 2], vec![2, 3, 1], 0));
-        // columns mapped to DROPPED_COLUMN are left out and counted
-        let (m, dropped) =
-            to_counts(&raw(&[&[(0, 1.0), (1, 2.0), (2, 3.0)], &[(1, 4.0)]]), 2, Some(&[1, DROPPED_COLUMN, 0])).unwrap();
-        assert_eq!((m.indptr, m.indices, m.data, dropped), (vec![0, 2, 2], vec![0, 1], vec![3, 1], 2));
-    }
-
-    #[test]
-    fn non_counts_are_named() {
-        let bad = |v: f64| to_counts(&raw(&[&[], &[(0, 1.0), (4, v)]]), 5, None).unwrap_err();
-        let e = bad(2.5);
-        assert_eq!((e.row, e.gene), (1, 4));
-        assert!(e.problem.contains("2.5 is not an integer"), "{}", e.problem);
-        assert!(bad(-1.0).problem.contains("negative"));
-        assert!(bad(f64::NAN).problem.contains("NaN"));
-        assert!(bad(2147483648.0).problem.contains("above"));
-        assert!(to_counts(&raw(&[&[(0, 2147483647.0)]]), 5, None).is_ok());
-        let e = to_counts(&raw(&[&[(1, 2147483647.0), (1, 1.0)]]), 5, None).unwrap_err();
-        assert!(e.problem.contains("duplicate"), "{}", e.problem);
     }
 }

@@ -404,8 +404,8 @@ fn export_gives_back_the_source_counts() {
 /// An .h5ad file's X, read with our reader, as sorted rows of counts.
 pub fn read_h5ad_rows(path: &Path) -> Vec<Vec<(u32, u32)>> {
     let file = deltacells::h5ad::H5adFile::open(path).unwrap();
-    let mut x = file.matrix("X").unwrap();
+    let x = file.matrix("X").unwrap();
     let raw = x.read_rows(0..x.n_rows()).unwrap();
-    let (m, _) = deltacells::h5ad::to_counts(&raw, x.n_cols() as u32, None).unwrap();
+    let (m, _) = deltacells::convert::input::to_counts(&raw, x.n_cols() as u32, None).unwrap();
     (0..m.n_rows()).map(|r| m.row(r).0.iter().copied().zip(m.row(r).1.iter().copied()).collect()).collect()
 }

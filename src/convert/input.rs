@@ -1,0 +1,317 @@
+//! The seam between conversion and the input formats: what convert needs of
+//! an input, whatever its format. An input is a count matrix read in row
+//! blocks ([`RawRows`], values not yet checked), its gene names, and two
+//! tables, obs (one row per cell) and var (one row per gene), whose columns
+//! come as [`FrameColumn`]s. `.h5ad` (in `crate::h5ad`) is the one format
+//! today; another is a new module implementing [`InputSource`], and a case in
+//! [`open`].
+//!
+//! Turning stored values into counts ([`to_counts`]) is the same for every
+//! format, so it is here too.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use arrow_array::ArrayRef;
+
+use crate::format::{CsrMatrix, MAX_COUNT};
+
+/// Why an input file could not be read. Each variant names the file and the
+/// object inside it (for .h5ad files, the HDF5 path: `X/data`, `obs/cell_type`).
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    #[error("{path}: cannot open as {format}: {message}")]
+    Open { path: PathBuf, format: &'static str, message: String },
+    #[error("{path}: {object}: {message}")]
+    Invalid { path: PathBuf, object: String, message: String },
+    #[error("{path}: {object}: unsupported: {message}")]
+    Unsupported { path: PathBuf, object: String, message: String },
+    #[error("{0}")]
+    BadCount(Box<BadCount>),
+    #[error("{path}: the file changed since it was planned ({was} bytes then, {now} now); plan again")]
+    Changed { path: PathBuf, was: u64, now: u64 },
+}
+
+/// A value that is not a count, with everything needed to find it.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {matrix}: cell {row}{obs_name}, gene {gene}{var_name}: {problem}{hint}", path = path.display())]
+pub struct BadCount {
+    pub path: PathBuf,
+    pub matrix: String,
+    pub row: u64,
+    /// " (name)" or empty.
+    pub obs_name: String,
+    pub gene: u64,
+    /// " (name)" or empty.
+    pub var_name: String,
+    pub problem: String,
+    /// "; ... use --matrix ..." or empty.
+    pub hint: String,
+}
+
+/// Rows of a matrix as stored, before they are checked as counts: CSR with
+/// indptr relative to the first row and values of any numeric type as f64.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RawRows {
+    pub indptr: Vec<u64>,
+    pub indices: Vec<u32>,
+    pub values: Vec<f64>,
+}
+
+/// The vocabulary of a categorical column, in its own type.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Categories {
+    Strings(Vec<String>),
+    Ints(Vec<i64>),
+    Floats(Vec<f64>),
+    Bools(Vec<bool>),
+}
+
+impl Categories {
+    pub fn len(&self) -> usize {
+        match self {
+            Categories::Strings(v) => v.len(),
+            Categories::Ints(v) => v.len(),
+            Categories::Floats(v) => v.len(),
+            Categories::Bools(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One column, as read.
+#[derive(Clone, Debug)]
+pub enum FrameColumn {
+    /// Codes (-1 for missing) into `categories`.
+    Category {
+        codes: Vec<i32>,
+        categories: Categories,
+        ordered: bool,
+    },
+    /// An Arrow array of the source's numeric type; missing values (masked, or
+    /// NaN in floats) are nulls.
+    Numeric(ArrayRef),
+    Bool(Vec<Option<bool>>),
+    String(Vec<Option<String>>),
+}
+
+impl FrameColumn {
+    pub fn len(&self) -> usize {
+        match self {
+            FrameColumn::Category { codes, .. } => codes.len(),
+            FrameColumn::Numeric(a) => a.len(),
+            FrameColumn::Bool(v) => v.len(),
+            FrameColumn::String(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A table of an input: obs (one row per cell) or var (one row per gene).
+pub trait Table {
+    /// Where the table is, for messages (`obs`, `var`, `raw/var`).
+    fn name(&self) -> &str;
+    /// The index's name (`_index` when unnamed, as anndata writes it).
+    fn index_name(&self) -> Result<String, InputError>;
+    /// Rows `rows` (all when None) of the index: the cell or gene names.
+    fn index(&self, rows: Option<Range<usize>>) -> Result<Vec<String>, InputError>;
+    /// The columns, in order (the index not among them).
+    fn columns(&self) -> Result<Vec<String>, InputError>;
+    /// Rows `rows` (all when None) of column `name`. A categorical column's
+    /// vocabulary is read only `with_categories` (otherwise its length is, to
+    /// check the codes, and `categories` is empty).
+    fn column(&self, name: &str, rows: Option<&Range<usize>>, with_categories: bool)
+        -> Result<FrameColumn, InputError>;
+    /// Checks that the index and every column have `rows` rows; `what` names
+    /// a row in the message ("cells", "genes").
+    fn check_rows(&self, rows: u64, what: &str) -> Result<(), InputError>;
+    /// An error about `object` of this table's file.
+    fn invalid(&self, object: &str, message: String) -> InputError;
+}
+
+/// One input file, opened for conversion. Reading is `&self`, so that the
+/// matrix can be read while a table of the same file is borrowed, and on the
+/// thread that the conversion's reading runs on.
+pub trait InputSource: Send + Sync {
+    /// The file, for messages.
+    fn path(&self) -> &Path;
+    /// The matrix being converted, as the user named it (`X`, `raw/X`).
+    fn matrix_name(&self) -> &str;
+    /// Cells (rows) and genes (columns) of the matrix being converted.
+    fn n_rows(&self) -> u64;
+    fn n_cols(&self) -> u64;
+    /// Rows `rows` of the matrix as stored.
+    fn read_rows(&self, rows: Range<u64>) -> Result<RawRows, InputError>;
+    /// The gene table that goes with the matrix.
+    fn var(&self) -> Result<Box<dyn Table + '_>, InputError>;
+    /// The cell table, when the file has one.
+    fn obs(&self) -> Result<Option<Box<dyn Table + '_>>, InputError>;
+    /// Another matrix of the file whose first rows are counts, for the message
+    /// about a matrix that is not (`raw/X holds counts`).
+    fn counts_elsewhere(&self) -> Option<String>;
+
+    /// The gene names, checked to be one per column.
+    fn gene_names(&self) -> Result<Vec<String>, InputError> {
+        let var = self.var()?;
+        let names = var.index(None)?;
+        if names.len() as u64 != self.n_cols() {
+            return Err(InputError::Invalid {
+                path: self.path().to_path_buf(),
+                object: var.name().to_string(),
+                message: format!("has {} genes but {} has {} columns", names.len(), self.matrix_name(), self.n_cols()),
+            });
+        }
+        Ok(names)
+    }
+}
+
+/// Opens `path` for conversion of its matrix `matrix` (`X`, `raw/X`,
+/// `layers/NAME`). Every input is an .h5ad file today.
+pub fn open(path: &Path, matrix: &str) -> Result<Box<dyn InputSource>, InputError> {
+    Ok(Box::new(crate::h5ad::H5adSource::open(path, matrix)?))
+}
+
+/// A value that is not a count, found by [`to_counts`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct BadValue {
+    /// Row within the block.
+    pub row: u64,
+    pub gene: u64,
+    pub problem: String,
+}
+
+/// A column that [`to_counts`] leaves out (a gene the dataset does not store).
+pub const DROPPED_COLUMN: u32 = u32::MAX;
+
+/// Turns stored rows into counts: every value must be a whole number in
+/// 0..2^31-1; zeros are dropped, column indices are mapped through `remap`
+/// (source column -> output column) when given, sorted within each row, and
+/// duplicates summed. Columns that `remap` maps to [`DROPPED_COLUMN`] are left
+/// out (after their values were checked); the second value counts their
+/// nonzeros.
+pub fn to_counts(raw: &RawRows, n_cols: u32, remap: Option<&[u32]>) -> Result<(CsrMatrix, u64), BadValue> {
+    let mut dropped = 0u64;
+    let mut out = CsrMatrix::empty(n_cols);
+    out.indices.reserve(raw.indices.len());
+    out.data.reserve(raw.values.len());
+    let mut row_buf: Vec<(u32, u32)> = Vec::new();
+    for (r, w) in raw.indptr.windows(2).enumerate() {
+        row_buf.clear();
+        let mut sorted = true;
+        let mut previous: Option<u32> = None;
+        for k in w[0] as usize..w[1] as usize {
+            let source = raw.indices[k];
+            let v = raw.values[k];
+            if !(v >= 0.0 && v <= f64::from(MAX_COUNT) && v.fract() == 0.0) {
+                let problem = if v.is_nan() {
+                    "value NaN is not a count".to_string()
+                } else if v < 0.0 {
+                    format!("value {v} is negative")
+                } else if v > f64::from(MAX_COUNT) {
+                    format!("value {v} is above the largest count 2^31-1")
+                } else {
+                    format!("value {v} is not an integer count")
+                };
+                return Err(BadValue { row: r as u64, gene: source.into(), problem });
+            }
+            if v == 0.0 {
+                continue;
+            }
+            let column = remap.map_or(source, |m| m[source as usize]);
+            if column == DROPPED_COLUMN {
+                dropped += 1;
+                continue;
+            }
+            if previous.is_some_and(|p| column <= p) {
+                sorted = false;
+            }
+            previous = Some(column);
+            row_buf.push((column, v as u32));
+        }
+        if !sorted {
+            row_buf.sort_unstable_by_key(|&(c, _)| c);
+            let mut merged: Vec<(u32, u32)> = Vec::with_capacity(row_buf.len());
+            for &(c, v) in &row_buf {
+                match merged.last_mut() {
+                    Some(last) if last.0 == c => {
+                        let sum = u64::from(last.1) + u64::from(v);
+                        if sum > u64::from(MAX_COUNT) {
+                            let gene = raw.indices[w[0] as usize..w[1] as usize]
+                                .iter()
+                                .copied()
+                                .find(|&s| remap.map_or(s, |m| m[s as usize]) == c)
+                                .unwrap_or(c);
+                            return Err(BadValue {
+                                row: r as u64,
+                                gene: gene.into(),
+                                problem: format!("duplicate entries sum to {sum}, above the largest count 2^31-1"),
+                            });
+                        }
+                        last.1 = sum as u32;
+                    }
+                    _ => merged.push((c, v)),
+                }
+            }
+            row_buf = merged;
+        }
+        for &(c, v) in &row_buf {
+            out.indices.push(c);
+            out.data.push(v);
+        }
+        out.indptr.push(out.indices.len() as u64);
+    }
+    Ok((out, dropped))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(rows: &[&[(u32, f64)]]) -> RawRows {
+        let mut r = RawRows { indptr: vec![0], ..Default::default() };
+        for row in rows {
+            for &(i, v) in *row {
+                r.indices.push(i);
+                r.values.push(v);
+            }
+            r.indptr.push(r.indices.len() as u64);
+        }
+        r
+    }
+
+    #[test]
+    fn counts_are_cleaned() {
+        // explicit zero dropped, unsorted sorted, duplicates summed
+        let (m, _) = to_counts(&raw(&[&[(3, 2.0), (1, 0.0), (0, 1.0), (3, 5.0)], &[]]), 5, None).unwrap();
+        assert_eq!(m.indptr, vec![0, 2, 2]);
+        assert_eq!(m.indices, vec![0, 3]);
+        assert_eq!(m.data, vec![1, 7]);
+        // remapped columns are sorted in output order
+        let (m, dropped) = to_counts(&raw(&[&[(0, 1.0), (1, 2.0), (2, 3.0)]]), 3, Some(&[2, 0, 1])).unwrap();
+        assert_eq!((m.indices, m.data, dropped), (vec![0, 1, 2], vec![2, 3, 1], 0));
+        // columns mapped to DROPPED_COLUMN are left out and counted
+        let (m, dropped) =
+            to_counts(&raw(&[&[(0, 1.0), (1, 2.0), (2, 3.0)], &[(1, 4.0)]]), 2, Some(&[1, DROPPED_COLUMN, 0])).unwrap();
+        assert_eq!((m.indptr, m.indices, m.data, dropped), (vec![0, 2, 2], vec![0, 1], vec![3, 1], 2));
+    }
+
+    #[test]
+    fn non_counts_are_named() {
+        let bad = |v: f64| to_counts(&raw(&[&[], &[(0, 1.0), (4, v)]]), 5, None).unwrap_err();
+        let e = bad(2.5);
+        assert_eq!((e.row, e.gene), (1, 4));
+        assert!(e.problem.contains("2.5 is not an integer"), "{}", e.problem);
+        assert!(bad(-1.0).problem.contains("negative"));
+        assert!(bad(f64::NAN).problem.contains("NaN"));
+        assert!(bad(2147483648.0).problem.contains("above"));
+        assert!(to_counts(&raw(&[&[(0, 2147483647.0)]]), 5, None).is_ok());
+        let e = to_counts(&raw(&[&[(1, 2147483647.0), (1, 1.0)]]), 5, None).unwrap_err();
+        assert!(e.problem.contains("duplicate"), "{}", e.problem);
+    }
+}
