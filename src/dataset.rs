@@ -16,9 +16,7 @@ pub enum DatasetError {
     #[error("{location}: incomplete dataset: no manifest.json")]
     Incomplete { location: String },
     #[error(
-        "{location}: incomplete dataset: a conversion into it was interrupted before its manifest.json was written; \
-         finish it with `deltacells shard {location} --shard K/N` for each shard whose result is missing (a single \
-         convert is shard 0/1) and then `deltacells finalize {location}`, or convert again with --overwrite"
+        "{location}: incomplete dataset: a conversion into it was interrupted before its manifest.json was written"
     )]
     Unfinished { location: String },
     #[error("{location}: no dataset here (nothing at this location)")]

@@ -15,7 +15,10 @@ fn main() -> ExitCode {
             }) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("deltacells: {err:#}");
+            match commands::advice(&err) {
+                Some(advice) => eprintln!("deltacells: {err:#}; {advice}"),
+                None => eprintln!("deltacells: {err:#}"),
+            }
             ExitCode::from(2)
         }
     }

@@ -291,7 +291,10 @@ fn check_obs(storage: &dyn Storage, manifest: &Manifest, problems: &mut Problems
 /// Checks the columns of this dataset found in the local cache under `root`
 /// against the shards: one record batch per tile with that tile's rows and the
 /// same values. Returns the problems and how many cached columns were checked.
-pub fn verify_cache(storage: &dyn Storage, root: &std::path::Path) -> anyhow::Result<(Vec<Problem>, usize)> {
+pub fn verify_cache(
+    storage: &dyn Storage,
+    root: &std::path::Path,
+) -> Result<(Vec<Problem>, usize), crate::obs::localize::ObsError> {
     use crate::obs::localize::{column_path, ObsSource};
     let manifest = crate::dataset::read_manifest(storage)?;
     let Some(obs) = manifest.obs() else { return Ok((Vec::new(), 0)) };

@@ -134,9 +134,18 @@ pub struct ManifestFlags {
     pub var_table: bool,
 }
 
+/// Why a dataset could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("encoding a tile")]
+    Encode(#[from] crate::format::EncodeError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
 /// Writes a whole in-memory matrix as a dataset (tiles and manifest only). For
 /// tests, examples and benchmarks; `convert` streams instead.
-pub fn write_matrix(storage: &dyn Storage, matrix: &CsrMatrix, options: WriteOptions) -> anyhow::Result<Manifest> {
+pub fn write_matrix(storage: &dyn Storage, matrix: &CsrMatrix, options: WriteOptions) -> Result<Manifest, WriteError> {
     let encoder = TileEncoder::new(options.n_chunks, options.zstd_level);
     let mut writer = DatasetWriter::new(storage, options, matrix.n_cols);
     let n = matrix.n_rows() as u64;

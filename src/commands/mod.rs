@@ -9,6 +9,9 @@ use deltacells::storage::{self, Storage, StoreOptions};
 
 use crate::cli::{Cli, Command, StoreArgs};
 
+pub(crate) use advice::advice;
+
+mod advice;
 mod convert;
 mod export;
 mod info;

@@ -26,6 +26,9 @@ pub enum InputError {
     Invalid { path: PathBuf, object: String, message: String },
     #[error("{path}: {object}: unsupported: {message}")]
     Unsupported { path: PathBuf, object: String, message: String },
+    /// A column of a table whose type the format cannot store.
+    #[error("{path}: {table}/{column}: unsupported: {what}, which deltacells cannot store", path = path.display())]
+    ColumnType { path: PathBuf, table: String, column: String, what: String },
     #[error("{0}")]
     BadCount(Box<BadCount>),
     #[error("{path}: the file changed since it was planned ({was} bytes then, {now} now); plan again")]
@@ -34,7 +37,11 @@ pub enum InputError {
 
 /// A value that is not a count, with everything needed to find it.
 #[derive(Debug, thiserror::Error)]
-#[error("{path}: {matrix}: cell {row}{obs_name}, gene {gene}{var_name}: {problem}{hint}", path = path.display())]
+#[error(
+    "{path}: {matrix}: cell {row}{obs_name}, gene {gene}{var_name}: {problem}{}",
+    counts_in.as_ref().map(|m| format!("; {m} holds counts")).unwrap_or_default(),
+    path = path.display()
+)]
 pub struct BadCount {
     pub path: PathBuf,
     pub matrix: String,
@@ -45,8 +52,8 @@ pub struct BadCount {
     /// " (name)" or empty.
     pub var_name: String,
     pub problem: String,
-    /// "; ... use --matrix ..." or empty.
-    pub hint: String,
+    /// Another matrix of the file that holds counts.
+    pub counts_in: Option<String>,
 }
 
 /// Rows of a matrix as stored, before they are checked as counts: CSR with

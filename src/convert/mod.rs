@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use serde_json::{Map, Value};
 
 use crate::format::{self, CsrMatrix, TileEncoder};
@@ -39,6 +39,18 @@ pub use plan::{finalize, plan, run_shard, Plan, ShardResult};
 /// every core; one tile encoding while the next is read keeps memory at two
 /// tiles whatever the input size.
 pub const MAX_IN_FLIGHT: usize = 1;
+
+/// Why a conversion cannot go on, beyond its inputs' and outputs' own errors.
+/// The messages state the facts; the command line adds what to type.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    #[error("{location} is not empty")]
+    NotEmpty { location: String },
+    #[error("{location}: no plan")]
+    NoPlan { location: String, root: String },
+    #[error("{location}: {problem}")]
+    ShardResult { location: String, problem: String, root: String, shard: usize, shards: usize },
+}
 
 /// What to convert and how.
 #[derive(Clone, Debug)]
@@ -159,7 +171,7 @@ pub(crate) fn prepare_output(out: &dyn Storage, overwrite: bool) -> anyhow::Resu
         if keys.iter().any(|k| k == plan::PLAN_KEY) && !keys.iter().any(|k| k == format::MANIFEST_KEY) {
             return Err(crate::dataset::DatasetError::Unfinished { location: out.location("") }.into());
         }
-        bail!("{} is not empty; use --overwrite to replace the dataset in it", out.location(""));
+        return Err(ConvertError::NotEmpty { location: out.location("") }.into());
     }
     out.delete(format::MANIFEST_KEY)?;
     for key in keys.iter().filter(|k| is_dataset_key(k)) {
@@ -582,7 +594,6 @@ fn describe_bad_value(source: &dyn InputSource, matrix: &str, row: u64, bad: &Ba
     };
     let obs_name = name_of(source.obs().ok().flatten(), row);
     let var_name = name_of(source.var().ok(), bad.gene);
-    let hint = source.counts_elsewhere().map(|m| format!("; {m} holds counts: use --matrix {m}")).unwrap_or_default();
     InputError::BadCount(Box::new(BadCount {
         path: source.path().to_path_buf(),
         matrix: matrix.to_string(),
@@ -591,7 +602,7 @@ fn describe_bad_value(source: &dyn InputSource, matrix: &str, row: u64, bad: &Ba
         gene: bad.gene,
         var_name,
         problem: bad.problem.clone(),
-        hint,
+        counts_in: source.counts_elsewhere(),
     }))
 }
 

@@ -23,6 +23,28 @@ use super::input::{self, Categories, FrameColumn, InputError, Table};
 use crate::format::obs_schema::{ObsColumn, ObsKind, ObsSchema, SCHEMA_FORMAT, SCHEMA_VERSION};
 use crate::obs::{arrow_type_from_name, arrow_type_name};
 
+/// Why the inputs' obs tables cannot be merged into one schema. The messages
+/// state the facts; the command line adds how to leave a column out.
+#[derive(Debug, thiserror::Error)]
+pub enum ObsMergeError {
+    #[error("{path}: obs column {column:?} is missing (it is in {first})")]
+    Missing { path: String, column: String, first: String },
+    #[error("{path}: obs column {column:?} is not in {first} (the first input with obs)")]
+    Extra { path: String, column: String, first: String },
+    #[error(
+        "obs column {column:?} to leave out: no input has an obs column of that name; the obs columns are: {columns}"
+    )]
+    UnknownExclude { column: String, columns: String },
+    #[error("{path}: has no obs table, but {first} has one")]
+    NoObs { path: String, first: String },
+    #[error("{path}: an obs column is named \"obs_names\", which is where cell names go")]
+    ObsNamesTaken { path: String },
+    #[error("obs column {column:?} is {kind} in {path} but {other_kind} in {other}")]
+    Kinds { column: String, kind: &'static str, path: String, other_kind: &'static str, other: String },
+    #[error("obs column {column:?} has type {data_type}, which obs cannot store")]
+    Unstorable { column: String, data_type: String },
+}
+
 /// What convert stores of obs.
 #[derive(Clone, Debug)]
 pub struct ObsOptions {
@@ -216,18 +238,20 @@ impl ObsPlan {
                 }
                 Some(first) => {
                     if let Some(n) = names.iter().find(|n| !here.contains(n)) {
-                        anyhow::bail!(
-                            "{}: obs column {n:?} is missing (it is in {}); leave it out with --obs-exclude {n}",
-                            path.display(),
-                            inputs[first].display()
-                        );
+                        return Err(ObsMergeError::Missing {
+                            path: path.display().to_string(),
+                            column: n.clone(),
+                            first: inputs[first].display().to_string(),
+                        }
+                        .into());
                     }
                     if let Some(n) = here.iter().find(|n| !names.contains(n)) {
-                        anyhow::bail!(
-                            "{}: obs column {n:?} is not in {} (the first input with obs); leave it out with --obs-exclude {n}",
-                            path.display(),
-                            inputs[first].display()
-                        );
+                        return Err(ObsMergeError::Extra {
+                            path: path.display().to_string(),
+                            column: n.clone(),
+                            first: inputs[first].display().to_string(),
+                        }
+                        .into());
                     }
                 }
             }
@@ -237,18 +261,19 @@ impl ObsPlan {
             }
         }
         if let Some(unknown) = options.exclude.iter().find(|n| !every_name.contains(n)) {
-            anyhow::bail!(
-                "--obs-exclude {unknown:?}: no input has an obs column of that name; the obs columns are: {}",
-                every_name.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(", ")
-            );
+            return Err(ObsMergeError::UnknownExclude {
+                column: unknown.clone(),
+                columns: every_name.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(", "),
+            }
+            .into());
         }
         let Some(first) = first_with else { return Ok(None) };
         if let Some(i) = first_without {
-            anyhow::bail!(
-                "{}: has no obs table, but {} has one; use --no-obs to convert without obs",
-                inputs[i].display(),
-                inputs[first].display()
-            );
+            return Err(ObsMergeError::NoObs {
+                path: inputs[i].display().to_string(),
+                first: inputs[first].display().to_string(),
+            }
+            .into());
         }
         let mut schema_columns = Vec::new();
         if options.names {
@@ -261,10 +286,7 @@ impl ObsPlan {
         }
         for name in &names {
             if options.names && name == "obs_names" {
-                anyhow::bail!(
-                    "{}: an obs column is named \"obs_names\", which is where cell names go; use --no-obs-names or --obs-exclude obs_names",
-                    inputs[0].display()
-                );
+                return Err(ObsMergeError::ObsNamesTaken { path: inputs[0].display().to_string() }.into());
             }
             schema_columns.push(plan_column(name, &shapes[name], inputs, options.max_categories)?);
         }
@@ -374,13 +396,14 @@ fn plan_column(name: &str, shapes: &[Shape], inputs: &[&Path], max_categories: u
     let first = &shapes[0];
     for (i, s) in shapes.iter().enumerate().skip(1) {
         if s.kind_name() != first.kind_name() {
-            anyhow::bail!(
-                "obs column {name:?} is {} in {} but {} in {}",
-                first.kind_name(),
-                inputs[0].display(),
-                s.kind_name(),
-                inputs[i].display()
-            );
+            return Err(ObsMergeError::Kinds {
+                column: name.to_string(),
+                kind: first.kind_name(),
+                path: inputs[0].display().to_string(),
+                other_kind: s.kind_name(),
+                other: inputs[i].display().to_string(),
+            }
+            .into());
         }
     }
     let (kind, data_type, categories) = match first {
@@ -394,9 +417,7 @@ fn plan_column(name: &str, shapes: &[Shape], inputs: &[&Path], max_categories: u
                 }
             }
             if arrow_type_name(&dt).is_none() {
-                anyhow::bail!(
-                    "obs column {name:?} has type {dt}, which obs cannot store; leave it out with --obs-exclude {name}"
-                );
+                return Err(ObsMergeError::Unstorable { column: name.to_string(), data_type: dt.to_string() }.into());
             }
             (ObsKind::Numeric, dt, None)
         }

@@ -151,7 +151,7 @@ pub fn plan(
         bail!("no input files");
     }
     if options.write.tile_size == 0 {
-        bail!("--tile-size must be at least 1");
+        bail!("the tile size must be at least 1");
     }
     let (scanned, var_names) = scan_inputs(inputs, &options.matrix, options.genes, progress)?;
     let n_genes = var_names.len() as u64;
@@ -250,7 +250,7 @@ pub fn read_plan(out: &dyn Storage) -> anyhow::Result<Plan> {
         if out.get(format::MANIFEST_KEY)?.is_some() {
             bail!("{}: the dataset is complete (finalized); there is no plan left to run", out.location(""));
         }
-        bail!("{location}: no plan; run `deltacells plan INPUTS... {}` first", out.location(""));
+        return Err(super::ConvertError::NoPlan { location, root: out.location("") }.into());
     };
     let plan: Plan = serde_json::from_slice(&bytes).with_context(|| format!("{location}: not a readable plan"))?;
     if plan.format != PLAN_FORMAT || plan.version != 1 {
@@ -372,10 +372,15 @@ fn record(
 /// Checks one result record against the plan; returns it parsed.
 fn check_result(out: &dyn Storage, plan: &Plan, key: &str, k: usize, n: usize) -> anyhow::Result<ShardResult> {
     let location = out.location(key);
-    let rerun = format!("re-run `deltacells shard {} --shard {k}/{n}`", out.location(""));
+    let failed = |problem: String| super::ConvertError::ShardResult {
+        location: location.clone(),
+        problem,
+        root: out.location(""),
+        shard: k,
+        shards: n,
+    };
     let bytes = out.get(key)?.with_context(|| format!("{location}: vanished while finalizing"))?;
-    let r: ShardResult = serde_json::from_slice(&bytes)
-        .map_err(|e| anyhow::anyhow!("{location}: corrupt shard result ({e}); {rerun}"))?;
+    let r: ShardResult = serde_json::from_slice(&bytes).map_err(|e| failed(format!("corrupt shard result ({e})")))?;
     let expected = plan.shard_tiles(k, n);
     let per = plan.tiles_per_unit();
     let n_obs = if plan.obs.is_some() { expected.len().div_ceil(per) } else { 0 };
@@ -400,7 +405,7 @@ fn check_result(out: &dyn Storage, plan: &Plan, key: &str, k: usize, n: usize) -
         None
     };
     if let Some(p) = problem {
-        bail!("{location}: inconsistent shard result: {p}; {rerun}");
+        return Err(failed(format!("inconsistent shard result: {p}")).into());
     }
     Ok(r)
 }

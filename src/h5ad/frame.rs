@@ -30,19 +30,20 @@ fn read_string_vec(ds: &hdf5::Dataset, rows: Rows<'_>) -> Result<Vec<String>, St
     }
 }
 
-/// A column of a type the format cannot store, with the way to leave it out.
+/// A column of a type the format cannot store; `object` is `table/column`
+/// (with `/values`, `/codes` ... for a member of an encoded column).
 fn unsupported_type(file: &H5adFile, object: &str, what: impl std::fmt::Display) -> H5adError {
-    let advice = match object.split_once('/') {
-        Some(("obs", column)) => {
-            let column = ["/values", "/codes", "/categories", "/mask"]
-                .iter()
-                .find_map(|part| column.strip_suffix(part))
-                .unwrap_or(column);
-            format!("leave the column out with --obs-exclude {column} (or all of obs with --no-obs)")
-        }
-        _ => "leave the gene table out with --no-var".to_string(),
-    };
-    file.unsupported(object, format!("{what}, which deltacells cannot store; {advice}"))
+    let (table, column) = object.split_once('/').unwrap_or((object, ""));
+    let column = ["/values", "/codes", "/categories", "/mask"]
+        .iter()
+        .find_map(|part| column.strip_suffix(part))
+        .unwrap_or(column);
+    H5adError::ColumnType {
+        path: file.path().to_path_buf(),
+        table: table.to_string(),
+        column: column.to_string(),
+        what: what.to_string(),
+    }
 }
 
 fn read_numeric(

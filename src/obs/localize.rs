@@ -29,6 +29,36 @@ use crate::format::obs_schema::ObsSchema;
 use crate::format::{self, Manifest};
 use crate::storage::Storage;
 
+/// Why obs columns could not be read or localized. Each names the object or
+/// cache file, and leaves a cause to `source()`.
+#[derive(Debug, thiserror::Error)]
+pub enum ObsError {
+    #[error("{location}: the dataset has no obs")]
+    NoObs { location: String },
+    #[error("{location}: no obs column {column:?}")]
+    NoColumn { location: String, column: String },
+    #[error("{location}: missing")]
+    Missing { location: String },
+    #[error("{location}: {reason}")]
+    Shard { location: String, reason: String },
+    #[error("{location}: row group {row_group}")]
+    RowGroup { location: String, row_group: usize, source: parquet::errors::ParquetError },
+    #[error("{path}")]
+    Cache { path: String, source: std::io::Error },
+    #[error("{path}: cannot lock")]
+    Lock { path: String, source: std::io::Error },
+    #[error("{path}: writing the cache file")]
+    Write { path: String, source: arrow_schema::ArrowError },
+    #[error(transparent)]
+    Storage(#[from] crate::storage::StorageError),
+    #[error(transparent)]
+    Dataset(#[from] crate::dataset::DatasetError),
+}
+
+fn cache_err(path: &Path) -> impl Fn(std::io::Error) -> ObsError + '_ {
+    move |source| ObsError::Cache { path: path.display().to_string(), source }
+}
+
 /// The cache root: `explicit`, else $DELTACELLS_CACHE, else
 /// $XDG_CACHE_HOME/deltacells, else ~/.cache/deltacells.
 pub fn cache_root(explicit: Option<&Path>) -> PathBuf {
@@ -178,20 +208,21 @@ struct Footer {
     metadata: Arc<ParquetMetaData>,
 }
 
-fn read_footer(storage: &dyn Storage, key: &str, size: u64, requests: &mut u64) -> anyhow::Result<Footer> {
+fn read_footer(storage: &dyn Storage, key: &str, size: u64, requests: &mut u64) -> Result<Footer, ObsError> {
     let location = storage.location(key);
+    let bad = |reason: String| ObsError::Shard { location: location.clone(), reason };
     if size < 12 {
-        anyhow::bail!("{location}: {size} bytes is too short for a Parquet file");
+        return Err(bad(format!("{size} bytes is too short for a Parquet file")));
     }
     let start = size.saturating_sub(TAIL_GUESS);
     let mut tail = fetch(storage, key, start..size, requests)?;
     let n = tail.len();
     if &tail[n - 4..] != b"PAR1" {
-        anyhow::bail!("{location}: not a Parquet file (no PAR1 at the end)");
+        return Err(bad("not a Parquet file (no PAR1 at the end)".into()));
     }
     let meta_len = u64::from(u32::from_le_bytes(tail[n - 8..n - 4].try_into().expect("4 bytes")));
     if meta_len + 8 > size {
-        anyhow::bail!("{location}: footer length {meta_len} exceeds the file ({size} bytes)");
+        return Err(bad(format!("footer length {meta_len} exceeds the file ({size} bytes)")));
     }
     let mut tail_start = start;
     if meta_len + 8 > n as u64 {
@@ -199,16 +230,15 @@ fn read_footer(storage: &dyn Storage, key: &str, size: u64, requests: &mut u64) 
         tail = fetch(storage, key, tail_start..size, requests)?;
     }
     let footer = &tail[tail.len() - 8 - meta_len as usize..tail.len() - 8];
-    let metadata =
-        ParquetMetaDataReader::decode_metadata(footer).map_err(|e| anyhow::anyhow!("{location}: footer: {e}"))?;
+    let metadata = ParquetMetaDataReader::decode_metadata(footer).map_err(|e| bad(format!("footer: {e}")))?;
     Ok(Footer { len: size, tail: (tail_start, tail), metadata: Arc::new(metadata) })
 }
 
-fn fetch(storage: &dyn Storage, key: &str, range: Range<u64>, requests: &mut u64) -> anyhow::Result<Bytes> {
+fn fetch(storage: &dyn Storage, key: &str, range: Range<u64>, requests: &mut u64) -> Result<Bytes, ObsError> {
     *requests += 1;
     let mut parts = storage
         .get_ranges(key, std::slice::from_ref(&range))?
-        .ok_or_else(|| anyhow::anyhow!("{}: missing", storage.location(key)))?;
+        .ok_or_else(|| ObsError::Missing { location: storage.location(key) })?;
     Ok(parts.remove(0))
 }
 
@@ -225,11 +255,11 @@ pub struct ObsSource<'a> {
 
 impl<'a> ObsSource<'a> {
     /// Reads obs/schema.json and every shard's footer (in parallel).
-    pub fn open(storage: &'a dyn Storage, manifest: &'a Manifest) -> anyhow::Result<ObsSource<'a>> {
-        let obs = manifest.obs().ok_or_else(|| anyhow::anyhow!("{}: the dataset has no obs", storage.location("")))?;
+    pub fn open(storage: &'a dyn Storage, manifest: &'a Manifest) -> Result<ObsSource<'a>, ObsError> {
+        let obs = manifest.obs().ok_or_else(|| ObsError::NoObs { location: storage.location("") })?;
         let stored = super::read_schema(storage)?;
         let (schema, schema_bytes) = (stored.schema, stored.text.len() as u64);
-        let results: Vec<anyhow::Result<(Footer, u64)>> = obs
+        let results: Vec<Result<(Footer, u64), ObsError>> = obs
             .shard_bytes
             .par_iter()
             .enumerate()
@@ -281,13 +311,13 @@ impl<'a> ObsSource<'a> {
 
     /// Every tile's values of `column`, read with ranged reads of its chunks
     /// only; with the requests and bytes that took.
-    pub fn fetch_column(&self, column: usize) -> anyhow::Result<(Vec<RecordBatch>, u64, u64)> {
+    pub fn fetch_column(&self, column: usize) -> Result<(Vec<RecordBatch>, u64, u64), ObsError> {
         let k = self.manifest.obs_tiles_per_file.unwrap_or(1) as usize;
         let ranges = self.column_ranges(column);
         let (requests, bytes) = self.column_cost(column);
         // Each shard's chunks of the column in one call (the storage merges
         // nearby ones and fetches them concurrently), the shards in parallel.
-        let decoded: Vec<anyhow::Result<Vec<RecordBatch>>> = self
+        let decoded: Vec<Result<Vec<RecordBatch>, ObsError>> = self
             .footers
             .par_iter()
             .zip(&ranges)
@@ -297,26 +327,26 @@ impl<'a> ObsSource<'a> {
                 let chunks = self
                     .storage
                     .get_ranges(&key, shard_ranges)?
-                    .ok_or_else(|| anyhow::anyhow!("{}: missing", self.storage.location(&key)))?;
+                    .ok_or_else(|| ObsError::Missing { location: self.storage.location(&key) })?;
                 let mut parts = vec![footer.tail.clone()];
                 parts.extend(shard_ranges.iter().map(|r| r.start).zip(chunks));
                 let file = SparseFile { len: footer.len, parts: Arc::new(parts) };
-                let meta = ArrowReaderMetadata::try_new(footer.metadata.clone(), ArrowReaderOptions::new())?;
+                let location = self.storage.location(&key);
+                let meta = ArrowReaderMetadata::try_new(footer.metadata.clone(), ArrowReaderOptions::new())
+                    .map_err(|e| ObsError::Shard { location: location.clone(), reason: format!("footer: {e}") })?;
                 let mask = ProjectionMask::roots(meta.parquet_schema(), [column]);
                 let mut batches = Vec::new();
                 for (i, rg) in footer.metadata.row_groups().iter().enumerate() {
                     let batch = read_row_group(file.clone(), meta.clone(), mask.clone(), i, rg.num_rows() as usize)
-                        .map_err(|e| anyhow::anyhow!("{}: row group {i}: {e}", self.storage.location(&key)))?;
+                        .map_err(|source| ObsError::RowGroup { location: location.clone(), row_group: i, source })?;
                     batches.push(batch);
                 }
                 let tiles = s * k..((s + 1) * k).min(self.manifest.n_tiles());
                 if batches.len() != tiles.len() {
-                    anyhow::bail!(
-                        "{}: {} row groups, expected {} (one per tile)",
-                        self.storage.location(&key),
-                        batches.len(),
-                        tiles.len()
-                    );
+                    return Err(ObsError::Shard {
+                        location,
+                        reason: format!("{} row groups, expected {} (one per tile)", batches.len(), tiles.len()),
+                    });
                 }
                 Ok(batches)
             })
@@ -336,7 +366,7 @@ fn read_row_group(
     mask: ProjectionMask,
     i: usize,
     rows: usize,
-) -> anyhow::Result<RecordBatch> {
+) -> parquet::errors::Result<RecordBatch> {
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta)
         .with_row_groups(vec![i])
         .with_projection(mask)
@@ -349,26 +379,29 @@ fn read_row_group(
 
 /// Writes `batches` as an uncompressed Arrow IPC file at `path`, through a
 /// temporary file in the same folder and a rename.
-fn write_ipc(path: &Path, column: &str, batches: &[RecordBatch]) -> anyhow::Result<()> {
+fn write_ipc(path: &Path, column: &str, batches: &[RecordBatch]) -> Result<(), ObsError> {
     let dir = path.parent().expect("cache files are in a folder");
     let field = batches.first().map(|b| b.schema().field(0).clone());
     let schema = Arc::new(Schema::new(vec![field
         .unwrap_or_else(|| Field::new(column, arrow_schema::DataType::Utf8, true))
         .with_name(column)]));
-    let mut tmp = crate::storage::temp_file_in(dir)?;
+    let io = cache_err(path);
+    let arrow = |source| ObsError::Write { path: path.display().to_string(), source };
+    let mut tmp = crate::storage::temp_file_in(dir).map_err(&io)?;
     {
-        let mut writer = arrow_ipc::writer::FileWriter::try_new(tmp.as_file_mut(), &schema)?;
+        let mut writer = arrow_ipc::writer::FileWriter::try_new(tmp.as_file_mut(), &schema).map_err(arrow)?;
         for b in batches {
-            writer.write(&RecordBatch::try_new(schema.clone(), b.columns().to_vec())?)?;
+            let batch = RecordBatch::try_new(schema.clone(), b.columns().to_vec()).map_err(arrow)?;
+            writer.write(&batch).map_err(arrow)?;
         }
-        writer.finish()?;
+        writer.finish().map_err(arrow)?;
     }
-    tmp.as_file().sync_all()?;
-    let checksum = file_checksum(tmp.path())?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    let mut sum = crate::storage::temp_file_in(dir)?;
-    std::io::Write::write_all(&mut sum, checksum.as_bytes())?;
-    sum.persist(checksum_path(path)).map_err(|e| e.error)?;
+    tmp.as_file().sync_all().map_err(&io)?;
+    let checksum = file_checksum(tmp.path()).map_err(&io)?;
+    tmp.persist(path).map_err(|e| io(e.error))?;
+    let mut sum = crate::storage::temp_file_in(dir).map_err(&io)?;
+    std::io::Write::write_all(&mut sum, checksum.as_bytes()).map_err(&io)?;
+    sum.persist(checksum_path(path)).map_err(|e| io(e.error))?;
     Ok(())
 }
 
@@ -393,22 +426,18 @@ pub fn localize(
     columns: &[String],
     root: &Path,
     force: bool,
-) -> anyhow::Result<LocalizeReport> {
+) -> Result<LocalizeReport, ObsError> {
     let started = Instant::now();
-    let obs = manifest.obs().ok_or_else(|| anyhow::anyhow!("{}: the dataset has no obs", storage.location("")))?;
+    let obs = manifest.obs().ok_or_else(|| ObsError::NoObs { location: storage.location("") })?;
     let dir = column_dir(root, obs.fingerprint);
-    std::fs::create_dir_all(&dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(cache_err(&dir))?;
     let mut report = LocalizeReport { cache: dir.display().to_string(), ..Default::default() };
     let mut source: Option<ObsSource<'_>> = None;
     for name in columns {
         let lock_path = dir.join(".lock");
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", lock_path.display()))?;
-        lock.lock().map_err(|e| anyhow::anyhow!("{}: cannot lock: {e}", lock_path.display()))?;
+        let lock =
+            File::options().create(true).truncate(false).write(true).open(&lock_path).map_err(cache_err(&lock_path))?;
+        lock.lock().map_err(|source| ObsError::Lock { path: lock_path.display().to_string(), source })?;
         // Cache files are written only under the lock: a temporary file found
         // while holding it belongs to a process that died mid-write.
         remove_stale_temporaries(&dir);
@@ -418,7 +447,7 @@ pub fn localize(
                 report.already_local.push(name.clone());
                 continue;
             }
-            std::fs::remove_file(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            std::fs::remove_file(&path).map_err(cache_err(&path))?;
             let _ = std::fs::remove_file(checksum_path(&path));
             report.replaced.push(name.clone());
         }
@@ -431,7 +460,7 @@ pub fn localize(
             .columns
             .iter()
             .position(|c| &c.name == name)
-            .ok_or_else(|| anyhow::anyhow!("{}: no obs column {name:?}", storage.location("")))?;
+            .ok_or_else(|| ObsError::NoColumn { location: storage.location(""), column: name.clone() })?;
         let (batches, requests, bytes) = src.fetch_column(index)?;
         write_ipc(&path, name, &batches)?;
         report.requests += requests;

@@ -126,7 +126,8 @@ fn older_anndata_layouts_are_read_or_named() {
     // raw.X / raw.var at the top level: --matrix raw/X finds them, and X's hint names it
     let raw = input("raw_dot.h5ad");
     let run = t.run(&["convert", &raw, "x"]).expect_code(2);
-    assert!(error_line(&run).ends_with("is not an integer count; raw/X holds counts: use --matrix raw/X"));
+    let line = error_line(&run);
+    assert!(line.ends_with("is not an integer count; raw/X holds counts; use --matrix raw/X"), "{line}");
     t.run(&["convert", "-q", "--matrix", "raw/X", &raw, "raw"]).expect_code(0);
     assert_eq!(dataset_rows(&t.join("raw")), expected_rows("raw_dot.h5ad"));
     // obs and var as compound datasets: refused, naming the layout
@@ -254,8 +255,8 @@ fn an_obs_column_with_a_slash_keeps_its_name() {
     let run = t.run(&["convert", "--obs-exclude", "qc_pass", &slash, "typo"]).expect_code(2);
     assert_eq!(
         error_line(&run),
-        "deltacells: convert: --obs-exclude \"qc_pass\": no input has an obs column of that name; the obs columns \
-         are: \"qc/pass\", \"depth\""
+        "deltacells: convert: obs column \"qc_pass\" to leave out: no input has an obs column of that name; the obs \
+         columns are: \"qc/pass\", \"depth\"; check the names given to --obs-exclude"
     );
 }
 

@@ -1,0 +1,68 @@
+//! What to type: the library's errors state what is wrong, and the command
+//! line adds the flag or command that gets past it, so that the same error
+//! met from Python never tells its reader to type a flag.
+
+use deltacells::convert::genes::GeneError;
+use deltacells::convert::input::InputError;
+use deltacells::convert::obs_merge::ObsMergeError;
+use deltacells::convert::ConvertError;
+use deltacells::DatasetError;
+
+/// The advice for the first error in `err`'s chain that has one.
+pub(crate) fn advice(err: &anyhow::Error) -> Option<String> {
+    err.chain().find_map(|cause| {
+        if let Some(e) = cause.downcast_ref::<ObsMergeError>() {
+            return Some(obs_merge(e));
+        }
+        if let Some(e) = cause.downcast_ref::<InputError>() {
+            return input(e);
+        }
+        if let Some(GeneError::Differ(_)) = cause.downcast_ref::<GeneError>() {
+            return Some(
+                "every input must have the same genes (keep the genes every input has with --genes \
+                 intersection, or all of them with --genes union)"
+                    .into(),
+            );
+        }
+        if let Some(e) = cause.downcast_ref::<ConvertError>() {
+            return Some(match e {
+                ConvertError::NotEmpty { .. } => "use --overwrite to replace the dataset in it".into(),
+                ConvertError::NoPlan { root, .. } => format!("run `deltacells plan INPUTS... {root}` first"),
+                ConvertError::ShardResult { root, shard, shards, .. } => {
+                    format!("re-run `deltacells shard {root} --shard {shard}/{shards}`")
+                }
+            });
+        }
+        if let Some(DatasetError::Unfinished { location }) = cause.downcast_ref::<DatasetError>() {
+            return Some(format!(
+                "finish it with `deltacells shard {location} --shard K/N` for each shard whose result is missing \
+                 (a single convert is shard 0/1) and then `deltacells finalize {location}`, or convert again with \
+                 --overwrite"
+            ));
+        }
+        None
+    })
+}
+
+fn obs_merge(e: &ObsMergeError) -> String {
+    match e {
+        ObsMergeError::Missing { column, .. }
+        | ObsMergeError::Extra { column, .. }
+        | ObsMergeError::Kinds { column, .. }
+        | ObsMergeError::Unstorable { column, .. } => format!("leave it out with --obs-exclude {column}"),
+        ObsMergeError::UnknownExclude { .. } => "check the names given to --obs-exclude".into(),
+        ObsMergeError::NoObs { .. } => "use --no-obs to convert without obs".into(),
+        ObsMergeError::ObsNamesTaken { .. } => "use --no-obs-names or --obs-exclude obs_names".into(),
+    }
+}
+
+fn input(e: &InputError) -> Option<String> {
+    match e {
+        InputError::ColumnType { table, column, .. } if table == "obs" => {
+            Some(format!("leave the column out with --obs-exclude {column} (or all of obs with --no-obs)"))
+        }
+        InputError::ColumnType { .. } => Some("leave the gene table out with --no-var".into()),
+        InputError::BadCount(bad) => bad.counts_in.as_ref().map(|m| format!("use --matrix {m}")),
+        _ => None,
+    }
+}
