@@ -13,24 +13,33 @@ use crate::storage::{self, Storage, StorageError};
 /// `{:#}`, or [`crate::error_chain`]) to see both.
 #[derive(Debug, thiserror::Error)]
 pub enum DatasetError {
+    /// Files but no manifest: an interrupted writer's leftovers.
     #[error("{location}: incomplete dataset: no manifest.json")]
     Incomplete { location: String },
+    /// No manifest, and the plan of a conversion that did not finish.
     #[error(
         "{location}: incomplete dataset: a conversion into it was interrupted before its manifest.json was written"
     )]
     Unfinished { location: String },
+    /// Nothing at all at the location.
     #[error("{location}: no dataset here (nothing at this location)")]
     Nothing { location: String },
+    /// manifest.json breaks a rule of the format.
     #[error("{location}")]
     Manifest { location: String, source: ManifestError },
+    /// The bytes could not be reached.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// A file the manifest says is there is not.
     #[error("{location}: missing ({what})")]
     Missing { location: String, what: String },
+    /// A file that is there but not what the format allows.
     #[error("{location}: {message}")]
     Invalid { location: String, message: String },
+    /// A tile breaks a rule of the format (the source names the rule).
     #[error("{location}: tile {tile}")]
     Tile { location: String, tile: usize, source: TileError },
+    /// A cell index at or past the number of cells.
     #[error("cell {cell} is out of range: the dataset has {n_cells} cells")]
     CellOutOfRange { cell: u64, n_cells: u64 },
 }
@@ -69,22 +78,27 @@ impl Dataset {
         Ok(Dataset { storage, manifest, limits })
     }
 
+    /// The checked manifest.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
     }
 
+    /// Where the dataset's bytes are.
     pub fn storage(&self) -> &Arc<dyn Storage> {
         &self.storage
     }
 
+    /// Cells (rows) of the matrix.
     pub fn n_cells(&self) -> u64 {
         self.manifest.n_cells
     }
 
+    /// Genes (columns) of the matrix.
     pub fn n_genes(&self) -> u32 {
         self.manifest.n_genes as u32
     }
 
+    /// Tiles, of `manifest().tile_size` cells each but the last.
     pub fn n_tiles(&self) -> usize {
         self.manifest.n_tiles()
     }
@@ -231,7 +245,7 @@ pub fn read_manifest(storage: &dyn Storage) -> Result<Manifest, DatasetError> {
 
 /// Why there is no manifest: nothing at all there (or, in a store, no such
 /// bucket: the listing's error says so), or an incomplete dataset.
-pub fn no_manifest(storage: &dyn Storage) -> DatasetError {
+pub(crate) fn no_manifest(storage: &dyn Storage) -> DatasetError {
     let location = storage.location("");
     if !storage.can_list() {
         // A plain HTTP server cannot list: look for the files a dataset (or an
@@ -257,7 +271,7 @@ pub fn no_manifest(storage: &dyn Storage) -> DatasetError {
 pub(crate) const PLAN_KEY: &str = ".plan/plan.json";
 
 /// Cumulative sums: `limits[i]` is the first cell after tile i.
-pub fn cumulative(tile_cells: &[u64]) -> Vec<u64> {
+pub(crate) fn cumulative(tile_cells: &[u64]) -> Vec<u64> {
     tile_cells
         .iter()
         .scan(0u64, |acc, &c| {
@@ -269,7 +283,7 @@ pub fn cumulative(tile_cells: &[u64]) -> Vec<u64> {
 
 /// var_names.txt: UTF-8, one name per line, every line ending in "\n"
 /// (decisions.md 13).
-pub fn parse_var_names(bytes: &[u8], n_genes: u64) -> Result<Vec<String>, String> {
+pub(crate) fn parse_var_names(bytes: &[u8], n_genes: u64) -> Result<Vec<String>, String> {
     let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
     if !text.is_empty() && !text.ends_with('\n') {
         return Err("the last line does not end in a newline".into());

@@ -2,8 +2,37 @@
 //!
 //! A dataset is a folder (or bucket prefix) of tiles, each a block of consecutive
 //! cells in a compressed CSR form, plus a manifest and optional gene and cell
-//! tables. [`format`](mod@format) holds the byte layout; [`Dataset`] reads cells back;
-//! [`verify`] checks a whole dataset; [`storage`] is where the bytes live.
+//! tables (docs/format.md in the repository describes every byte).
+//!
+//! # Reading
+//!
+//! [`Dataset`] opens a dataset in any [`storage`] (a local folder, `s3://`,
+//! `gs://`, `http(s)://`) and reads cells by tile, by range or by list;
+//! [`obs::localize`] copies cell-metadata columns into the local cache that
+//! training jobs memory-map; [`verify`] checks a whole dataset and [`info`]
+//! summarizes one. [`format`](mod@format) is the byte layout itself (tile codec,
+//! manifest, obs schema, fingerprint), usable on its own.
+//!
+//! ```no_run
+//! let ds = deltacells::Dataset::open("out/pbmc_1k")?;
+//! let cells = ds.read_cell_list(&[5, 0, 999])?; // CSR, rows in the order asked
+//! assert_eq!(cells.n_rows(), 3);
+//! # Ok::<(), deltacells::DatasetError>(())
+//! ```
+//!
+//! # Features
+//!
+//! With no feature at all, the crate is that reading core (and [`writer`]):
+//! it builds without HDF5, a command-line parser or progress bars.
+//! - `convert`: reading `.h5ad` files (HDF5, built from source and linked
+//!   statically) and turning them into datasets: `convert` and `h5ad`.
+//! - `cli` (default): the `deltacells` binary; implies `convert`.
+//!
+//! # Errors
+//!
+//! Every error names the file or object and the place in it, and leaves its
+//! cause to [`std::error::Error::source`]; [`error_chain`] prints the whole
+//! chain on one line. No function panics on bad bytes.
 
 #[cfg(feature = "convert")]
 pub mod convert;

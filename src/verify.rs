@@ -23,18 +23,25 @@ pub struct Problem {
     pub tile: Option<usize>,
     /// The rule broken, e.g. `tile:crc32` or `obs-fingerprint`.
     pub rule: String,
+    /// What is wrong, in words.
     pub message: String,
 }
 
 /// What `verify` found.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct VerifyReport {
+    /// The dataset's location.
     pub dataset: String,
+    /// Whether no problem was found.
     pub ok: bool,
+    /// Tiles read and decoded.
     pub tiles_checked: usize,
+    /// Cells and nonzeros in the tiles checked.
     pub cells: u64,
     pub nnz: u64,
+    /// Bytes read, in all.
     pub bytes_read: u64,
+    /// Every problem found, in the order found.
     pub problems: Vec<Problem>,
 }
 

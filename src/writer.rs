@@ -11,8 +11,11 @@ use crate::storage::{Storage, StorageError};
 /// Settings of the tile layout and encoder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WriteOptions {
+    /// Cells per tile (every tile but the last).
     pub tile_size: u64,
+    /// Chunks per tile: units of parallel decoding.
     pub n_chunks: usize,
+    /// zstd level, 1 to 22.
     pub zstd_level: i32,
 }
 
@@ -24,14 +27,14 @@ impl Default for WriteOptions {
 
 /// What one written tile contributes to the manifest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TileRecord {
+pub(crate) struct TileRecord {
     pub cells: u64,
     pub nnz: u64,
     pub bytes: u64,
 }
 
 /// Writes tiles, then the manifest.
-pub struct DatasetWriter<'a> {
+pub(crate) struct DatasetWriter<'a> {
     storage: &'a dyn Storage,
     options: WriteOptions,
     n_genes: u32,
@@ -51,21 +54,20 @@ impl<'a> DatasetWriter<'a> {
     }
 
     /// What has been written, tile by tile.
+    #[cfg_attr(not(feature = "convert"), allow(dead_code))] // convert's shards use it
     pub fn tiles(&self) -> &[TileRecord] {
         &self.tiles
     }
 
     /// The SHA-256 (hex) of each tile written.
+    #[cfg_attr(not(feature = "convert"), allow(dead_code))] // convert's shards use it
     pub fn tile_sha256(&self) -> &[String] {
         &self.tile_sha256
     }
 
+    #[cfg_attr(not(feature = "convert"), allow(dead_code))] // convert's shards use it
     pub fn storage(&self) -> &'a dyn Storage {
         self.storage
-    }
-
-    pub fn options(&self) -> &WriteOptions {
-        &self.options
     }
 
     /// Writes an encoded tile as tile number `index`; tiles must come in order.
@@ -77,11 +79,6 @@ impl<'a> DatasetWriter<'a> {
         self.tiles.push(TileRecord { cells, nnz, bytes });
         self.tile_sha256.push(sha256);
         Ok(())
-    }
-
-    /// Writes an optional file (gene order, var, obs).
-    pub fn put_file(&self, key: &str, data: Vec<u8>) -> Result<(), StorageError> {
-        self.storage.put(key, Bytes::from(data))
     }
 
     /// The manifest of what has been written so far.
@@ -96,7 +93,7 @@ impl<'a> DatasetWriter<'a> {
 }
 
 /// The manifest of a dataset of `tiles`, without obs (the caller adds it).
-pub fn manifest_of(
+pub(crate) fn manifest_of(
     options: WriteOptions,
     n_genes: u32,
     tiles: &[TileRecord],
@@ -128,7 +125,7 @@ pub fn manifest_of(
 
 /// Which optional files a dataset has.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ManifestFlags {
+pub(crate) struct ManifestFlags {
     pub gene_order: bool,
     pub var_names: bool,
     pub var_table: bool,
@@ -137,8 +134,10 @@ pub struct ManifestFlags {
 /// Why a dataset could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
+    /// A block of cells that no tile can hold.
     #[error("encoding a tile")]
     Encode(#[from] crate::format::EncodeError),
+    /// The storage refused a write.
     #[error(transparent)]
     Storage(#[from] StorageError),
 }

@@ -19,17 +19,18 @@ use anyhow::Context;
 use serde_json::{Map, Value};
 
 use crate::format::{self, CsrMatrix, TileEncoder};
-use crate::obs::shard::{ShardRecord, ShardWriter};
 use crate::storage::Storage;
 use crate::writer::{DatasetWriter, WriteOptions};
 use input::{to_counts, BadCount, BadValue, InputError, InputSource, RawRows};
 use obs_merge::ObsPlan;
+use obs_shards::{ShardRecord, ShardWriter};
 
 pub mod genes;
 pub mod input;
 pub mod obs_merge;
-pub mod plan;
-pub mod var_table;
+mod obs_shards;
+mod plan;
+mod var_table;
 
 pub use genes::GeneSet;
 pub use obs_merge::ObsOptions;
@@ -182,7 +183,7 @@ pub(crate) fn prepare_output(out: &dyn Storage, overwrite: bool) -> anyhow::Resu
 
 /// The sampled inputs of decisions.md 12: k = min(want, n) of them, spread
 /// evenly, the first and the last included.
-pub fn sampled_inputs(n: usize, want: usize) -> Vec<usize> {
+pub(crate) fn sampled_inputs(n: usize, want: usize) -> Vec<usize> {
     let k = want.min(n);
     match k {
         0 => Vec::new(),
@@ -197,7 +198,7 @@ pub fn sampled_inputs(n: usize, want: usize) -> Vec<usize> {
 }
 
 /// Gene order by decreasing total counts; ties keep the source order.
-pub fn gene_order_from_totals(totals: &[u64]) -> Vec<u32> {
+pub(crate) fn gene_order_from_totals(totals: &[u64]) -> Vec<u32> {
     let mut order: Vec<u32> = (0..totals.len() as u32).collect();
     order.sort_by_key(|&g| std::cmp::Reverse(totals[g as usize]));
     order

@@ -33,14 +33,14 @@ use crate::storage::Storage;
 use crate::writer::{manifest_of, DatasetWriter, ManifestFlags, TileRecord, WriteOptions};
 
 /// Where the plan is, in the output.
-pub const PLAN_KEY: &str = crate::dataset::PLAN_KEY;
+pub(crate) const PLAN_KEY: &str = crate::dataset::PLAN_KEY;
 /// Where shard results are, in the output.
-pub const RESULTS_PREFIX: &str = ".plan/results";
+pub(crate) const RESULTS_PREFIX: &str = ".plan/results";
 const PLAN_FORMAT: &str = "deltacells-plan";
 const RESULT_FORMAT: &str = "deltacells-shard-result";
 
 /// The key of shard `k` of `n`'s result record.
-pub fn result_key(k: usize, n: usize) -> String {
+pub(crate) fn result_key(k: usize, n: usize) -> String {
     format!("{RESULTS_PREFIX}/shard-{k:05}-of-{n:05}.json")
 }
 
@@ -244,7 +244,7 @@ pub fn plan(
 }
 
 /// Reads the plan of the conversion into `out`.
-pub fn read_plan(out: &dyn Storage) -> anyhow::Result<Plan> {
+pub(crate) fn read_plan(out: &dyn Storage) -> anyhow::Result<Plan> {
     let location = out.location(PLAN_KEY);
     let Some(bytes) = out.get(PLAN_KEY)? else {
         if out.get(format::MANIFEST_KEY)?.is_some() {

@@ -9,7 +9,7 @@
 //! HDF5 serializes every call behind one global lock, so reading stays on one
 //! thread; callers parallelize what they do with the rows.
 
-pub mod frame;
+pub(crate) mod frame;
 mod source;
 mod strings;
 pub mod write;
@@ -23,7 +23,7 @@ use hdf5::types::TypeDescriptor;
 
 use crate::convert::input::{InputError as H5adError, RawRows};
 
-pub use strings::{read_string_attr, read_strings, read_strings_range};
+pub(crate) use strings::{read_string_attr, read_strings, read_strings_range};
 
 /// How a matrix is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

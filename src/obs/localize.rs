@@ -33,24 +33,34 @@ use crate::storage::Storage;
 /// cache file, and leaves a cause to `source()`.
 #[derive(Debug, thiserror::Error)]
 pub enum ObsError {
+    /// The manifest says the dataset has no obs.
     #[error("{location}: the dataset has no obs")]
     NoObs { location: String },
+    /// A column the schema does not have.
     #[error("{location}: no obs column {column:?}")]
     NoColumn { location: String, column: String },
+    /// An obs shard the manifest names is not there.
     #[error("{location}: missing")]
     Missing { location: String },
+    /// An obs shard is not what the format allows.
     #[error("{location}: {reason}")]
     Shard { location: String, reason: String },
+    /// A row group of a shard could not be decoded.
     #[error("{location}: row group {row_group}")]
     RowGroup { location: String, row_group: usize, source: parquet::errors::ParquetError },
+    /// The cache folder or a file in it could not be written or read.
     #[error("{path}")]
     Cache { path: String, source: std::io::Error },
+    /// The cache's lock could not be taken.
     #[error("{path}: cannot lock")]
     Lock { path: String, source: std::io::Error },
+    /// A cache file could not be encoded.
     #[error("{path}: writing the cache file")]
     Write { path: String, source: arrow_schema::ArrowError },
+    /// The dataset's bytes could not be reached.
     #[error(transparent)]
     Storage(#[from] crate::storage::StorageError),
+    /// The dataset (its manifest, its schema) is not what the format allows.
     #[error(transparent)]
     Dataset(#[from] crate::dataset::DatasetError),
 }
@@ -145,13 +155,18 @@ pub fn cached_file_is_valid(path: &Path, column: &str, tile_cells: &[u64]) -> bo
 /// What a localization did.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct LocalizeReport {
+    /// The dataset's folder in the cache.
     pub cache: String,
+    /// Columns fetched into the cache (replaced ones among them).
     pub fetched: Vec<String>,
+    /// Columns already in the cache and valid.
     pub already_local: Vec<String>,
     /// Cache files that were invalid and were fetched again.
     pub replaced: Vec<String>,
+    /// Read requests and bytes fetched from the dataset's storage.
     pub requests: u64,
     pub bytes: u64,
+    /// How long it took.
     pub seconds: f64,
 }
 

@@ -13,7 +13,6 @@ use crate::format::obs_schema::{ObsKind, ObsSchema};
 use crate::storage::Storage;
 
 pub mod localize;
-pub mod shard;
 
 /// The Arrow types obs may use, under their pyarrow names (decisions.md 15):
 /// the one table both directions are read from.
@@ -45,7 +44,9 @@ pub fn arrow_type_from_name(name: &str) -> Option<DataType> {
 /// A dataset's obs/schema.json: its exact text (which the obs fingerprint
 /// hashes) and what it says.
 pub struct StoredSchema {
+    /// The file's text, as the fingerprint hashes it.
     pub text: String,
+    /// What it says, checked.
     pub schema: ObsSchema,
 }
 
@@ -66,7 +67,7 @@ pub fn read_schema(storage: &dyn Storage) -> Result<StoredSchema, DatasetError> 
 /// Checks one shard's Parquet content: row groups (one per tile, each with that
 /// tile's cells), column names and Arrow types against the schema, and category
 /// codes within their vocabulary. Returns (rule, message) for each problem.
-pub fn check_shard(bytes: Bytes, schema: &ObsSchema, tile_cells: &[u64]) -> Vec<(&'static str, String)> {
+pub(crate) fn check_shard(bytes: Bytes, schema: &ObsSchema, tile_cells: &[u64]) -> Vec<(&'static str, String)> {
     let mut problems = Vec::new();
     let builder = match ParquetRecordBatchReaderBuilder::try_new(bytes) {
         Ok(b) => b,
@@ -172,7 +173,7 @@ fn first_bad_code(array: &ArrayRef, n_categories: i64) -> Option<(usize, i64)> {
 }
 
 /// The number of rows of a Parquet file, from its footer.
-pub fn parquet_rows(bytes: Bytes) -> Result<u64, String> {
+pub(crate) fn parquet_rows(bytes: Bytes) -> Result<u64, String> {
     let builder =
         ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| format!("not a readable Parquet file: {e}"))?;
     Ok(builder.metadata().file_metadata().num_rows() as u64)
@@ -183,7 +184,7 @@ pub fn parquet_rows(bytes: Bytes) -> Result<u64, String> {
 pub type ParquetColumns = (Vec<(String, String)>, Vec<String>);
 
 /// The columns of a Parquet file, from its footer.
-pub fn parquet_columns(bytes: Bytes) -> Result<ParquetColumns, String> {
+pub(crate) fn parquet_columns(bytes: Bytes) -> Result<ParquetColumns, String> {
     let builder =
         ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| format!("not a readable Parquet file: {e}"))?;
     let schema = builder.schema();

@@ -17,10 +17,12 @@ pub struct LocalStorage {
 }
 
 impl LocalStorage {
+    /// The dataset in folder `root` (which need not exist yet, for writing).
     pub fn new(root: impl Into<PathBuf>) -> Self {
         LocalStorage { root: root.into(), stats: IoStats::default() }
     }
 
+    /// The folder.
     pub fn root(&self) -> &Path {
         &self.root
     }

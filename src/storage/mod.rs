@@ -23,14 +23,17 @@ pub use object::{anonymous_gcs, ObjectStorage, StoreOptions};
 /// A failure to reach or read stored bytes (not a missing object).
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
-    /// The cause is left to `source()`, so that a chain is printed once.
+    /// A local file could not be read or written (the cause is left to
+    /// `source()`, so that a chain is printed once).
     #[error("{location}")]
     Io { location: String, source: std::io::Error },
+    /// A read asked for bytes the object does not have.
     #[error("{location}: range {start}..{end} is past the end of the object ({size} bytes)")]
     Range { location: String, start: u64, end: u64, size: u64 },
     /// An object store's error, with the HTTP status where there was one.
     #[error("{location}: {message}")]
     Remote { location: String, message: String },
+    /// A location or operation this backend cannot serve.
     #[error("{location}: {message}")]
     Unsupported { location: String, message: String },
 }

@@ -537,3 +537,38 @@ fn an_obs_column_of_a_kind_we_cannot_store_points_to_no_obs() {
     );
     t.run(&["convert", "-q", "--obs-exclude", "spatial", "in.h5ad", "out"]).expect_code(0);
 }
+
+#[test]
+fn every_command_prints_one_whole_error_line() {
+    let t = TestDir::new();
+    let rows = crate::h5::random_rows(10, 8, 1);
+    let input = t.join("in.h5ad");
+    crate::h5::write_counts(&input, &rows, 8, "c");
+    let input = input.to_str().unwrap();
+    t.run(&["convert", "-q", input, "ds"]).expect_code(0);
+    t.run(&["convert", "-q", "--no-obs", input, "bare"]).expect_code(0);
+    std::fs::create_dir(t.join("empty")).unwrap();
+    for (args, line) in [
+        (
+            vec!["obs", "localize", "ds", "--columns", "nope", "--cache-dir", "c"],
+            "deltacells: obs localize: ds: no obs column \"nope\"",
+        ),
+        (vec!["obs", "info", "bare"], "deltacells: obs info: bare: the dataset has no obs"),
+        (
+            vec!["shard", "empty", "--shard", "0/1"],
+            "deltacells: shard 0/1: empty/.plan/plan.json: no plan; run `deltacells plan INPUTS... empty` first",
+        ),
+        (
+            vec!["finalize", "empty"],
+            "deltacells: finalize: empty/.plan/plan.json: no plan; run `deltacells plan INPUTS... empty` first",
+        ),
+        (vec!["plan", input, "ds"], "deltacells: plan: ds is not empty; use --overwrite to replace the dataset in it"),
+        (vec!["shard", "ds", "--shard", "3/2"], "deltacells: --shard 3/2: K must be from 0 to N-1"),
+        (vec!["export", "ds", "x.h5ad", "--cells", "5:99"], "deltacells: --cells \"5:99\": outside 0:10"),
+        (vec!["info", "nothing-here"], "deltacells: info: nothing-here: no dataset here (nothing at this location)"),
+        (vec!["verify", "empty"], "deltacells: verify: empty: no dataset here (nothing at this location)"),
+    ] {
+        let run = t.run(&args).expect_code(2);
+        assert_eq!(error_line(&run), line, "{args:?}");
+    }
+}

@@ -40,10 +40,6 @@ fn properties() -> WriterProperties {
 }
 
 impl ShardWriter {
-    pub fn new(schema: SchemaRef, tiles_per_file: u64) -> Self {
-        Self::starting_at(schema, tiles_per_file, 0)
-    }
-
     /// A writer whose first shard is number `first_shard` (one part of a
     /// sharded conversion, which starts at a shard boundary).
     pub fn starting_at(schema: SchemaRef, tiles_per_file: u64, first_shard: usize) -> Self {
