@@ -24,3 +24,8 @@ cargo test --release "$@"
 # The benchmarks are not run here (see README, "Performance"), only compiled,
 # in the same profile so that nothing is built twice.
 cargo test --release --benches --no-run --quiet
+# The Python package: built (into the same target folder) and installed into
+# .venv as a user installs it, then its tests, against the binary built above.
+cargo build --release --quiet
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python
+DELTACELLS_BIN="$PWD/target/release/deltacells" .venv/bin/pytest -q -p no:cacheprovider python/tests

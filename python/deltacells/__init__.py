@@ -1,0 +1,26 @@
+"""Read deltacells datasets: compact tiled single-cell count matrices.
+
+>>> import deltacells
+>>> ds = deltacells.open_dataset("out/pbmc_1k", obs_columns=["obs_names"])
+>>> batch = ds.get_batch([5, 0, 999])
+>>> batch.to_scipy().shape
+(3, 14053)
+
+The reading is done by the Rust library (decoding on its own threads, with
+the GIL released); this package gives it NumPy, SciPy and pandas types.
+"""
+
+from ._dataset import Batch, Dataset, open_dataset
+from ._errors import CellIndexError, CorruptDatasetError, DatasetNotFoundError, DeltacellsError
+from ._obs import Obs
+
+__all__ = [
+    "open_dataset",
+    "Dataset",
+    "Batch",
+    "Obs",
+    "DeltacellsError",
+    "DatasetNotFoundError",
+    "CorruptDatasetError",
+    "CellIndexError",
+]

@@ -1,0 +1,207 @@
+"""Datasets and batches of cells."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Union
+
+import numpy as np
+
+from . import _deltacells
+from ._obs import Obs
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import scipy.sparse
+
+#: What ``get_batch`` accepts as cells: a list, an integer array, a range or a slice.
+Cells = Union[Sequence[int], np.ndarray, range, slice]
+
+
+class Batch:
+    """Some cells of a dataset as a CSR matrix: ``indptr`` (int64), ``indices``
+    (int32, the stored gene columns) and ``data`` (int32 counts), in the order
+    the cells were asked for.
+
+    The arrays are the buffers the Rust decoder wrote; :meth:`to_scipy` wraps
+    ``data`` and ``indices`` without copying (scipy keeps its own int32 copy of
+    ``indptr``, one entry per cell, since it wants both index arrays of one type).
+    """
+
+    __slots__ = ("indptr", "indices", "data", "shape")
+
+    def __init__(self, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_genes: int) -> None:
+        self.indptr = indptr
+        self.indices = indices
+        self.data = data
+        self.shape = (len(indptr) - 1, n_genes)
+
+    def to_scipy(self) -> scipy.sparse.csr_matrix:
+        """The batch as a ``scipy.sparse.csr_matrix`` over the same buffers (no copy)."""
+        import scipy.sparse
+
+        return scipy.sparse.csr_matrix((self.data, self.indices, self.indptr), shape=self.shape, copy=False)
+
+    def to_dense(self, dtype: Any = np.float32) -> np.ndarray:
+        """The batch as a dense ``(cells, genes)`` array of ``dtype``."""
+        out = np.zeros(self.shape, dtype=dtype)
+        rows = np.repeat(np.arange(self.shape[0]), np.diff(self.indptr))
+        out[rows, self.indices] = self.data
+        return out
+
+    @property
+    def nnz(self) -> int:
+        """Stored nonzeros."""
+        return int(self.indptr[-1])
+
+    def __repr__(self) -> str:
+        return f"<deltacells.Batch {self.shape[0]} cells x {self.shape[1]} genes, {self.nnz} nonzeros>"
+
+
+class Dataset:
+    """An open dataset. Use :func:`open_dataset` to get one.
+
+    The genes (columns) are in the dataset's stored order, by decreasing total
+    counts; :attr:`gene_order` maps them back to the source files' order.
+    """
+
+    def __init__(self, raw: _deltacells.RawDataset, root: str, obs_columns: Sequence[str] | None,
+                 cache_dir: str | None) -> None:
+        self._raw = raw
+        self.root = root
+        self.obs = Obs(self, cache_dir)
+        if obs_columns:
+            self.obs.localize(list(obs_columns))
+
+    @property
+    def n_cells(self) -> int:
+        """Cells (rows)."""
+        return self._raw.n_cells
+
+    @property
+    def n_genes(self) -> int:
+        """Genes (columns)."""
+        return self._raw.n_genes
+
+    @property
+    def n_tiles(self) -> int:
+        """Tiles: blocks of consecutive cells, each read and decoded as a unit."""
+        return self._raw.n_tiles
+
+    @cached_property
+    def tile_cells(self) -> np.ndarray:
+        """Cells of each tile (int64)."""
+        return self._raw.tile_cells()
+
+    @cached_property
+    def manifest(self) -> dict[str, Any]:
+        """manifest.json, as a dict."""
+        return json.loads(self._raw.manifest_json())
+
+    @cached_property
+    def var_names(self) -> list[str] | None:
+        """Gene names in stored column order, or None without var_names.txt."""
+        return self._raw.var_names()
+
+    @cached_property
+    def var(self) -> pd.DataFrame | None:
+        """The gene table (var.parquet) in stored column order, with its index; None without one."""
+        data = self._raw.var_parquet()
+        if data is None:
+            return None
+        import pandas as pd
+
+        return pd.read_parquet(io.BytesIO(data))
+
+    @cached_property
+    def gene_order(self) -> np.ndarray | None:
+        """int32 array: stored column ``j`` was column ``gene_order[j]`` of the source
+        files; None without gene_order.npy. ``np.argsort(gene_order)`` gives, for each
+        source gene, its stored column."""
+        return self._raw.gene_order()
+
+    def _cell_array(self, cells: Cells) -> np.ndarray:
+        if isinstance(cells, slice):
+            cells = range(*cells.indices(self.n_cells))
+        if isinstance(cells, range):
+            return np.arange(cells.start, cells.stop, cells.step, dtype=np.int64)
+        array = np.asarray(cells)
+        if array.ndim != 1:
+            raise TypeError(f"cells must be one-dimensional, not of shape {array.shape}")
+        if array.size and not np.issubdtype(array.dtype, np.integer):
+            raise TypeError(f"cells must be integers, not {array.dtype}")
+        return np.ascontiguousarray(array, dtype=np.int64)
+
+    def get_batch(self, cells: Cells) -> Batch:
+        """The cells listed, in the order given (repeats allowed), as a :class:`Batch`.
+
+        ``cells`` is a list, an integer array, a range or a slice. Every tile the
+        batch needs is read and decoded once, on the Rust threads.
+
+        Raises :class:`CellIndexError` (an ``IndexError``) for a cell outside
+        ``0 .. n_cells``, naming it.
+
+        >>> batch = ds.get_batch(np.array([10, 3, 10]))
+        >>> x = batch.to_scipy()  # 3 x n_genes CSR, no copy
+        """
+        if isinstance(cells, (range, slice)):
+            r = cells if isinstance(cells, range) else range(*cells.indices(self.n_cells))
+            if r.step == 1 and 0 <= r.start <= r.stop <= self.n_cells:
+                return Batch(*self._raw.get_range(r.start, r.stop), self.n_genes)
+        return Batch(*self._raw.get_batch(self._cell_array(cells)), self.n_genes)
+
+    def read_tile(self, tile: int) -> Batch:
+        """Tile ``tile``, whole, as a :class:`Batch`."""
+        return Batch(*self._raw.read_tile(tile), self.n_genes)
+
+    def __len__(self) -> int:
+        return self.n_cells
+
+    def __repr__(self) -> str:
+        return (
+            f"<deltacells.Dataset {self.root!r}: {self.n_cells:,} cells x {self.n_genes:,} genes "
+            f"in {self.n_tiles:,} {'tile' if self.n_tiles == 1 else 'tiles'}>"
+        )
+
+
+def open_dataset(
+    root: str,
+    obs_columns: Sequence[str] | None = None,
+    cache_dir: str | None = None,
+    *,
+    threads: int | None = None,
+    anonymous: bool = False,
+    endpoint: str | None = None,
+) -> Dataset:
+    """Opens the dataset at ``root`` and checks its manifest.
+
+    Parameters
+    ----------
+    root
+        A local folder, a ``file://`` URL, or ``s3://bucket/prefix``,
+        ``gs://bucket/prefix``, ``http(s)://host/prefix``, with the credentials
+        the ``deltacells`` command uses (AWS and Google environment variables and
+        configuration files).
+    obs_columns
+        Cell-metadata columns to copy into the local cache now (see :class:`Obs`),
+        so that nothing is fetched during training.
+    cache_dir
+        The cache folder; default ``$DELTACELLS_CACHE``, else
+        ``$XDG_CACHE_HOME/deltacells``, else ``~/.cache/deltacells``.
+    threads
+        Threads that decode (and, for buckets, fetch); default all cores.
+    anonymous
+        Send no credentials (public buckets).
+    endpoint
+        The address of an S3-compatible store or emulator.
+
+    Raises :class:`DatasetNotFoundError` (a ``FileNotFoundError``) when there is
+    no dataset, or only an incomplete one, at ``root``.
+
+    >>> ds = open_dataset("gs://bucket/atlas", obs_columns=["cell_type"])
+    """
+    raw = _deltacells.RawDataset(str(root), threads=threads, anonymous=anonymous, endpoint=endpoint)
+    return Dataset(raw, str(root), obs_columns, cache_dir)

@@ -1,0 +1,27 @@
+"""The exceptions of deltacells. Every one is a :class:`DeltacellsError`, and
+also the built-in exception Python code expects for its case, so that
+``except FileNotFoundError`` or ``except IndexError`` work as usual. Their
+messages are the library's: the file or object, and the place in it."""
+
+from __future__ import annotations
+
+
+class DeltacellsError(Exception):
+    """Base class of every error deltacells raises."""
+
+
+class DatasetNotFoundError(DeltacellsError, FileNotFoundError):
+    """No dataset at the location, or an incomplete one (no manifest.json:
+    a conversion that did not finish)."""
+
+
+class CorruptDatasetError(DeltacellsError, ValueError):
+    """A file of the dataset breaks a rule of the format; the message names
+    the file (a tile, for example) and the rule."""
+
+
+class CellIndexError(DeltacellsError, IndexError):
+    """A cell (or tile, or obs column) that the dataset does not have."""
+
+
+__all__ = ["DeltacellsError", "DatasetNotFoundError", "CorruptDatasetError", "CellIndexError"]

@@ -1,0 +1,179 @@
+"""Cell metadata (obs): the columns of a dataset, copied once per machine into
+a local cache of memory-mapped Arrow files, and looked up for batches of cells.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import _deltacells
+from ._errors import CellIndexError, DeltacellsError
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+
+    from ._dataset import Cells, Dataset
+
+
+class Obs:
+    """The obs columns of a dataset (``ds.obs``).
+
+    Training never reads the obs shards: the columns it needs are *localized*,
+    copied into the local cache (``cache_root``, shared by every process on
+    the machine, the same files ``deltacells obs localize`` writes) and then
+    memory-mapped, so that DataLoader workers share the pages. A column used
+    before it was localized is fetched then, with a warning.
+
+    Values come back in the order of the cells asked for:
+
+    - ``category`` columns as integer codes into :meth:`categories`, -1 for missing;
+    - ``numeric`` columns in their type, or, for a column with missing values,
+      float64 with NaN where they are missing;
+    - ``bool`` and ``string`` columns as arrays, or, for a column with missing
+      values, object arrays holding None where they are missing.
+
+    The dtype of a column is the same in every batch.
+    """
+
+    def __init__(self, dataset: Dataset, cache_dir: str | None) -> None:
+        self._dataset = dataset
+        self._cache_dir = cache_dir
+        self._loaded: dict[str, pa.ChunkedArray] = {}
+        text = dataset._raw.obs_schema_json()
+        self._schema: list[dict[str, Any]] = json.loads(text)["columns"] if text else []
+        self._by_name = {c["name"]: c for c in self._schema}
+
+    @property
+    def columns(self) -> list[str]:
+        """Every obs column, in stored order (``obs_names`` first, when stored)."""
+        return [c["name"] for c in self._schema]
+
+    def _column(self, name: str) -> dict[str, Any]:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(f"{self._dataset.root}: no obs column {name!r}; the columns are {self.columns}") from None
+
+    def kind(self, column: str) -> str:
+        """``category``, ``numeric``, ``bool`` or ``string``."""
+        return self._column(column)["kind"]
+
+    def arrow_type(self, column: str) -> str:
+        """The stored Arrow type, by pyarrow's name (``int8``, ``double``, ``string``...)."""
+        return self._column(column)["arrow_type"]
+
+    def categories(self, column: str) -> list[Any] | None:
+        """A category column's vocabulary (code ``i`` means ``categories[i]``),
+        the same in every tile and batch; None for other kinds."""
+        return self._column(column)["categories"]
+
+    @property
+    def cache_root(self) -> str:
+        """The cache folder in use (``cache_dir``, else ``$DELTACELLS_CACHE``,
+        ``$XDG_CACHE_HOME/deltacells``, ``~/.cache/deltacells``)."""
+        return _deltacells.cache_root(self._cache_dir)
+
+    def _fingerprint(self) -> str:
+        fingerprint = self._dataset.manifest.get("obs_fingerprint")
+        if fingerprint is None:
+            raise DeltacellsError(f"{self._dataset.root}: the dataset has no obs")
+        return fingerprint
+
+    def localize(self, columns: Sequence[str] | None = None, threads: int | None = None) -> dict[str, Any]:
+        """Copies ``columns`` (all when None) into the local cache, fetching only
+        those not already there and valid, and returns what was done
+        (``fetched``, ``already_local``, ``replaced``, ``requests``, ``bytes``).
+
+        Concurrent processes on one machine fetch each column once.
+        ``threads`` is accepted for symmetry with the command line; requests in
+        flight follow the dataset's ``threads``.
+        """
+        del threads
+        names = self.columns if columns is None else list(columns)
+        for name in names:
+            self._column(name)
+        self._fingerprint()
+        report = json.loads(self._dataset._raw.localize(names, self.cache_root))
+        for name in names:
+            self._loaded.pop(name, None)
+            self._open(name)
+        return report
+
+    def _open(self, name: str) -> pa.ChunkedArray:
+        import pyarrow as pa
+
+        path = _deltacells.column_path(self.cache_root, self._fingerprint(), name)
+        table = pa.ipc.open_file(pa.memory_map(path, "r")).read_all()
+        if table.num_rows != self._dataset.n_cells:
+            raise DeltacellsError(f"{path}: {table.num_rows} rows, the dataset has {self._dataset.n_cells} cells")
+        column = table.column(0)
+        self._loaded[name] = column
+        return column
+
+    def _get(self, name: str) -> pa.ChunkedArray:
+        self._column(name)
+        if name not in self._loaded:
+            warnings.warn(
+                f"obs column {name!r} was not localized; fetching it now (localize the columns you need when "
+                "opening the dataset: open_dataset(..., obs_columns=[...]))",
+                stacklevel=3,
+            )
+            self.localize([name])
+        return self._loaded[name]
+
+    def _cells(self, cells: Cells) -> np.ndarray:
+        array = self._dataset._cell_array(cells)
+        n = self._dataset.n_cells
+        bad = (array < 0) | (array >= n)
+        if bad.any():
+            cell = int(array[np.argmax(bad)])
+            raise CellIndexError(f"cell {cell} is out of range: the dataset has {n} cells")
+        return array
+
+    def _values(self, name: str, cells: np.ndarray) -> Any:
+        import pyarrow as pa
+
+        column = self._get(name)
+        taken = column.take(pa.array(cells))
+        kind = self.kind(name)
+        if kind == "category":
+            return taken.to_numpy()
+        # A column with missing values anywhere gives the same dtype in every
+        # batch, whether or not this batch has one.
+        if kind == "numeric":
+            if column.null_count:
+                return taken.cast(pa.float64()).to_numpy(zero_copy_only=False)
+            return taken.to_numpy()
+        if column.null_count:
+            return np.array(taken.to_pylist(), dtype=object)
+        return taken.to_numpy(zero_copy_only=False)
+
+    def take(self, cells: Cells, columns: Sequence[str]) -> dict[str, np.ndarray]:
+        """The values of ``columns`` for ``cells``, as NumPy arrays (see the class
+        documentation for each kind), in the order of ``cells``."""
+        index = self._cells(cells)
+        return {name: self._values(name, index) for name in columns}
+
+    def take_pandas(self, cells: Cells, columns: Sequence[str]) -> pd.DataFrame:
+        """:meth:`take` as a pandas DataFrame; category columns are pandas
+        categoricals that carry the dataset's whole vocabulary, so
+        ``.cat.categories`` is the same in every batch."""
+        import pandas as pd
+
+        values = self.take(cells, columns)
+        frame = {}
+        for name in columns:
+            if self.kind(name) == "category":
+                frame[name] = pd.Categorical.from_codes(values[name], categories=self.categories(name))
+            else:
+                frame[name] = values[name]
+        return pd.DataFrame(frame)
+
+    def __repr__(self) -> str:
+        return f"<deltacells.Obs {len(self._schema)} columns: {', '.join(self.columns)}>"

@@ -1,0 +1,340 @@
+//! The Rust side of the `deltacells` Python package: a thin binding over the
+//! library's reading core. It owns bytes, threads and decoding; the Python
+//! layer (`python/deltacells/`) owns the API's shape, pandas and scipy.
+//!
+//! Every call releases the GIL while it reads and decodes, hands its buffers to
+//! NumPy without copying them, turns every library error into an exception of
+//! the package's own hierarchy (with the library's message, each cause once),
+//! and catches panics, so that none reaches Python. Nothing is started at
+//! import: the thread pool of a dataset is made on its first read.
+
+use std::mem::ManuallyDrop;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use deltacells::format::{self, CsrMatrix};
+use deltacells::obs::localize::{self, ObsError};
+use deltacells::storage::{self, StorageError, StoreOptions};
+use deltacells::{error_chain, Dataset, DatasetError};
+
+/// Which exception of `deltacells._errors` an error is.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// No dataset, or an incomplete one (also a FileNotFoundError).
+    NotFound,
+    /// Bytes that break a rule of the format (also a ValueError).
+    Corrupt,
+    /// A cell index out of range (also an IndexError).
+    Index,
+    /// Anything else: storage unreachable, cache not writable...
+    Other,
+}
+
+/// A library error, as the exception to raise.
+struct Failure {
+    kind: Kind,
+    message: String,
+}
+
+impl Failure {
+    fn new(kind: Kind, error: &(dyn std::error::Error + 'static)) -> Failure {
+        Failure { kind, message: error_chain(error) }
+    }
+}
+
+impl From<DatasetError> for Failure {
+    fn from(e: DatasetError) -> Failure {
+        let kind = match &e {
+            DatasetError::Incomplete { .. } | DatasetError::Unfinished { .. } | DatasetError::Nothing { .. } => {
+                Kind::NotFound
+            }
+            DatasetError::Manifest { .. }
+            | DatasetError::Missing { .. }
+            | DatasetError::Invalid { .. }
+            | DatasetError::Tile { .. } => Kind::Corrupt,
+            DatasetError::CellOutOfRange { .. } => Kind::Index,
+            DatasetError::Storage(_) => Kind::Other,
+        };
+        Failure::new(kind, &e)
+    }
+}
+
+impl From<StorageError> for Failure {
+    fn from(e: StorageError) -> Failure {
+        Failure::new(Kind::Other, &e)
+    }
+}
+
+impl From<ObsError> for Failure {
+    fn from(e: ObsError) -> Failure {
+        match e {
+            ObsError::Dataset(d) => d.into(),
+            ObsError::Shard { .. } | ObsError::RowGroup { .. } | ObsError::Missing { .. } => {
+                Failure::new(Kind::Corrupt, &e)
+            }
+            ObsError::NoObs { .. } | ObsError::NoColumn { .. } => Failure::new(Kind::Index, &e),
+            _ => Failure::new(Kind::Other, &e),
+        }
+    }
+}
+
+impl Failure {
+    fn into_pyerr(self, py: Python<'_>) -> PyErr {
+        let name = match self.kind {
+            Kind::NotFound => "DatasetNotFoundError",
+            Kind::Corrupt => "CorruptDatasetError",
+            Kind::Index => "CellIndexError",
+            Kind::Other => "DeltacellsError",
+        };
+        let class = py.import("deltacells._errors").and_then(|m| m.getattr(name));
+        match class {
+            Ok(class) => match class.call1((self.message.clone(),)) {
+                Ok(instance) => PyErr::from_value(instance),
+                Err(e) => e,
+            },
+            Err(e) => e,
+        }
+    }
+}
+
+/// Runs `f` without the GIL, catching panics: a panic becomes a
+/// DeltacellsError that says it is a bug, never a PanicException.
+fn detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Failure> + Send) -> PyResult<T> {
+    let result = py.detach(|| catch_unwind(AssertUnwindSafe(f)));
+    match result {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(failure)) => Err(failure.into_pyerr(py)),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(Failure { kind: Kind::Other, message: format!("internal error (a bug in deltacells): {what}") }
+                .into_pyerr(py))
+        }
+    }
+}
+
+/// A Vec<u32> as a Vec<i32>, without copying (the format's indices and counts
+/// are below 2^31, so every value is the same number).
+fn as_i32(v: Vec<u32>) -> Vec<i32> {
+    let mut v = ManuallyDrop::new(v);
+    // SAFETY: u32 and i32 have the same size and alignment, and every bit
+    // pattern is a valid i32; the allocation is handed over whole.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<i32>(), v.len(), v.capacity()) }
+}
+
+/// A Vec<u64> as a Vec<i64>, without copying (offsets are far below 2^63).
+fn as_i64(v: Vec<u64>) -> Vec<i64> {
+    let mut v = ManuallyDrop::new(v);
+    // SAFETY: as in `as_i32`, for u64 and i64.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<i64>(), v.len(), v.capacity()) }
+}
+
+type CsrArrays<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>);
+
+fn csr_arrays(py: Python<'_>, m: CsrMatrix) -> CsrArrays<'_> {
+    (as_i64(m.indptr).into_pyarray(py), as_i32(m.indices).into_pyarray(py), as_i32(m.data).into_pyarray(py))
+}
+
+/// An open dataset (`deltacells.open_dataset` wraps it).
+#[pyclass(frozen, module = "deltacells._deltacells")]
+struct RawDataset {
+    dataset: Arc<Dataset>,
+    threads: Option<usize>,
+    pool: OnceLock<Result<rayon::ThreadPool, String>>,
+}
+
+impl RawDataset {
+    /// Runs `f` on this dataset's thread pool (made on first use).
+    fn install<T: Send>(&self, f: impl FnOnce() -> Result<T, Failure> + Send) -> Result<T, Failure> {
+        let pool = self.pool.get_or_init(|| {
+            let mut builder = rayon::ThreadPoolBuilder::new();
+            if let Some(n) = self.threads {
+                builder = builder.num_threads(n.max(1));
+            }
+            builder.build().map_err(|e| e.to_string())
+        });
+        match pool {
+            Ok(pool) => pool.install(f),
+            Err(e) => Err(Failure { kind: Kind::Other, message: format!("cannot start threads: {e}") }),
+        }
+    }
+
+    fn check_cells(&self, cells: &[i64]) -> Result<Vec<u64>, Failure> {
+        let n = self.dataset.n_cells();
+        cells
+            .iter()
+            .map(|&c| {
+                u64::try_from(c).ok().filter(|&c| c < n).ok_or_else(|| Failure {
+                    kind: Kind::Index,
+                    message: format!("cell {c} is out of range: the dataset has {n} cells"),
+                })
+            })
+            .collect()
+    }
+}
+
+#[pymethods]
+impl RawDataset {
+    #[new]
+    #[pyo3(signature = (root, threads=None, anonymous=false, endpoint=None))]
+    fn new(
+        py: Python<'_>,
+        root: String,
+        threads: Option<usize>,
+        anonymous: bool,
+        endpoint: Option<String>,
+    ) -> PyResult<Self> {
+        let dataset = detached(py, move || {
+            let options = StoreOptions { anonymous, endpoint };
+            let store = storage::open_with(&root, &options)?;
+            Ok(Dataset::from_storage(store)?)
+        })?;
+        Ok(RawDataset { dataset: Arc::new(dataset), threads, pool: OnceLock::new() })
+    }
+
+    #[getter]
+    fn n_cells(&self) -> u64 {
+        self.dataset.n_cells()
+    }
+
+    #[getter]
+    fn n_genes(&self) -> u32 {
+        self.dataset.n_genes()
+    }
+
+    #[getter]
+    fn n_tiles(&self) -> usize {
+        self.dataset.n_tiles()
+    }
+
+    #[getter]
+    fn location(&self) -> String {
+        self.dataset.storage().location("")
+    }
+
+    /// Cells per tile, as an int64 array.
+    fn tile_cells<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+        as_i64(self.dataset.manifest().tile_cells.clone()).into_pyarray(py)
+    }
+
+    /// manifest.json as the dataset holds it, checked.
+    fn manifest_json(&self) -> String {
+        self.dataset.manifest().to_json()
+    }
+
+    fn var_names(&self, py: Python<'_>) -> PyResult<Option<Vec<String>>> {
+        let dataset = self.dataset.clone();
+        detached(py, move || Ok(dataset.var_names()?))
+    }
+
+    fn gene_order<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
+        let dataset = self.dataset.clone();
+        Ok(detached(py, move || Ok(dataset.gene_order()?))?.map(|o| o.into_pyarray(py)))
+    }
+
+    /// The bytes of var.parquet, when the dataset has it.
+    fn var_parquet<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        if !self.dataset.manifest().has_var_table {
+            return Ok(None);
+        }
+        let dataset = self.dataset.clone();
+        let bytes = detached(py, move || {
+            let storage = dataset.storage();
+            storage.get(format::VAR_TABLE_KEY)?.ok_or_else(|| Failure {
+                kind: Kind::Corrupt,
+                message: format!("{}: missing (has_var_table is true)", storage.location(format::VAR_TABLE_KEY)),
+            })
+        })?;
+        Ok(Some(PyBytes::new(py, &bytes)))
+    }
+
+    /// The listed cells (int64 array), in the order given, as CSR arrays
+    /// (indptr int64, indices int32, data int32). Each tile needed is read and
+    /// decoded once, on the dataset's threads, without the GIL.
+    fn get_batch<'py>(&self, py: Python<'py>, cells: PyReadonlyArray1<'py, i64>) -> PyResult<CsrArrays<'py>> {
+        let cells = cells.as_slice().map(<[i64]>::to_vec).unwrap_or_else(|_| cells.as_array().to_vec());
+        let m = detached(py, || {
+            let cells = self.check_cells(&cells)?;
+            self.install(|| Ok(self.dataset.read_cell_list(&cells)?))
+        })?;
+        Ok(csr_arrays(py, m))
+    }
+
+    /// Cells `start..end` as CSR arrays.
+    fn get_range<'py>(&self, py: Python<'py>, start: u64, end: u64) -> PyResult<CsrArrays<'py>> {
+        let m = detached(py, || self.install(|| Ok(self.dataset.read_cells(start..end)?)))?;
+        Ok(csr_arrays(py, m))
+    }
+
+    /// Tile `tile`, whole, as CSR arrays.
+    fn read_tile<'py>(&self, py: Python<'py>, tile: usize) -> PyResult<CsrArrays<'py>> {
+        let n = self.dataset.n_tiles();
+        let m = detached(py, || {
+            if tile >= n {
+                return Err(Failure {
+                    kind: Kind::Index,
+                    message: format!("tile {tile} is out of range: the dataset has {n} tiles"),
+                });
+            }
+            self.install(|| Ok(self.dataset.read_tile(tile)?))
+        })?;
+        Ok(csr_arrays(py, m))
+    }
+
+    /// obs/schema.json's text, when the dataset has obs.
+    fn obs_schema_json(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        if self.dataset.manifest().obs().is_none() {
+            return Ok(None);
+        }
+        let dataset = self.dataset.clone();
+        Ok(Some(detached(py, move || Ok(deltacells::obs::read_schema(dataset.storage().as_ref())?.text))?))
+    }
+
+    /// Localizes `columns` into the cache under `cache_root`; the report as JSON.
+    #[pyo3(signature = (columns, cache_root, force=false))]
+    fn localize(&self, py: Python<'_>, columns: Vec<String>, cache_root: String, force: bool) -> PyResult<String> {
+        detached(py, || {
+            self.install(|| {
+                let report = localize::localize(
+                    self.dataset.storage().as_ref(),
+                    self.dataset.manifest(),
+                    &columns,
+                    Path::new(&cache_root),
+                    force,
+                )?;
+                Ok(serde_json::to_string(&report).unwrap_or_default())
+            })
+        })
+    }
+}
+
+/// The cache root: `explicit`, else $DELTACELLS_CACHE, $XDG_CACHE_HOME/deltacells,
+/// ~/.cache/deltacells.
+#[pyfunction]
+#[pyo3(signature = (explicit=None))]
+fn cache_root(explicit: Option<String>) -> String {
+    localize::cache_root(explicit.as_deref().map(Path::new)).display().to_string()
+}
+
+/// The cache file of `column` for the obs of fingerprint `fingerprint`.
+#[pyfunction]
+fn column_path(root: String, fingerprint: String, column: String) -> String {
+    localize::column_path(Path::new(&root), &fingerprint, &column).display().to_string()
+}
+
+#[pymodule]
+fn _deltacells(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<RawDataset>()?;
+    m.add_function(wrap_pyfunction!(cache_root, m)?)?;
+    m.add_function(wrap_pyfunction!(column_path, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

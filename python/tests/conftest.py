@@ -1,0 +1,78 @@
+"""Fixtures: the conformance vectors, the real PBMC files, and the deltacells
+binary to make datasets with. Where one is absent the tests that need it are
+skipped, unless DELTACELLS_REQUIRE_ALL is set (as CI sets it): then a missing
+fixture is a failure."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _missing(what: str) -> None:
+    if os.environ.get("DELTACELLS_REQUIRE_ALL", "") not in ("", "0"):
+        pytest.fail(f"{what}, and DELTACELLS_REQUIRE_ALL is set: this test must not be skipped")
+    pytest.skip(what)
+
+
+@pytest.fixture(scope="session")
+def golden() -> Path:
+    path = Path(os.environ.get("DELTACELLS_GOLDEN", REPO.parent / "shared" / "golden"))
+    if not (path / "INDEX.json").is_file():
+        _missing(f"{path} not found")
+    return path
+
+
+@pytest.fixture(scope="session")
+def binary() -> Path:
+    path = Path(os.environ.get("DELTACELLS_BIN", REPO / "target" / "release" / "deltacells"))
+    if not path.is_file():
+        _missing(f"the deltacells binary is not at {path} (cargo build --release)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def pbmc() -> tuple[Path, Path]:
+    folder = Path(os.environ.get("DELTACELLS_PBMC", REPO / "data" / "pbmc"))
+    files = (folder / "pbmc_ctrl.h5ad", folder / "pbmc_stim.h5ad")
+    if not all(f.is_file() for f in files):
+        _missing(f"the PBMC files are not in {folder} (scripts/test.sh fetches them)")
+    return files
+
+
+def run(binary: Path, *args: str | Path) -> subprocess.CompletedProcess:
+    """Runs the deltacells binary; fails the test with its stderr if it fails."""
+    env = dict(os.environ, HDF5_USE_FILE_LOCKING="FALSE")
+    done = subprocess.run([str(binary), *map(str, args)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, f"deltacells {' '.join(map(str, args))}: {done.stderr}"
+    return done
+
+
+@pytest.fixture(scope="session")
+def pbmc_dataset(tmp_path_factory: pytest.TempPathFactory, binary: Path, pbmc: tuple[Path, Path]) -> Path:
+    """Both PBMC files converted with small tiles (several tiles, tiles across the
+    file boundary) and obs shards of two tiles."""
+    out = tmp_path_factory.mktemp("pbmc") / "ds"
+    run(binary, "convert", "-q", "--tile-size", "1500", "--obs-tiles-per-file", "2", "--level", "3", *pbmc, out)
+    return out
+
+
+@pytest.fixture()
+def cache(tmp_path: Path) -> str:
+    return str(tmp_path / "cache")
+
+
+@pytest.fixture()
+def copy_of(tmp_path: Path):
+    def copy(src: Path) -> Path:
+        dst = tmp_path / src.name
+        shutil.copytree(src, dst)
+        return dst
+
+    return copy
