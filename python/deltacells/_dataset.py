@@ -14,6 +14,7 @@ from . import _deltacells
 from ._obs import Obs
 
 if TYPE_CHECKING:
+    import anndata
     import pandas as pd
     import scipy.sparse
 
@@ -156,6 +157,55 @@ class Dataset:
     def read_tile(self, tile: int) -> Batch:
         """Tile ``tile``, whole, as a :class:`Batch`."""
         return Batch(*self._raw.read_tile(tile), self.n_genes)
+
+    def to_anndata(
+        self,
+        cells: Cells | None = None,
+        obs_columns: Sequence[str] | None = None,
+        source_gene_order: bool = True,
+    ) -> anndata.AnnData:
+        """Cells as an ``anndata.AnnData`` (anndata is imported only here).
+
+        X is an int32 CSR matrix; obs holds ``obs_columns`` (every column by
+        default; categoricals with the dataset's whole vocabulary) with the cell
+        names (``obs_names``, or the cell indices) as its index; var is the gene
+        table. With ``source_gene_order`` (the default) the genes are in the
+        order of the source files, as they were converted from; otherwise in
+        stored order.
+
+        >>> adata = ds.to_anndata(range(1000))
+        """
+        import anndata
+        import pandas as pd
+
+        index = self._cell_array(range(self.n_cells) if cells is None else cells)
+        x = self.get_batch(index).to_scipy()
+        names = self.obs.columns
+        wanted = [c for c in names if c != "obs_names"] if obs_columns is None else list(obs_columns)
+        if names:
+            self.obs.localize([c for c in (["obs_names"] if "obs_names" in names else []) + wanted])
+            obs = self.obs.take_pandas(index, wanted)
+            # Back to what anndata wrote: pandas' nullable integer, boolean and
+            # string types for columns with missing values (take gives float64
+            # NaN and None for those).
+            for name in wanted:
+                is_float = self.obs.arrow_type(name) in ("float", "double")
+                if self.obs.kind(name) in ("numeric", "bool", "string") and not is_float and self.obs._get(name).null_count:
+                    obs[name] = self.obs._nullable(name, index)
+        else:
+            obs = pd.DataFrame(index=range(len(index)))
+        obs.index = pd.Index(
+            self.obs.take(index, ["obs_names"])["obs_names"] if "obs_names" in names else index.astype(str)
+        )
+        var = self.var
+        if var is None:
+            var = pd.DataFrame(index=pd.Index(self.var_names or [str(g) for g in range(self.n_genes)]))
+        order = self.gene_order
+        if source_gene_order and order is not None:
+            back = np.argsort(order)  # stored column of each source gene
+            x = x[:, back]
+            var = var.iloc[back]
+        return anndata.AnnData(X=x, obs=obs, var=var)
 
     def __len__(self) -> int:
         return self.n_cells

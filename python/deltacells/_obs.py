@@ -154,6 +154,21 @@ class Obs:
             return np.array(taken.to_pylist(), dtype=object)
         return taken.to_numpy(zero_copy_only=False)
 
+    def _nullable(self, name: str, cells: np.ndarray) -> Any:
+        """Column ``name`` for ``cells`` in pandas' nullable type (Int64, boolean, string);
+        floats stay float64 with NaN."""
+        import pandas as pd
+        import pyarrow as pa
+
+        nullable = {
+            pa.int8(): pd.Int8Dtype(), pa.int16(): pd.Int16Dtype(), pa.int32(): pd.Int32Dtype(),
+            pa.int64(): pd.Int64Dtype(), pa.uint8(): pd.UInt8Dtype(), pa.uint16(): pd.UInt16Dtype(),
+            pa.uint32(): pd.UInt32Dtype(), pa.uint64(): pd.UInt64Dtype(), pa.bool_(): pd.BooleanDtype(),
+            pa.string(): pd.StringDtype(),
+        }
+        taken = self._get(name).take(pa.array(cells))
+        return taken.to_pandas(types_mapper=nullable.get).array
+
     def take(self, cells: Cells, columns: Sequence[str]) -> dict[str, np.ndarray]:
         """The values of ``columns`` for ``cells``, as NumPy arrays (see the class
         documentation for each kind), in the order of ``cells``."""

@@ -186,3 +186,39 @@ def test_repr_and_manifest(golden: Path) -> None:
     assert "3 cells" in repr(ds.get_batch([0, 1, 2]))
     with pytest.raises(TypeError):
         pickle.dumps(ds._raw)
+
+
+@pytest.mark.parametrize("source", ["golden", "pbmc"])
+def test_to_anndata_gives_back_the_source(source: str, request, binary: Path, tmp_path: Path) -> None:
+    import anndata
+    import pandas as pd
+
+    from conftest import run
+
+    if source == "golden":
+        path = request.getfixturevalue("golden") / "sources" / "obs_kinds.h5ad"
+    else:
+        path = request.getfixturevalue("pbmc")[0]
+    out = tmp_path / "ds"
+    run(binary, "convert", "-q", "--tile-size", "700", "--level", "3", path, out)
+    ds = deltacells.open_dataset(str(out), cache_dir=str(tmp_path / "cache"))
+    want = anndata.read_h5ad(path)
+    got = ds.to_anndata()
+    assert got.X.dtype == np.int32 and (got.X != want.X.astype(np.int32)).nnz == 0
+    # the cell names (the format keeps no name for the index itself)
+    np.testing.assert_array_equal(got.obs.index.to_numpy(), want.obs.index.to_numpy())
+    assert list(got.obs.columns) == list(want.obs.columns)
+    for column in want.obs.columns:
+        w, g = want.obs[column], got.obs[column]
+        if isinstance(w.dtype, pd.CategoricalDtype):
+            assert list(g.cat.categories) == list(w.cat.categories), column
+            assert g.astype(object).tolist() == w.astype(object).tolist(), column
+        else:
+            assert [str(v) for v in g.tolist()] == [str(v) for v in w.tolist()], column
+    np.testing.assert_array_equal(got.var.index.to_numpy(), want.var.index.to_numpy())
+    for column in want.var.columns:
+        np.testing.assert_array_equal(got.var[column].to_numpy(), want.var[column].to_numpy(), err_msg=column)
+    # a subset, in stored gene order
+    part = ds.to_anndata(cells=[3, 1], obs_columns=[], source_gene_order=False)
+    assert part.shape == (2, ds.n_genes) and list(part.obs.columns) == []
+    assert (part.X != ds.get_batch([3, 1]).to_scipy()).nnz == 0
