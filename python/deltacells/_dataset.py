@@ -225,6 +225,7 @@ def open_dataset(
     threads: int | None = None,
     anonymous: bool = False,
     endpoint: str | None = None,
+    cache_bytes: int = 0,
 ) -> Dataset:
     """Opens the dataset at ``root`` and checks its manifest.
 
@@ -247,11 +248,18 @@ def open_dataset(
         Send no credentials (public buckets).
     endpoint
         The address of an S3-compatible store or emulator.
+    cache_bytes
+        Keep up to this many bytes of decoded tiles (8 bytes per nonzero), least
+        recently used out first, for ``get_batch`` calls that come back to the
+        same tiles. Off (0) by default: a tile is decoded for each call that
+        needs it.
 
     Raises :class:`DatasetNotFoundError` (a ``FileNotFoundError``) when there is
     no dataset, or only an incomplete one, at ``root``.
 
     >>> ds = open_dataset("gs://bucket/atlas", obs_columns=["cell_type"])
     """
-    raw = _deltacells.RawDataset(str(root), threads=threads, anonymous=anonymous, endpoint=endpoint)
+    raw = _deltacells.RawDataset(
+        str(root), threads=threads, anonymous=anonymous, endpoint=endpoint, cache_bytes=int(cache_bytes)
+    )
     return Dataset(raw, str(root), obs_columns, cache_dir)

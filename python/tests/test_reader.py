@@ -222,3 +222,16 @@ def test_to_anndata_gives_back_the_source(source: str, request, binary: Path, tm
     part = ds.to_anndata(cells=[3, 1], obs_columns=[], source_gene_order=False)
     assert part.shape == (2, ds.n_genes) and list(part.obs.columns) == []
     assert (part.X != ds.get_batch([3, 1]).to_scipy()).nnz == 0
+
+
+@pytest.mark.parametrize("cache_bytes", [1, 2_000, 10**9])
+def test_the_tile_cache_gives_the_same_batches(golden: Path, cache_bytes: int) -> None:
+    # 1 byte keeps no tile, 2,000 bytes one or two of tiny's (evicting), 10**9 all of them
+    plain = deltacells.open_dataset(str(golden / "obs_kinds"))
+    cached = deltacells.open_dataset(str(golden / "obs_kinds"), cache_bytes=cache_bytes)
+    rng = np.random.default_rng(cache_bytes)
+    for _ in range(20):
+        cells = rng.integers(0, plain.n_cells, size=int(rng.integers(1, 12)))
+        assert (cached.get_batch(cells).to_scipy() != plain.get_batch(cells).to_scipy()).nnz == 0
+    with pytest.raises(IndexError):
+        cached.get_batch([plain.n_cells])
