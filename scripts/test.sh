@@ -27,5 +27,7 @@ cargo test --release --benches --no-run --quiet
 # The Python package: built (into the same target folder) and installed into
 # .venv as a user installs it, then its tests, against the binary built above.
 cargo build --release --quiet
+started=$SECONDS
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python
+echo "test: the Python package was built and installed in $((SECONDS - started)) s" >&2
 DELTACELLS_BIN="$PWD/target/release/deltacells" .venv/bin/pytest -q -p no:cacheprovider python/tests

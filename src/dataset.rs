@@ -129,6 +129,27 @@ impl Dataset {
 
     /// Reads and decodes tile `tile`, checking it against the manifest.
     pub fn read_tile(&self, tile: usize) -> Result<CsrMatrix, DatasetError> {
+        let (location, blob) = self.tile_blob(tile)?;
+        format::decode_tile(&blob, Some(&self.tile_expectation(tile))).map_err(|source| DatasetError::Tile {
+            location,
+            tile,
+            source,
+        })
+    }
+
+    /// Reads tile `tile` and decodes only the chunks that hold `rows` (rows of
+    /// the tile); the other rows of the result are empty
+    /// ([`format::decode_rows_into`]).
+    pub fn read_tile_rows(&self, tile: usize, rows: &[u64]) -> Result<CsrMatrix, DatasetError> {
+        let (location, blob) = self.tile_blob(tile)?;
+        let mut out = CsrMatrix::default();
+        format::decode_rows_into(&blob, Some(&self.tile_expectation(tile)), rows, &mut out)
+            .map_err(|source| DatasetError::Tile { location, tile, source })?;
+        Ok(out)
+    }
+
+    /// The bytes of tile `tile`, checked to be the size the manifest says.
+    fn tile_blob(&self, tile: usize) -> Result<(String, bytes::Bytes), DatasetError> {
         let key = format::tile_key(tile);
         let location = self.storage.location(&key);
         if tile >= self.n_tiles() {
@@ -148,11 +169,7 @@ impl Dataset {
                 message: format!("tile is {} bytes, the manifest says {want}", blob.len()),
             });
         }
-        format::decode_tile(&blob, Some(&self.tile_expectation(tile))).map_err(|source| DatasetError::Tile {
-            location,
-            tile,
-            source,
-        })
+        Ok((location, blob))
     }
 
     /// Reads cells `range` (global indices) as one CSR matrix, decoding the tiles
@@ -186,13 +203,20 @@ impl Dataset {
     }
 
     /// Reads the listed cells, in the order given (repeats allowed), as one CSR
-    /// matrix. Each tile needed is read once.
+    /// matrix. Each tile needed is read once, and only its chunks that hold
+    /// listed cells are decoded.
     pub fn read_cell_list(&self, cells: &[u64]) -> Result<CsrMatrix, DatasetError> {
         let located: Vec<(usize, u64)> = cells.iter().map(|&c| self.locate(c)).collect::<Result<_, _>>()?;
         let mut needed: Vec<usize> = located.iter().map(|&(t, _)| t).collect();
         needed.sort_unstable();
         needed.dedup();
-        let tiles: Vec<CsrMatrix> = needed.par_iter().map(|&t| self.read_tile(t)).collect::<Result<_, _>>()?;
+        let mut rows: Vec<Vec<u64>> = vec![Vec::new(); needed.len()];
+        for &(tile, row) in &located {
+            let slot = needed.binary_search(&tile).expect("every tile is needed");
+            rows[slot].push(row);
+        }
+        let tiles: Vec<CsrMatrix> =
+            needed.par_iter().zip(&rows).map(|(&t, rows)| self.read_tile_rows(t, rows)).collect::<Result<_, _>>()?;
         let mut out = CsrMatrix::empty(self.n_genes());
         for (tile, row) in located {
             let slot = needed.binary_search(&tile).expect("every needed tile was read");

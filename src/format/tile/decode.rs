@@ -33,6 +33,36 @@ pub fn decode_tile(blob: &[u8], expect: Option<&TileExpectation>) -> Result<CsrM
 /// allocates (and the kernel zeroes) nothing once they are large enough. On
 /// error, `out` holds unspecified data.
 pub fn decode_tile_into(blob: &[u8], expect: Option<&TileExpectation>, out: &mut CsrMatrix) -> Result<(), TileError> {
+    decode_chunks_into(blob, expect, None, out)
+}
+
+/// Decodes only the chunks of a tile that hold one of `rows` (rows of the
+/// tile, in any order): a batch that needs a few cells of a tile decompresses
+/// only their chunks. The output has every row of the tile, and the rows of
+/// the chunks not decoded are empty: read only `rows` from it.
+///
+/// What the bytes read must satisfy is checked as by [`decode_tile_into`]:
+/// the header, CRC, chunk table, indptr and every frame's declared size for the
+/// whole tile, and every decoding rule for the chunks decoded.
+pub fn decode_rows_into(
+    blob: &[u8],
+    expect: Option<&TileExpectation>,
+    rows: &[u64],
+    out: &mut CsrMatrix,
+) -> Result<(), TileError> {
+    let mut sorted = rows.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    decode_chunks_into(blob, expect, Some(&sorted), out)
+}
+
+/// Decodes the chunks holding one of `rows` (sorted), or all of them.
+fn decode_chunks_into(
+    blob: &[u8],
+    expect: Option<&TileExpectation>,
+    rows: Option<&[u64]>,
+    out: &mut CsrMatrix,
+) -> Result<(), TileError> {
     let layout = TileLayout::parse(blob, expect)?;
     // Every frame's declared size is checked before the output is sized, so a
     // lying header cannot make us allocate more than the frames would produce.
@@ -49,14 +79,23 @@ pub fn decode_tile_into(blob: &[u8], expect: Option<&TileExpectation>, out: &mut
             }
         }
     }
-    let nnz = layout.header.nnz as usize;
-    // Every entry is overwritten by its chunk, so stale values may stay: only
-    // growth is zero-filled.
-    out.indices.resize(nnz, 0);
-    out.data.resize(nnz, 0);
+    let wanted: Vec<bool> = layout
+        .chunks
+        .iter()
+        .map(|chunk| {
+            rows.is_none_or(|rows| {
+                let first = rows.partition_point(|&r| r < chunk.cell_lo);
+                rows.get(first).is_some_and(|&r| r < chunk.cell_hi)
+            })
+        })
+        .collect();
+    let nnz: u64 = layout.chunks.iter().zip(&wanted).filter(|(_, &w)| w).map(|(c, _)| c.n()).sum();
+    // Every entry is overwritten by its chunk, so stale values may stay.
+    out.indices.resize(nnz as usize, 0);
+    out.data.resize(nnz as usize, 0);
     let mut jobs = Vec::with_capacity(layout.chunks.len());
     let (mut rest_i, mut rest_d) = (out.indices.as_mut_slice(), out.data.as_mut_slice());
-    for (c, chunk) in layout.chunks.iter().enumerate() {
+    for ((c, chunk), _) in layout.chunks.iter().enumerate().zip(&wanted).filter(|(_, &w)| w) {
         let (i, ri) = rest_i.split_at_mut(chunk.n() as usize);
         let (d, rd) = rest_d.split_at_mut(chunk.n() as usize);
         (rest_i, rest_d) = (ri, rd);
@@ -64,7 +103,23 @@ pub fn decode_tile_into(blob: &[u8], expect: Option<&TileExpectation>, out: &mut
     }
     jobs.into_par_iter().try_for_each(|(c, chunk, i, d)| decode_chunk(&layout, c as u64, chunk, i, d))?;
     out.n_cols = layout.header.n_genes;
-    out.indptr = layout.indptr;
+    out.indptr = if wanted.iter().all(|&w| w) {
+        layout.indptr
+    } else {
+        // The rows of the chunks left out are empty; the others keep their lengths.
+        let mut indptr = Vec::with_capacity(layout.indptr.len());
+        indptr.push(0);
+        let mut base = 0u64;
+        for (chunk, &w) in layout.chunks.iter().zip(&wanted) {
+            for cell in chunk.cell_lo..chunk.cell_hi {
+                if w {
+                    base += layout.indptr[cell as usize + 1] - layout.indptr[cell as usize];
+                }
+                indptr.push(base);
+            }
+        }
+        indptr
+    };
     Ok(())
 }
 

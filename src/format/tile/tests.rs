@@ -457,3 +457,40 @@ fn a_tile_claiming_huge_sizes_is_rejected_before_allocation() {
     fix_crc(&mut b);
     assert_eq!(decode_tile(&b, None).unwrap_err().rule(), "tile:layout");
 }
+
+#[test]
+fn a_few_rows_decode_only_their_chunks() {
+    let m = crate::format::CsrMatrix {
+        n_cols: 40,
+        indptr: (0..=64u64).map(|r| r * 3).collect(),
+        indices: (0..64).flat_map(|r| [r % 10, 10 + r % 10, 30 + r % 10]).collect(),
+        data: (0..192).map(|v| 1 + v % 7).collect(),
+    };
+    let blob = TileEncoder::new(8, 3).encode(&m).unwrap();
+    let full = decode_tile(&blob, None).unwrap();
+    assert_eq!(full, m);
+    for rows in [vec![0u64], vec![63, 5], vec![9, 10, 11, 40], (0..64).collect()] {
+        let mut out = CsrMatrix::default();
+        decode_rows_into(&blob, None, &rows, &mut out).unwrap();
+        assert_eq!(out.n_rows(), 64);
+        for &r in &rows {
+            assert_eq!(out.row(r as usize), m.row(r as usize), "row {r} of {rows:?}");
+        }
+        let decoded_rows = (0..64).filter(|&r| !out.row(r).0.is_empty()).count();
+        assert!(decoded_rows >= rows.len() && (rows.len() > 8 || decoded_rows <= 8 * rows.len()), "{decoded_rows}");
+    }
+    // a damaged frame in a chunk not needed is not read; one in a chunk needed is
+    let chunk_5 = 64 + 96 * 5;
+    let gaps_off = u64_at(&blob, chunk_5 + 32) as usize;
+    let gaps_len = u64_at(&blob, chunk_5 + 40) as usize;
+    let mut bad = blob.clone();
+    bad[gaps_off + gaps_len - 1] ^= 0xff;
+    fix_crc(&mut bad);
+    let cells_of_5 = u64_at(&blob, chunk_5)..u64_at(&blob, chunk_5 + 8);
+    let mut out = CsrMatrix::default();
+    decode_rows_into(&bad, None, &[0, 63], &mut out).unwrap();
+    assert_eq!(out.row(0), m.row(0));
+    let e = decode_rows_into(&bad, None, &[cells_of_5.start], &mut out).unwrap_err();
+    assert_eq!(e.rule(), "tile:frame", "{e}");
+    assert!(decode_tile(&bad, None).is_err());
+}
