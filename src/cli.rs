@@ -94,11 +94,13 @@ pub(crate) enum Command {
     Finalize(FinalizeArgs),
     /// Write cells of a dataset back as an AnnData .h5ad file.
     ///
-    /// X is written as an int32 CSR matrix, with the dataset's gene names as
-    /// var and its cell names (obs_names; the cell indices when it has none) as
-    /// obs. By default genes are in
-    /// the dataset's column order (sorted by total counts); --source-gene-order
-    /// restores the order of the original .h5ad files. The file is written
+    /// X is written as an int32 CSR matrix; obs holds every stored obs column
+    /// (categoricals with the whole vocabulary, anndata's nullable encodings
+    /// where values are missing) with the cell names (obs_names; the cell
+    /// indices when it has none) as its index; var holds the gene table of
+    /// var.parquet (or the gene names). By default genes are in the dataset's
+    /// column order (sorted by total counts); --source-gene-order restores the
+    /// order of the original .h5ad files. The file is written
     /// under a temporary name and renamed when complete.
     Export(ExportArgs),
     /// Summarize a dataset: cells, genes, tiles, size, encoding, obs and var.

@@ -235,3 +235,33 @@ def test_the_tile_cache_gives_the_same_batches(golden: Path, cache_bytes: int) -
         assert (cached.get_batch(cells).to_scipy() != plain.get_batch(cells).to_scipy()).nnz == 0
     with pytest.raises(IndexError):
         cached.get_batch([plain.n_cells])
+
+
+@pytest.mark.parametrize("source", ["golden", "pbmc"])
+def test_export_writes_obs_and_var_back(source: str, request, binary: Path, tmp_path: Path) -> None:
+    """`deltacells export --source-gene-order` gives back the source: X, and obs
+    and var with their columns and dtypes, as anndata reads them."""
+    import anndata
+    import pandas as pd
+
+    from conftest import run
+
+    if source == "golden":
+        path = request.getfixturevalue("golden") / "sources" / "obs_kinds.h5ad"
+    else:
+        path = request.getfixturevalue("pbmc")[1]
+    run(binary, "convert", "-q", "--tile-size", "900", "--level", "3", path, tmp_path / "ds")
+    run(binary, "export", "-q", "--source-gene-order", tmp_path / "ds", tmp_path / "back.h5ad")
+    want, got = anndata.read_h5ad(path), anndata.read_h5ad(tmp_path / "back.h5ad")
+    assert (got.X != want.X.astype(np.int32)).nnz == 0
+    np.testing.assert_array_equal(got.obs.index.to_numpy(), want.obs.index.to_numpy())
+    for frame_want, frame_got in [(want.obs, got.obs), (want.var, got.var)]:
+        assert list(frame_got.columns) == list(frame_want.columns)
+        for column in frame_want.columns:
+            w, g = frame_want[column], frame_got[column]
+            assert g.dtype == w.dtype, (column, g.dtype, w.dtype)
+            if isinstance(w.dtype, pd.CategoricalDtype):
+                assert list(g.cat.categories) == list(w.cat.categories), column
+            assert [str(v) for v in g.tolist()] == [str(v) for v in w.tolist()], column
+    np.testing.assert_array_equal(got.var.index.to_numpy(), want.var.index.to_numpy())
+    assert got.var.index.name == want.var.index.name

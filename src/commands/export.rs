@@ -6,7 +6,8 @@ use anyhow::{bail, Context};
 use indicatif::{HumanCount, ProgressBar, ProgressStyle};
 
 use deltacells::format::CsrMatrix;
-use deltacells::h5ad::write::H5adWriter;
+use deltacells::h5ad::export;
+use deltacells::h5ad::write::{H5adWriter, Table};
 use deltacells::Dataset;
 
 use crate::cli::ExportArgs;
@@ -45,29 +46,6 @@ fn to_source_order(block: &CsrMatrix, order: &[i32]) -> CsrMatrix {
     out
 }
 
-/// The cell names of `range` from the dataset's obs_names column, if it has one.
-fn obs_names(ds: &Dataset, range: Range<u64>) -> anyhow::Result<Option<Vec<String>>> {
-    use arrow_array::cast::AsArray;
-    if ds.manifest().obs().is_none() {
-        return Ok(None);
-    }
-    let source = deltacells::obs::localize::ObsSource::open(ds.storage().as_ref(), ds.manifest())?;
-    let Some(index) = source.schema.columns.iter().position(|c| c.name == "obs_names") else { return Ok(None) };
-    let (batches, _, _) = source.fetch_column(index)?;
-    let mut names = Vec::with_capacity((range.end - range.start) as usize);
-    let mut first = 0u64;
-    for batch in &batches {
-        let rows = batch.num_rows() as u64;
-        let (lo, hi) = (range.start.max(first), range.end.min(first + rows));
-        if lo < hi {
-            let column = batch.column(0).as_string_opt::<i32>().context("obs_names is not a string column")?;
-            names.extend((lo..hi).map(|r| column.value((r - first) as usize).to_string()));
-        }
-        first += rows;
-    }
-    Ok(Some(names))
-}
-
 pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     let started = std::time::Instant::now();
     let ds = Dataset::from_storage(super::open_store(&args.dataset, &args.store)?).context("export")?;
@@ -94,7 +72,13 @@ pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     } else {
         None
     };
-    let obs_names = obs_names(&ds, range.clone())?.unwrap_or_else(|| range.clone().map(|c| c.to_string()).collect());
+    let obs = export::obs_table(&ds, range.clone())
+        .context("export")?
+        .unwrap_or_else(|| Table::names(&range.clone().map(|c| c.to_string()).collect::<Vec<_>>()));
+    let var = match export::var_table(&ds, order.as_deref()).context("export")? {
+        Some(table) => table,
+        None => Table::names(&var_names),
+    };
 
     let bar = if super::show_progress(args.quiet) {
         let style = ProgressStyle::with_template("export {bar:30} {human_pos}/{human_len} cells {per_sec} ETA {eta}")
@@ -125,7 +109,7 @@ pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         writer.abandon();
         return Err(e.context("export"));
     }
-    writer.finish(&obs_names, &var_names).with_context(|| format!("export: {}", out.display()))?;
+    writer.finish(&obs, &var).with_context(|| format!("export: {}", out.display()))?;
     if !args.quiet {
         println!(
             "{}: {} cells x {} genes",

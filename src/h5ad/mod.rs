@@ -9,6 +9,7 @@
 //! HDF5 serializes every call behind one global lock, so reading stays on one
 //! thread; callers parallelize what they do with the rows.
 
+pub mod export;
 pub(crate) mod frame;
 mod source;
 mod strings;

@@ -1,13 +1,126 @@
 //! Writing AnnData files: X as an int32 CSR matrix appended block by block,
-//! obs and var as dataframes of their names, in the layout anndata 0.8+
-//! writes. The file is written under a temporary name and renamed.
+//! obs and var as dataframes (index and columns: categorical, numeric, bool
+//! and string, with anndata's nullable encodings where values are missing),
+//! in the layout anndata 0.8+ writes. The file is written under a temporary
+//! name and renamed.
 
 use std::path::{Path, PathBuf};
 
+use arrow_array::cast::AsArray;
+use arrow_array::types::*;
+use arrow_array::{Array, ArrayRef};
+use arrow_schema::DataType;
 use hdf5::types::VarLenUnicode;
 use hdf5::Extents;
 
 use crate::format::CsrMatrix;
+
+/// A dataframe to write: its index (name and values) and columns.
+pub struct Table {
+    /// anndata's name for an unnamed index is `_index`.
+    pub index_name: String,
+    pub index: Vec<String>,
+    pub columns: Vec<(String, TableColumn)>,
+}
+
+impl Table {
+    /// A table of names only.
+    pub fn names(names: &[String]) -> Table {
+        Table { index_name: "_index".into(), index: names.to_vec(), columns: Vec::new() }
+    }
+}
+
+/// One column: values, or, with `categories`, integer codes (-1 for missing)
+/// into them.
+pub struct TableColumn {
+    pub values: ArrayRef,
+    pub categories: Option<ArrayRef>,
+}
+
+/// A dataset of `values` at `name` of `group`, with anndata's encoding attributes.
+fn write_array(group: &hdf5::Group, name: &str, values: &dyn Array) -> hdf5::Result<()> {
+    macro_rules! numbers {
+        ($t:ty) => {{
+            let v: Vec<_> = values.as_primitive::<$t>().values().to_vec();
+            group.new_dataset_builder().with_data(&v[..]).create(name)?
+        }};
+    }
+    let (ds, kind) = match values.data_type() {
+        DataType::Utf8 => {
+            let strings = values.as_string::<i32>();
+            let v: Vec<VarLenUnicode> = (0..strings.len())
+                .map(|i| vlu(if strings.is_null(i) { "" } else { strings.value(i) }))
+                .collect::<hdf5::Result<_>>()?;
+            (group.new_dataset_builder().with_data(&v[..]).create(name)?, "string-array")
+        }
+        DataType::Boolean => {
+            let b = values.as_boolean();
+            let v: Vec<bool> = (0..b.len()).map(|i| !b.is_null(i) && b.value(i)).collect();
+            (group.new_dataset_builder().with_data(&v[..]).create(name)?, "array")
+        }
+        DataType::Int8 => (numbers!(Int8Type), "array"),
+        DataType::Int16 => (numbers!(Int16Type), "array"),
+        DataType::Int32 => (numbers!(Int32Type), "array"),
+        DataType::Int64 => (numbers!(Int64Type), "array"),
+        DataType::UInt8 => (numbers!(UInt8Type), "array"),
+        DataType::UInt16 => (numbers!(UInt16Type), "array"),
+        DataType::UInt32 => (numbers!(UInt32Type), "array"),
+        DataType::UInt64 => (numbers!(UInt64Type), "array"),
+        DataType::Float32 => {
+            let f = values.as_primitive::<Float32Type>();
+            let v: Vec<f32> = (0..f.len()).map(|i| if f.is_null(i) { f32::NAN } else { f.value(i) }).collect();
+            (group.new_dataset_builder().with_data(&v[..]).create(name)?, "array")
+        }
+        DataType::Float64 => {
+            let f = values.as_primitive::<Float64Type>();
+            let v: Vec<f64> = (0..f.len()).map(|i| if f.is_null(i) { f64::NAN } else { f.value(i) }).collect();
+            (group.new_dataset_builder().with_data(&v[..]).create(name)?, "array")
+        }
+        other => return Err(hdf5::Error::from(format!("column {name:?}: cannot write {other} to .h5ad"))),
+    };
+    encoding(&ds, kind, "0.2.0")
+}
+
+/// The group holding column `name` (nested groups for a name with `/`) and the
+/// last part of the name.
+fn parent_of<'n>(group: &hdf5::Group, name: &'n str) -> hdf5::Result<(hdf5::Group, &'n str)> {
+    let mut at = group.clone();
+    let mut parts: Vec<&str> = name.split('/').collect();
+    let leaf = parts.pop().unwrap_or(name);
+    for part in parts {
+        at = match at.group(part) {
+            Ok(g) => g,
+            Err(_) => at.create_group(part)?,
+        };
+    }
+    Ok((at, leaf))
+}
+
+fn write_column(group: &hdf5::Group, name: &str, column: &TableColumn) -> hdf5::Result<()> {
+    let (parent, leaf) = parent_of(group, name)?;
+    if let Some(categories) = &column.categories {
+        let sub = parent.create_group(leaf)?;
+        encoding(&sub, "categorical", "0.2.0")?;
+        sub.new_attr::<bool>().create("ordered")?.write_scalar(&false)?;
+        write_array(&sub, "categories", categories.as_ref())?;
+        return write_array(&sub, "codes", column.values.as_ref());
+    }
+    let values = column.values.as_ref();
+    let nullable = match values.data_type() {
+        _ if values.null_count() == 0 => None,
+        DataType::Float32 | DataType::Float64 => None, // NaN marks what is missing
+        DataType::Boolean => Some("nullable-boolean"),
+        DataType::Utf8 => Some("nullable-string-array"),
+        _ => Some("nullable-integer"),
+    };
+    let Some(kind) = nullable else { return write_array(&parent, leaf, values) };
+    let sub = parent.create_group(leaf)?;
+    encoding(&sub, kind, "0.1.0")?;
+    write_array(&sub, "values", values)?;
+    let mask: Vec<bool> = (0..values.len()).map(|i| values.is_null(i)).collect();
+    sub.new_dataset_builder().with_data(&mask[..]).create("mask")?;
+    Ok(())
+}
 
 /// Rows per HDF5 chunk of the growing X arrays.
 const CHUNK: usize = 1 << 16;
@@ -97,28 +210,32 @@ impl H5adWriter {
         Ok(())
     }
 
-    /// Writes obs and var (their names as the index), the shape, and renames
-    /// the file into place.
-    pub fn finish(self, obs_names: &[String], var_names: &[String]) -> hdf5::Result<()> {
+    /// Writes obs and var, the shape, and renames the file into place.
+    pub fn finish(self, obs: &Table, var: &Table) -> hdf5::Result<()> {
         let tmp = self.tmp.clone();
-        let finished = self.finish_file(obs_names, var_names);
+        let finished = self.finish_file(obs, var);
         if finished.is_err() {
             let _ = std::fs::remove_file(tmp);
         }
         finished
     }
 
-    fn finish_file(self, obs_names: &[String], var_names: &[String]) -> hdf5::Result<()> {
+    fn finish_file(self, obs: &Table, var: &Table) -> hdf5::Result<()> {
         let x = self.file.group("X")?;
         x.new_attr::<i64>().shape(2).create("shape")?.write_raw(&[self.rows as i64, i64::from(self.n_cols)])?;
-        for (group, names) in [("obs", obs_names), ("var", var_names)] {
+        for (group, table) in [("obs", obs), ("var", var)] {
             let g = self.file.create_group(group)?;
             encoding(&g, "dataframe", "0.2.0")?;
-            str_attr(&g, "_index", "_index")?;
-            g.new_attr::<VarLenUnicode>().shape(0).create("column-order")?;
-            let values: Vec<VarLenUnicode> = names.iter().map(|s| vlu(s)).collect::<hdf5::Result<_>>()?;
-            let ds = g.new_dataset_builder().with_data(&values[..]).create("_index")?;
+            str_attr(&g, "_index", &table.index_name)?;
+            let order: Vec<VarLenUnicode> =
+                table.columns.iter().map(|(name, _)| vlu(name)).collect::<hdf5::Result<_>>()?;
+            g.new_attr::<VarLenUnicode>().shape(order.len()).create("column-order")?.write_raw(&order)?;
+            let values: Vec<VarLenUnicode> = table.index.iter().map(|s| vlu(s)).collect::<hdf5::Result<_>>()?;
+            let ds = g.new_dataset_builder().with_data(&values[..]).create(table.index_name.as_str())?;
             encoding(&ds, "string-array", "0.2.0")?;
+            for (name, column) in &table.columns {
+                write_column(&g, name, column)?;
+            }
         }
         drop(x);
         let (tmp, path) = (self.tmp.clone(), self.path.clone());

@@ -1,0 +1,153 @@
+//! The obs and var of a dataset as the tables of an .h5ad file, so that
+//! `export` gives back what was converted: every obs column (categoricals with
+//! their whole vocabulary) with the cell names as the index, and the gene
+//! table of var.parquet with its index.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int32Type;
+use arrow_array::{
+    Array, ArrayRef, BooleanArray, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray, UInt32Array,
+};
+use arrow_schema::DataType;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use serde_json::Value;
+
+use super::write::{Table, TableColumn};
+use crate::format::obs_schema::ObsKind;
+use crate::obs::localize::{ObsError, ObsSource};
+use crate::{format, Dataset, DatasetError};
+
+/// Why a dataset's obs or var could not be made into tables.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// The obs could not be read.
+    #[error(transparent)]
+    Obs(#[from] ObsError),
+    /// The dataset could not be read.
+    #[error(transparent)]
+    Dataset(#[from] DatasetError),
+    /// A table is not what the format allows.
+    #[error("{location}: {message}")]
+    Invalid { location: String, message: String },
+}
+
+/// A vocabulary (JSON values of one type) as an Arrow array.
+fn categories_array(values: &[Value]) -> ArrayRef {
+    if values.iter().all(Value::is_string) {
+        Arc::new(values.iter().map(|v| v.as_str()).collect::<StringArray>())
+    } else if values.iter().all(Value::is_boolean) {
+        Arc::new(values.iter().map(Value::as_bool).collect::<BooleanArray>())
+    } else if values.iter().all(|v| v.is_i64()) {
+        Arc::new(values.iter().map(Value::as_i64).collect::<Int64Array>())
+    } else {
+        Arc::new(values.iter().map(Value::as_f64).collect::<Float64Array>())
+    }
+}
+
+/// The cells `range` of every obs column: obs_names as the index (the cell
+/// indices when there is none), the others as columns. None without obs.
+pub fn obs_table(ds: &Dataset, range: Range<u64>) -> Result<Option<Table>, ExportError> {
+    if ds.manifest().obs().is_none() {
+        return Ok(None);
+    }
+    let source = ObsSource::open(ds.storage().as_ref(), ds.manifest())?;
+    let location = ds.storage().location(format::OBS_SCHEMA_KEY);
+    let mut table = Table {
+        index_name: "_index".into(),
+        index: range.clone().map(|c| c.to_string()).collect(),
+        columns: Vec::new(),
+    };
+    for (i, column) in source.schema.columns.iter().enumerate() {
+        let (batches, _, _) = source.fetch_column(i)?;
+        let parts: Vec<&dyn Array> = batches.iter().map(|b| b.column(0).as_ref()).collect();
+        let whole = arrow_select::concat::concat(&parts).map_err(|e| ExportError::Invalid {
+            location: location.clone(),
+            message: format!("obs column {:?}: {e}", column.name),
+        })?;
+        let values = whole.slice(range.start as usize, (range.end - range.start) as usize);
+        if column.name == "obs_names" {
+            let names = values.as_string_opt::<i32>().ok_or_else(|| ExportError::Invalid {
+                location: location.clone(),
+                message: "obs_names is not a string column".into(),
+            })?;
+            table.index = (0..names.len()).map(|r| names.value(r).to_string()).collect();
+            continue;
+        }
+        let categories = match column.kind {
+            ObsKind::Category => Some(categories_array(column.categories.as_deref().unwrap_or_default())),
+            _ => None,
+        };
+        table.columns.push((column.name.clone(), TableColumn { values, categories }));
+    }
+    Ok(Some(table))
+}
+
+/// The gene table of var.parquet (None without one), rows in stored order, or,
+/// with `order` (gene_order.npy), in the source files' order.
+pub fn var_table(ds: &Dataset, order: Option<&[i32]>) -> Result<Option<Table>, ExportError> {
+    if !ds.manifest().has_var_table {
+        return Ok(None);
+    }
+    let storage = ds.storage();
+    let location = storage.location(format::VAR_TABLE_KEY);
+    let invalid = |message: String| ExportError::Invalid { location: location.clone(), message };
+    let bytes = storage
+        .get(format::VAR_TABLE_KEY)
+        .map_err(DatasetError::from)?
+        .ok_or_else(|| DatasetError::Missing { location: location.clone(), what: "has_var_table is true".into() })?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| invalid(e.to_string()))?;
+    let schema = reader.schema().clone();
+    let index_field = schema
+        .metadata()
+        .get("pandas")
+        .and_then(|text| serde_json::from_str::<Value>(text).ok())
+        .and_then(|v| v["index_columns"].get(0).and_then(Value::as_str).map(str::to_string));
+    let batches: Vec<RecordBatch> = reader
+        .build()
+        .map_err(|e| invalid(e.to_string()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| invalid(e.to_string()))?;
+    let mut batch = arrow_select::concat::concat_batches(&schema, &batches).map_err(|e| invalid(e.to_string()))?;
+    if let Some(order) = order {
+        // source row g is stored row j where order[j] = g
+        let mut stored_row = vec![0u32; order.len()];
+        for (j, &g) in order.iter().enumerate() {
+            stored_row[g as usize] = j as u32;
+        }
+        let rows = UInt32Array::from(stored_row);
+        let columns = batch
+            .columns()
+            .iter()
+            .map(|c| arrow_select::take::take(c.as_ref(), &rows, None))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| invalid(e.to_string()))?;
+        batch = RecordBatch::try_new(schema.clone(), columns).map_err(|e| invalid(e.to_string()))?;
+    }
+    let mut table = Table { index_name: "_index".into(), index: Vec::new(), columns: Vec::new() };
+    for (field, array) in schema.fields().iter().zip(batch.columns()) {
+        if Some(field.name()) == index_field.as_ref() {
+            let names = array.as_string_opt::<i32>().ok_or_else(|| invalid("the index is not strings".into()))?;
+            table.index = (0..names.len()).map(|r| names.value(r).to_string()).collect();
+            // pyarrow's name for an unnamed index is anndata's "_index"
+            if field.name() != "__index_level_0__" {
+                table.index_name = field.name().clone();
+            }
+            continue;
+        }
+        let column = match array.data_type() {
+            DataType::Dictionary(..) => {
+                let dict = array.as_dictionary_opt::<Int32Type>().ok_or_else(|| {
+                    invalid(format!("column {:?}: a dictionary with keys other than int32", field.name()))
+                })?;
+                let codes: Int32Array = dict.keys().iter().map(|k| Some(k.unwrap_or(-1))).collect();
+                TableColumn { values: Arc::new(codes), categories: Some(dict.values().clone()) }
+            }
+            _ => TableColumn { values: array.clone(), categories: None },
+        };
+        table.columns.push((field.name().clone(), column));
+    }
+    Ok(Some(table))
+}
