@@ -137,6 +137,17 @@ impl Dataset {
         })
     }
 
+    /// Like [`Dataset::read_tile`], decoding into `out`'s buffers (reused as
+    /// far as they are large enough), for loops over many tiles.
+    pub fn read_tile_into(&self, tile: usize, out: &mut CsrMatrix) -> Result<(), DatasetError> {
+        let (location, blob) = self.tile_blob(tile)?;
+        format::decode_tile_into(&blob, Some(&self.tile_expectation(tile)), out).map_err(|source| DatasetError::Tile {
+            location,
+            tile,
+            source,
+        })
+    }
+
     /// Reads tile `tile` and decodes only the chunks that hold `rows` (rows of
     /// the tile); the other rows of the result are empty
     /// ([`format::decode_rows_into`]).

@@ -143,6 +143,63 @@ fn csr_arrays(py: Python<'_>, m: CsrMatrix) -> CsrArrays<'_> {
     (as_i64(m.indptr).into_pyarray(py), as_i32(m.indices).into_pyarray(py), as_i32(m.data).into_pyarray(py))
 }
 
+/// Output buffers of decoded tiles, taken back when NumPy frees the arrays
+/// made over them: a loop over tiles then decodes into memory that is already
+/// mapped, instead of faulting in fresh pages for every tile (which costs
+/// about as much as the decoding itself).
+#[derive(Default)]
+struct BufferPool {
+    free: std::sync::Mutex<Vec<Vec<u32>>>,
+}
+
+/// Buffers kept at most: two per tile (indices and data), for a loop that
+/// holds a tile or two at a time.
+const POOLED_BUFFERS: usize = 4;
+
+impl BufferPool {
+    fn take(&self) -> Vec<u32> {
+        self.free.lock().map(|mut f| f.pop()).ok().flatten().unwrap_or_default()
+    }
+
+    fn give(&self, v: Vec<u32>) {
+        if let Ok(mut free) = self.free.lock() {
+            if free.len() < POOLED_BUFFERS {
+                free.push(v);
+            }
+        }
+    }
+}
+
+/// The owner of a pooled buffer while a NumPy array is made over it; it
+/// returns the buffer to the pool when NumPy lets the array go.
+#[pyclass(frozen)]
+struct PooledBuffer {
+    data: std::sync::Mutex<Vec<u32>>,
+    pool: Arc<BufferPool>,
+}
+
+impl Drop for PooledBuffer {
+    fn drop(&mut self) {
+        if let Ok(data) = self.data.get_mut() {
+            self.pool.give(std::mem::take(data));
+        }
+    }
+}
+
+/// A NumPy int32 array over `v` (no copy), whose buffer goes back to `pool`.
+fn pooled_array<'py>(py: Python<'py>, v: Vec<u32>, pool: &Arc<BufferPool>) -> PyResult<Bound<'py, PyArray1<i32>>> {
+    let (ptr, len) = (v.as_ptr().cast::<i32>(), v.len());
+    let owner = Bound::new(py, PooledBuffer { data: std::sync::Mutex::new(v), pool: pool.clone() })?;
+    // SAFETY: the view covers the `len` initialized entries of the buffer,
+    // whose allocation `owner` keeps, unmoved and unchanged, for as long as
+    // the array lives (NumPy holds `owner` as the array's base); u32 values
+    // below 2^31 are the same i32 values.
+    unsafe {
+        let view = numpy::ndarray::ArrayView1::from_shape_ptr(len, ptr);
+        Ok(PyArray1::borrow_from_array(&view, owner.into_any()))
+    }
+}
+
 /// Decoded tiles kept for repeated access, least recently used out first,
 /// within a byte budget (8 bytes per nonzero and per cell).
 #[derive(Default)]
@@ -188,6 +245,8 @@ struct RawDataset {
     pool: OnceLock<Result<rayon::ThreadPool, String>>,
     /// Decoded tiles, when `cache_bytes` > 0.
     cache: std::sync::Mutex<TileCache>,
+    /// Output buffers for whole tiles.
+    buffers: Arc<BufferPool>,
 }
 
 impl RawDataset {
@@ -273,7 +332,13 @@ impl RawDataset {
             Ok(Dataset::from_storage(store)?)
         })?;
         let cache = std::sync::Mutex::new(TileCache { budget: cache_bytes, ..TileCache::default() });
-        Ok(RawDataset { dataset: Arc::new(dataset), threads, pool: OnceLock::new(), cache })
+        Ok(RawDataset {
+            dataset: Arc::new(dataset),
+            threads,
+            pool: OnceLock::new(),
+            cache,
+            buffers: Arc::new(BufferPool::default()),
+        })
     }
 
     #[getter]
@@ -356,7 +421,7 @@ impl RawDataset {
         Ok(csr_arrays(py, m))
     }
 
-    /// Tile `tile`, whole, as CSR arrays.
+    /// Tile `tile`, whole, as CSR arrays, decoded into pooled buffers.
     fn read_tile<'py>(&self, py: Python<'py>, tile: usize) -> PyResult<CsrArrays<'py>> {
         let n = self.dataset.n_tiles();
         let m = detached(py, || {
@@ -366,9 +431,12 @@ impl RawDataset {
                     message: format!("tile {tile} is out of range: the dataset has {n} tiles"),
                 });
             }
-            self.install(|| Ok(self.dataset.read_tile(tile)?))
+            let mut out = CsrMatrix { indices: self.buffers.take(), data: self.buffers.take(), ..CsrMatrix::default() };
+            self.install(|| Ok(self.dataset.read_tile_into(tile, &mut out)?))?;
+            Ok(out)
         })?;
-        Ok(csr_arrays(py, m))
+        let indptr = as_i64(m.indptr).into_pyarray(py);
+        Ok((indptr, pooled_array(py, m.indices, &self.buffers)?, pooled_array(py, m.data, &self.buffers)?))
     }
 
     /// Reads and decodes every tile in order, on this dataset's threads, into

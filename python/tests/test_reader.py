@@ -265,3 +265,18 @@ def test_export_writes_obs_and_var_back(source: str, request, binary: Path, tmp_
             assert [str(v) for v in g.tolist()] == [str(v) for v in w.tolist()], column
     np.testing.assert_array_equal(got.var.index.to_numpy(), want.var.index.to_numpy())
     assert got.var.index.name == want.var.index.name
+
+
+def test_tiles_read_into_reused_buffers_stay_intact(golden: Path) -> None:
+    ds = deltacells.open_dataset(str(golden / "obs_kinds"))
+    want = expected_matrix(golden, "obs_kinds")
+    starts = np.concatenate([[0], np.cumsum(ds.tile_cells)])
+    for _ in range(3):
+        held = [ds.read_tile(t) for t in range(ds.n_tiles)] * 2  # more than the pool keeps
+        held += [ds.read_tile(t) for t in range(ds.n_tiles)]
+        for i, tile in enumerate(held):
+            t = i % ds.n_tiles
+            assert (tile.to_scipy() != want[starts[t] : starts[t + 1]]).nnz == 0, t
+        del held
+        for t in range(ds.n_tiles):  # one at a time, each into buffers given back
+            assert (ds.read_tile(t).to_scipy() != want[starts[t] : starts[t + 1]]).nnz == 0
