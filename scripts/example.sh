@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
 if [ ! -x target/release/deltacells ]; then
-  echo "example: first build (HDF5 from source among the dependencies): about 9 minutes on 2 cores" >&2
+  echo "example: first build (HDF5 from source among the dependencies): about 7 minutes on 2 cores" >&2
 fi
 cargo build --release
 bin=target/release/deltacells

@@ -18,7 +18,7 @@ if [ -x ../shared/data/fetch-pbmc.sh ] && [ -z "${DELTACELLS_PBMC:-}" ]; then
 fi
 export DELTACELLS_PYTHON="$PWD/.venv/bin/python"
 if [ ! -d target/release ]; then
-  echo "test: first build of the dependencies (HDF5 from source among them): about 9 minutes on 2 cores" >&2
+  echo "test: first build of the dependencies (HDF5 from source among them): about 7 minutes on 2 cores" >&2
 fi
 cargo test --release "$@"
 # The benchmarks are not run here (see README, "Performance"), only compiled,

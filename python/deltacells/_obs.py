@@ -91,15 +91,14 @@ class Obs:
         (``fetched``, ``already_local``, ``replaced``, ``requests``, ``bytes``).
 
         Concurrent processes on one machine fetch each column once.
-        ``threads`` is accepted for symmetry with the command line; requests in
-        flight follow the dataset's ``threads``.
+        ``threads`` is the requests in flight (default: the dataset's
+        ``threads``); raise it for stores with high latency.
         """
-        del threads
         names = self.columns if columns is None else list(columns)
         for name in names:
             self._column(name)
         self._fingerprint()
-        report = json.loads(self._dataset._raw.localize(names, self.cache_root))
+        report = json.loads(self._dataset._raw.localize(names, self.cache_root, threads=threads))
         for name in names:
             self._loaded.pop(name, None)
             self._open(name)

@@ -475,11 +475,20 @@ impl RawDataset {
         Ok(Some(detached(py, move || Ok(deltacells::obs::read_schema(dataset.storage().as_ref())?.text))?))
     }
 
-    /// Localizes `columns` into the cache under `cache_root`; the report as JSON.
-    #[pyo3(signature = (columns, cache_root, force=false))]
-    fn localize(&self, py: Python<'_>, columns: Vec<String>, cache_root: String, force: bool) -> PyResult<String> {
+    /// Localizes `columns` into the cache under `cache_root`; the report as
+    /// JSON. `threads` is the requests in flight (the dataset's threads when
+    /// None).
+    #[pyo3(signature = (columns, cache_root, force=false, threads=None))]
+    fn localize(
+        &self,
+        py: Python<'_>,
+        columns: Vec<String>,
+        cache_root: String,
+        force: bool,
+        threads: Option<usize>,
+    ) -> PyResult<String> {
         detached(py, || {
-            self.install(|| {
+            let run = || {
                 let report = localize::localize(
                     self.dataset.storage().as_ref(),
                     self.dataset.manifest(),
@@ -488,7 +497,14 @@ impl RawDataset {
                     force,
                 )?;
                 Ok(serde_json::to_string(&report).unwrap_or_default())
-            })
+            };
+            match threads {
+                None => self.install(run),
+                Some(n) => match rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build() {
+                    Ok(pool) => pool.install(run),
+                    Err(e) => Err(Failure { kind: Kind::Other, message: format!("cannot start threads: {e}") }),
+                },
+            }
         })
     }
 }

@@ -171,7 +171,7 @@ def test_the_cache_is_the_command_lines(binary, golden: Path, cache: str) -> Non
 
     run(binary, "obs", "localize", golden / "obs_kinds", "--columns", "cell_type,donor", "--cache-dir", cache)
     ds = deltacells.open_dataset(str(golden / "obs_kinds"), cache_dir=cache)
-    report = ds.obs.localize(["cell_type", "donor", "n_counts"])
+    report = ds.obs.localize(["cell_type", "donor", "n_counts"], threads=3)
     assert report["already_local"] == ["cell_type", "donor"] and report["fetched"] == ["n_counts"]
     info = json.loads(run(binary, "obs", "info", golden / "obs_kinds", "--json", "--cache-dir", cache).stdout)
     local = {c["name"] for c in info["columns"] if c["cached"]}
