@@ -217,7 +217,24 @@ impl Dataset {
     /// matrix. Each tile needed is read once, and only its chunks that hold
     /// listed cells are decoded.
     pub fn read_cell_list(&self, cells: &[u64]) -> Result<CsrMatrix, DatasetError> {
-        let located: Vec<(usize, u64)> = cells.iter().map(|&c| self.locate(c)).collect::<Result<_, _>>()?;
+        self.read_cell_list_with(cells, |tile, rows| self.read_tile_rows(tile, rows))
+    }
+
+    /// The listed cells, in the order given, gathered from the tiles `tile_of`
+    /// gives: it is called once per tile needed (in parallel), with the rows
+    /// of that tile the list holds, and returns the decoded tile (or any
+    /// matrix whose rows `rows` are that tile's; the rows not asked for may be
+    /// empty). A cache of decoded tiles is a `tile_of` that looks there first.
+    pub fn read_cell_list_with<T, E>(
+        &self,
+        cells: &[u64],
+        tile_of: impl Fn(usize, &[u64]) -> Result<T, E> + Sync,
+    ) -> Result<CsrMatrix, E>
+    where
+        T: std::borrow::Borrow<CsrMatrix> + Send,
+        E: From<DatasetError> + Send,
+    {
+        let located: Vec<(usize, u64)> = cells.iter().map(|&c| self.locate(c)).collect::<Result<_, DatasetError>>()?;
         let mut needed: Vec<usize> = located.iter().map(|&(t, _)| t).collect();
         needed.sort_unstable();
         needed.dedup();
@@ -226,12 +243,12 @@ impl Dataset {
             let slot = needed.binary_search(&tile).expect("every tile is needed");
             rows[slot].push(row);
         }
-        let tiles: Vec<CsrMatrix> =
-            needed.par_iter().zip(&rows).map(|(&t, rows)| self.read_tile_rows(t, rows)).collect::<Result<_, _>>()?;
+        let tiles: Vec<T> =
+            needed.par_iter().zip(&rows).map(|(&t, rows)| tile_of(t, rows)).collect::<Result<_, _>>()?;
         let mut out = CsrMatrix::empty(self.n_genes());
         for (tile, row) in located {
             let slot = needed.binary_search(&tile).expect("every needed tile was read");
-            out.push_row_from(&tiles[slot], row as usize);
+            out.push_row_from(tiles[slot].borrow(), row as usize);
         }
         Ok(out)
     }

@@ -265,39 +265,20 @@ impl RawDataset {
         }
     }
 
-    /// The listed cells, in order, from decoded tiles (the cache's, or decoded
-    /// now, in parallel, each once).
+    /// The listed cells, in order, from whole decoded tiles: the cache's, or
+    /// decoded now (in parallel, each once) and put in the cache.
     fn cells_via_cache(&self, cells: &[u64]) -> Result<CsrMatrix, Failure> {
-        use rayon::prelude::*;
-        let located: Vec<(usize, u64)> =
-            cells.iter().map(|&c| self.dataset.locate(c)).collect::<Result<_, DatasetError>>()?;
-        let mut needed: Vec<usize> = located.iter().map(|&(t, _)| t).collect();
-        needed.sort_unstable();
-        needed.dedup();
-        let cached: Vec<Option<Arc<CsrMatrix>>> = {
-            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-            needed.iter().map(|&t| cache.get(t)).collect()
-        };
-        let tiles: Vec<Arc<CsrMatrix>> = needed
-            .par_iter()
-            .zip(cached)
-            .map(|(&t, hit)| match hit {
+        self.dataset.read_cell_list_with(cells, |tile, _rows| {
+            let hit = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(tile);
+            match hit {
                 Some(m) => Ok(m),
-                None => self.dataset.read_tile(t).map(Arc::new),
-            })
-            .collect::<Result<_, DatasetError>>()?;
-        {
-            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-            for (&t, m) in needed.iter().zip(&tiles) {
-                cache.put(t, m.clone());
+                None => {
+                    let m = Arc::new(self.dataset.read_tile(tile)?);
+                    self.cache.lock().unwrap_or_else(|p| p.into_inner()).put(tile, m.clone());
+                    Ok::<_, Failure>(m)
+                }
             }
-        }
-        let mut out = CsrMatrix::empty(self.dataset.n_genes());
-        for (tile, row) in located {
-            let slot = needed.binary_search(&tile).unwrap_or(0);
-            out.push_row_from(&tiles[slot], row as usize);
-        }
-        Ok(out)
+        })
     }
 
     fn check_cells(&self, cells: &[i64]) -> Result<Vec<u64>, Failure> {

@@ -312,14 +312,14 @@ pub(crate) fn gene_totals(
     progress: &dyn ConvertProgress,
 ) -> anyhow::Result<Vec<u64>> {
     let n_genes = source_genes.len() as u32;
-    let identity: Vec<u32> = (0..n_genes).collect();
     let mut totals = vec![0u64; n_genes as usize];
     progress.phase("gene order", sampled.iter().map(|&i| scanned[i].n_rows).sum());
     for &i in sampled {
         let input = &scanned[i];
         progress.file(&input.path);
         let source = input::open(&input.path, matrix)?;
-        let map = input_remap(source.as_ref(), source_genes, &identity)?;
+        // The input's column -> source gene (None: the same by position).
+        let map = genes::column_map(source.path(), &source.gene_names()?, source_genes)?;
         // Reading (this thread) overlaps checking and summing the block read
         // before (the rayon pool).
         let mut pending: Option<(u64, RawRows)> = None;

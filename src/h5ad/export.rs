@@ -100,11 +100,7 @@ pub fn var_table(ds: &Dataset, order: Option<&[i32]>) -> Result<Option<Table>, E
         .ok_or_else(|| DatasetError::Missing { location: location.clone(), what: "has_var_table is true".into() })?;
     let reader = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| invalid(e.to_string()))?;
     let schema = reader.schema().clone();
-    let index_field = schema
-        .metadata()
-        .get("pandas")
-        .and_then(|text| serde_json::from_str::<Value>(text).ok())
-        .and_then(|v| v["index_columns"].get(0).and_then(Value::as_str).map(str::to_string));
+    let index_field = crate::obs::pandas_index_columns(&schema).into_iter().next();
     let batches: Vec<RecordBatch> = reader
         .build()
         .map_err(|e| invalid(e.to_string()))?

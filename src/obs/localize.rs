@@ -321,7 +321,11 @@ impl<'a> ObsSource<'a> {
     /// The requests and bytes a localize of `column` reads after opening: the
     /// column's chunks, merged as the storage merges nearby ranges.
     pub fn column_cost(&self, column: usize) -> (u64, u64) {
-        self.column_ranges(column).iter().map(|r| self.storage.read_cost(r)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+        self.cost_of(&self.column_ranges(column))
+    }
+
+    fn cost_of(&self, ranges: &[Vec<Range<u64>>]) -> (u64, u64) {
+        ranges.iter().map(|r| self.storage.read_cost(r)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     }
 
     /// Every tile's values of `column`, read with ranged reads of its chunks
@@ -329,7 +333,7 @@ impl<'a> ObsSource<'a> {
     pub fn fetch_column(&self, column: usize) -> Result<(Vec<RecordBatch>, u64, u64), ObsError> {
         let k = self.manifest.obs_tiles_per_file.unwrap_or(1) as usize;
         let ranges = self.column_ranges(column);
-        let (requests, bytes) = self.column_cost(column);
+        let (requests, bytes) = self.cost_of(&ranges);
         // Each shard's chunks of the column in one call (the storage merges
         // nearby ones and fetches them concurrently), the shards in parallel.
         let decoded: Vec<Result<Vec<RecordBatch>, ObsError>> = self

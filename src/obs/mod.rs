@@ -184,6 +184,17 @@ pub(crate) fn parquet_rows(bytes: Bytes) -> Result<u64, String> {
 pub type ParquetColumns = (Vec<(String, String)>, Vec<String>);
 
 /// The columns of a Parquet file, from its footer.
+/// The index columns that the "pandas" schema metadata of a Parquet file names.
+pub(crate) fn pandas_index_columns(schema: &arrow_schema::Schema) -> Vec<String> {
+    schema
+        .metadata()
+        .get("pandas")
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
+        .and_then(|v| v.get("index_columns").and_then(|c| c.as_array()).cloned())
+        .map(|cols| cols.iter().filter_map(|c| c.as_str().map(str::to_string)).collect())
+        .unwrap_or_default()
+}
+
 pub(crate) fn parquet_columns(bytes: Bytes) -> Result<ParquetColumns, String> {
     let builder =
         ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| format!("not a readable Parquet file: {e}"))?;
@@ -195,12 +206,6 @@ pub(crate) fn parquet_columns(bytes: Bytes) -> Result<ParquetColumns, String> {
             (f.name().clone(), arrow_type_name(f.data_type()).map_or_else(|| f.data_type().to_string(), str::to_string))
         })
         .collect();
-    let index = schema
-        .metadata()
-        .get("pandas")
-        .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
-        .and_then(|v| v.get("index_columns").and_then(|c| c.as_array()).cloned())
-        .map(|cols| cols.iter().filter_map(|c| c.as_str().map(str::to_string)).collect())
-        .unwrap_or_default();
+    let index = pandas_index_columns(schema);
     Ok((columns, index))
 }
