@@ -152,11 +152,16 @@ impl Dataset {
     /// the tile); the other rows of the result are empty
     /// ([`format::decode_rows_into`]).
     pub fn read_tile_rows(&self, tile: usize, rows: &[u64]) -> Result<CsrMatrix, DatasetError> {
-        let (location, blob) = self.tile_blob(tile)?;
         let mut out = CsrMatrix::default();
-        format::decode_rows_into(&blob, Some(&self.tile_expectation(tile)), rows, &mut out)
-            .map_err(|source| DatasetError::Tile { location, tile, source })?;
+        self.read_tile_rows_into(tile, rows, &mut out)?;
         Ok(out)
+    }
+
+    /// Like [`Dataset::read_tile_rows`], decoding into `out`'s buffers.
+    pub fn read_tile_rows_into(&self, tile: usize, rows: &[u64], out: &mut CsrMatrix) -> Result<(), DatasetError> {
+        let (location, blob) = self.tile_blob(tile)?;
+        format::decode_rows_into(&blob, Some(&self.tile_expectation(tile)), rows, out)
+            .map_err(|source| DatasetError::Tile { location, tile, source })
     }
 
     /// The bytes of tile `tile`, checked to be the size the manifest says.

@@ -41,6 +41,7 @@ pub mod format;
 #[cfg(feature = "convert")]
 pub mod h5ad;
 pub mod info;
+pub mod loader;
 pub mod obs;
 pub mod storage;
 pub mod verify;

@@ -12,12 +12,15 @@ the GIL released); this package gives it NumPy, SciPy and pandas types.
 
 from ._dataset import Batch, Dataset, open_dataset
 from ._errors import CellIndexError, CorruptDatasetError, DatasetNotFoundError, DeltacellsError
+from ._loader import CellBatch, Loader
 from ._obs import Obs
 
 __all__ = [
     "open_dataset",
     "Dataset",
     "Batch",
+    "Loader",
+    "CellBatch",
     "Obs",
     "DeltacellsError",
     "DatasetNotFoundError",

@@ -18,6 +18,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use deltacells::format::{self, CsrMatrix};
+use deltacells::loader::{self, BufferPool, EpochPlan, LoaderError, LoaderOptions};
 use deltacells::obs::localize::{self, ObsError};
 use deltacells::storage::{self, StorageError, StoreOptions};
 use deltacells::{error_chain, Dataset, DatasetError};
@@ -31,6 +32,8 @@ enum Kind {
     Corrupt,
     /// A cell index out of range (also an IndexError).
     Index,
+    /// An argument out of its range (a ValueError).
+    Value,
     /// Anything else: storage unreachable, cache not writable...
     Other,
 }
@@ -83,15 +86,27 @@ impl From<ObsError> for Failure {
     }
 }
 
+impl From<LoaderError> for Failure {
+    fn from(e: LoaderError) -> Failure {
+        match e {
+            LoaderError::Dataset(d) => d.into(),
+            LoaderError::Options(_) => Failure::new(Kind::Value, &e),
+            LoaderError::Internal(_) => Failure::new(Kind::Other, &e),
+        }
+    }
+}
+
 impl Failure {
     fn into_pyerr(self, py: Python<'_>) -> PyErr {
         let name = match self.kind {
             Kind::NotFound => "DatasetNotFoundError",
             Kind::Corrupt => "CorruptDatasetError",
             Kind::Index => "CellIndexError",
+            Kind::Value => "ValueError",
             Kind::Other => "DeltacellsError",
         };
-        let class = py.import("deltacells._errors").and_then(|m| m.getattr(name));
+        let module = if matches!(self.kind, Kind::Value) { "builtins" } else { "deltacells._errors" };
+        let class = py.import(module).and_then(|m| m.getattr(name));
         match class {
             Ok(class) => match class.call1((self.message.clone(),)) {
                 Ok(instance) => PyErr::from_value(instance),
@@ -143,32 +158,9 @@ fn csr_arrays(py: Python<'_>, m: CsrMatrix) -> CsrArrays<'_> {
     (as_i64(m.indptr).into_pyarray(py), as_i32(m.indices).into_pyarray(py), as_i32(m.data).into_pyarray(py))
 }
 
-/// Output buffers of decoded tiles, taken back when NumPy frees the arrays
-/// made over them: a loop over tiles then decodes into memory that is already
-/// mapped, instead of faulting in fresh pages for every tile (which costs
-/// about as much as the decoding itself).
-#[derive(Default)]
-struct BufferPool {
-    free: std::sync::Mutex<Vec<Vec<u32>>>,
-}
-
-/// Buffers kept at most: two per tile (indices and data), for a loop that
-/// holds a tile or two at a time.
+/// Buffers kept for whole tiles: two per tile (indices and data), for a loop
+/// that holds a tile or two at a time.
 const POOLED_BUFFERS: usize = 4;
-
-impl BufferPool {
-    fn take(&self) -> Vec<u32> {
-        self.free.lock().map(|mut f| f.pop()).ok().flatten().unwrap_or_default()
-    }
-
-    fn give(&self, v: Vec<u32>) {
-        if let Ok(mut free) = self.free.lock() {
-            if free.len() < POOLED_BUFFERS {
-                free.push(v);
-            }
-        }
-    }
-}
 
 /// The owner of a pooled buffer while a NumPy array is made over it; it
 /// returns the buffer to the pool when NumPy lets the array go.
@@ -242,27 +234,31 @@ impl TileCache {
 struct RawDataset {
     dataset: Arc<Dataset>,
     threads: Option<usize>,
-    pool: OnceLock<Result<rayon::ThreadPool, String>>,
+    pool: OnceLock<Result<Arc<rayon::ThreadPool>, String>>,
     /// Decoded tiles, when `cache_bytes` > 0.
     cache: std::sync::Mutex<TileCache>,
-    /// Output buffers for whole tiles.
+    /// Output buffers for whole tiles: taken back when NumPy frees the arrays
+    /// made over them, so that a loop over tiles decodes into memory that is
+    /// already mapped instead of faulting in fresh pages for every tile.
     buffers: Arc<BufferPool>,
 }
 
 impl RawDataset {
     /// Runs `f` on this dataset's thread pool (made on first use).
     fn install<T: Send>(&self, f: impl FnOnce() -> Result<T, Failure> + Send) -> Result<T, Failure> {
+        self.thread_pool()?.install(f)
+    }
+
+    /// This dataset's thread pool, made on first use.
+    fn thread_pool(&self) -> Result<Arc<rayon::ThreadPool>, Failure> {
         let pool = self.pool.get_or_init(|| {
-            let mut builder = rayon::ThreadPoolBuilder::new();
+            let mut builder = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("deltacells-{i}"));
             if let Some(n) = self.threads {
                 builder = builder.num_threads(n.max(1));
             }
-            builder.build().map_err(|e| e.to_string())
+            builder.build().map(Arc::new).map_err(|e| e.to_string())
         });
-        match pool {
-            Ok(pool) => pool.install(f),
-            Err(e) => Err(Failure { kind: Kind::Other, message: format!("cannot start threads: {e}") }),
-        }
+        pool.clone().map_err(|e| Failure { kind: Kind::Other, message: format!("cannot start threads: {e}") })
     }
 
     /// The listed cells, in order, from whole decoded tiles: the cache's, or
@@ -279,6 +275,11 @@ impl RawDataset {
                 }
             }
         })
+    }
+
+    fn plan(&self, cells: Option<&[i64]>, options: &LoaderArgs) -> Result<EpochPlan, Failure> {
+        let cells = cells.map(|c| self.check_cells(c)).transpose()?;
+        Ok(EpochPlan::new(&self.dataset, cells.as_deref(), &options.0)?)
     }
 
     fn check_cells(&self, cells: &[i64]) -> Result<Vec<u64>, Failure> {
@@ -318,7 +319,7 @@ impl RawDataset {
             threads,
             pool: OnceLock::new(),
             cache,
-            buffers: Arc::new(BufferPool::default()),
+            buffers: Arc::new(BufferPool::new(POOLED_BUFFERS)),
         })
     }
 
@@ -412,7 +413,7 @@ impl RawDataset {
                     message: format!("tile {tile} is out of range: the dataset has {n} tiles"),
                 });
             }
-            let mut out = CsrMatrix { indices: self.buffers.take(), data: self.buffers.take(), ..CsrMatrix::default() };
+            let mut out = self.buffers.take_matrix();
             self.install(|| Ok(self.dataset.read_tile_into(tile, &mut out)?))?;
             Ok(out)
         })?;
@@ -444,6 +445,42 @@ impl RawDataset {
                 }
                 Ok((started.elapsed().as_secs_f64(), cells, nnz))
             })
+        })
+    }
+
+    /// Plans one epoch's share (see `deltacells::loader::EpochPlan`):
+    /// (cells, batches) it yields.
+    #[pyo3(signature = (cells, options))]
+    fn epoch_size(
+        &self,
+        py: Python<'_>,
+        cells: Option<PyReadonlyArray1<'_, i64>>,
+        options: LoaderArgs,
+    ) -> PyResult<(u64, u64)> {
+        let cells = cells.map(|c| c.as_slice().map(<[i64]>::to_vec).unwrap_or_else(|_| c.as_array().to_vec()));
+        detached(py, || {
+            let plan = self.plan(cells.as_deref(), &options)?;
+            Ok((plan.n_cells(), plan.n_batches()))
+        })
+    }
+
+    /// Starts reading one epoch's share in batches, on background threads.
+    #[pyo3(signature = (cells, options))]
+    fn batches(
+        &self,
+        py: Python<'_>,
+        cells: Option<PyReadonlyArray1<'_, i64>>,
+        options: LoaderArgs,
+    ) -> PyResult<RawBatches> {
+        let cells = cells.map(|c| c.as_slice().map(<[i64]>::to_vec).unwrap_or_else(|_| c.as_array().to_vec()));
+        detached(py, || {
+            let plan = self.plan(cells.as_deref(), &options)?;
+            let (n_cells, n_batches) = (plan.n_cells(), plan.n_batches());
+            // Every batch queued or in the consumer's hands may come back.
+            let buffers = Arc::new(BufferPool::new(2 * (options.0.prefetch + 4)));
+            let batches =
+                loader::Batches::start(self.dataset.clone(), plan, Some(self.thread_pool()?), buffers.clone())?;
+            Ok(RawBatches { batches: std::sync::Mutex::new(batches), buffers, n_cells, n_batches })
         })
     }
 
@@ -490,6 +527,78 @@ impl RawDataset {
     }
 }
 
+/// The loader's options, from a dict with every field of `LoaderOptions`.
+struct LoaderArgs(LoaderOptions);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for LoaderArgs {
+    type Error = PyErr;
+
+    fn extract(ob: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let get = |name: &str| ob.get_item(name);
+        Ok(LoaderArgs(LoaderOptions {
+            batch_size: get("batch_size")?.extract()?,
+            shuffle: get("shuffle")?.extract()?,
+            seed: get("seed")?.extract()?,
+            epoch: get("epoch")?.extract()?,
+            rank: get("rank")?.extract()?,
+            world_size: get("world_size")?.extract()?,
+            worker: get("worker")?.extract()?,
+            num_workers: get("num_workers")?.extract()?,
+            drop_last: get("drop_last")?.extract()?,
+            window_tiles: get("window_tiles")?.extract()?,
+            prefetch: get("prefetch")?.extract()?,
+        }))
+    }
+}
+
+/// One epoch's share of batches being read on background threads
+/// (`RawDataset.batches`). Dropping it stops them.
+#[pyclass(module = "deltacells._deltacells")]
+struct RawBatches {
+    batches: std::sync::Mutex<loader::Batches>,
+    /// Where each batch's indices and data go back when NumPy frees them.
+    buffers: Arc<BufferPool>,
+    n_cells: u64,
+    n_batches: u64,
+}
+
+type BatchArrays<'py> =
+    (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>);
+
+#[pymethods]
+impl RawBatches {
+    #[getter]
+    fn n_cells(&self) -> u64 {
+        self.n_cells
+    }
+
+    #[getter]
+    fn n_batches(&self) -> u64 {
+        self.n_batches
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// The next batch: (cells int64, indptr int64, indices int32, data int32),
+    /// waiting without the GIL until it is ready.
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<BatchArrays<'py>>> {
+        let next = detached(py, || {
+            let mut batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+            batches.next().transpose().map_err(Failure::from)
+        })?;
+        let Some(batch) = next else { return Ok(None) };
+        let x = batch.x;
+        Ok(Some((
+            as_i64(batch.cells).into_pyarray(py),
+            as_i64(x.indptr).into_pyarray(py),
+            pooled_array(py, x.indices, &self.buffers)?,
+            pooled_array(py, x.data, &self.buffers)?,
+        )))
+    }
+}
+
 /// The cache root: `explicit`, else $DELTACELLS_CACHE, $XDG_CACHE_HOME/deltacells,
 /// ~/.cache/deltacells.
 #[pyfunction]
@@ -507,6 +616,7 @@ fn column_path(root: String, fingerprint: String, column: String) -> String {
 #[pymodule]
 fn _deltacells(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RawDataset>()?;
+    m.add_class::<RawBatches>()?;
     m.add_function(wrap_pyfunction!(cache_root, m)?)?;
     m.add_function(wrap_pyfunction!(column_path, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

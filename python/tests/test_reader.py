@@ -184,8 +184,13 @@ def test_repr_and_manifest(golden: Path) -> None:
     assert ds.manifest["format"] == "deltacells-dataset" and ds.manifest["version"] == 2
     assert ds.var is None and ds.var_names is None and ds.gene_order is None
     assert "3 cells" in repr(ds.get_batch([0, 1, 2]))
+    # A dataset pickles to its root and options (the Rust handle never
+    # crosses processes) and opens again on first use.
     with pytest.raises(TypeError):
         pickle.dumps(ds._raw)
+    again = pickle.loads(pickle.dumps(ds))
+    assert again._handle is None and again.root == ds.root
+    assert again.n_cells == 10 and (again.get_batch([9, 0]).to_scipy() != ds.get_batch([9, 0]).to_scipy()).nnz == 0
 
 
 @pytest.mark.parametrize("source", ["golden", "pbmc"])

@@ -13,31 +13,7 @@ import numpy as np
 import pytest
 
 import deltacells
-from conftest import REPO, run
-
-S3_ENV = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"}
-
-
-@pytest.fixture()
-def s3_server():
-    """moto's S3 server with the bucket "test", started by tests/servers/serve.py."""
-    server = subprocess.Popen(
-        [sys.executable, str(REPO / "tests" / "servers" / "serve.py"), "s3"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    line = server.stdout.readline().strip()
-    if not line.startswith("PORT "):
-        server.kill()
-        pytest.fail(f"the S3 server did not start: {line!r}")
-    yield f"http://127.0.0.1:{line.split()[1]}"
-    server.stdin.close()
-    try:
-        server.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        server.kill()
-
+from conftest import REPO, S3_ENV, run
 
 def test_a_dataset_in_a_bucket_reads_like_the_local_copy(
     binary: Path, golden: Path, s3_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

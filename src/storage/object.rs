@@ -6,7 +6,7 @@
 //! (rayon), so `--threads` calls mean that many requests in flight.
 
 use std::ops::Range;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -23,17 +23,34 @@ pub const PART_SIZE: usize = 16 << 20;
 /// Ranges of one object closer than this are fetched in one request.
 pub const COALESCE_GAP: u64 = 64 << 10;
 
-/// The runtime every object-store request runs on.
-fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("deltacells-io")
-            .enable_all()
-            .build()
-            .expect("cannot start the I/O runtime")
-    })
+/// The runtime every object-store request of this process runs on.
+///
+/// A forked child (a DataLoader worker started with `fork`) inherits the
+/// parent's runtime without its threads, so blocking on it would hang: each
+/// process makes its own, and the child leaves the parent's unused (dropping
+/// it would wait for threads that do not exist there).
+fn runtime() -> Arc<tokio::runtime::Runtime> {
+    static RUNTIME: Mutex<Option<(u32, Arc<tokio::runtime::Runtime>)>> = Mutex::new(None);
+    let mut slot = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
+    let pid = std::process::id();
+    match &*slot {
+        Some((owner, runtime)) if *owner == pid => runtime.clone(),
+        _ => {
+            if let Some(inherited) = slot.take() {
+                std::mem::forget(inherited);
+            }
+            let runtime = Arc::new(
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name("deltacells-io")
+                    .enable_all()
+                    .build()
+                    .expect("cannot start the I/O runtime"),
+            );
+            *slot = Some((pid, runtime.clone()));
+            runtime
+        }
+    }
 }
 
 /// A dataset under a prefix of an object store.

@@ -1,0 +1,108 @@
+"""Shuffled batches for training: one epoch's share of a dataset, read ahead on
+Rust threads (see :meth:`deltacells.Dataset.batches`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._dataset import Batch
+
+if TYPE_CHECKING:
+    from ._dataset import Cells, Dataset
+
+
+class CellBatch:
+    """One batch of :meth:`Dataset.batches`.
+
+    Attributes
+    ----------
+    X
+        The counts, a :class:`Batch` (``X.to_scipy()`` gives a CSR matrix over
+        the same buffers, without copying).
+    cells
+        int64 global cell indices of the rows of ``X``, in the same order.
+    obs
+        ``{column: values}`` for the ``obs_columns`` asked for, for the same
+        cells, as :meth:`Obs.take` gives them (from the local cache).
+    """
+
+    __slots__ = ("X", "cells", "obs")
+
+    def __init__(self, X: Batch, cells: np.ndarray, obs: dict[str, np.ndarray]) -> None:
+        self.X = X
+        self.cells = cells
+        self.obs = obs
+
+    def __len__(self) -> int:
+        return len(self.cells)
+
+    def __repr__(self) -> str:
+        columns = f", obs {', '.join(self.obs)}" if self.obs else ""
+        return f"<deltacells.CellBatch {len(self.cells)} cells, {self.X.nnz} nonzeros{columns}>"
+
+
+class Loader:
+    """One epoch's share of a dataset in batches: iterate over it to read them.
+
+    Made by :meth:`Dataset.batches` (see there for every option). Each
+    iteration starts the Rust threads that read it and stops them when it ends
+    or is abandoned; nothing runs before. A loader pickles to its dataset's
+    root and its options, so it can be handed to worker processes started
+    with ``spawn`` as well as ``fork``.
+    """
+
+    def __init__(self, dataset: Dataset, options: dict[str, Any], obs_columns: Sequence[str] | None,
+                 cells: Cells | None) -> None:
+        self.dataset = dataset
+        self.options = dict(options)
+        self.obs_columns = list(obs_columns) if obs_columns else []
+        for name in self.obs_columns:
+            dataset.obs.kind(name)  # an unknown column fails here, not in a worker
+        self.cells = None if cells is None else dataset._cell_array(cells)
+        self._size: tuple[int, int] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reads epoch ``epoch`` next (another tile and cell order when shuffling)."""
+        self.options["epoch"] = int(epoch)
+        self._size = None
+
+    @property
+    def epoch(self) -> int:
+        return self.options["epoch"]
+
+    def _epoch_size(self) -> tuple[int, int]:
+        if self._size is None:
+            self._size = self.dataset._raw.epoch_size(self.cells, self.options)
+        return self._size
+
+    @property
+    def n_cells(self) -> int:
+        """Cells this share yields in one epoch (before ``drop_last`` drops its last partial batch)."""
+        return self._epoch_size()[0]
+
+    def __len__(self) -> int:
+        """Batches this share yields in one epoch."""
+        return self._epoch_size()[1]
+
+    def __iter__(self) -> Iterator[CellBatch]:
+        dataset = self.dataset
+        obs = dataset.obs
+        if self.obs_columns:
+            missing = [c for c in self.obs_columns if c not in obs._loaded]
+            if missing:
+                obs.localize(missing)
+        raw = dataset._raw.batches(self.cells, self.options)
+        n_genes = dataset.n_genes
+        columns = self.obs_columns
+        for cells, indptr, indices, data in raw:
+            values = obs.take(cells, columns) if columns else {}
+            yield CellBatch(Batch(indptr, indices, data, n_genes), cells, values)
+
+    def __repr__(self) -> str:
+        o = self.options
+        share = f"rank {o['rank']}/{o['world_size']}, worker {o['worker']}/{o['num_workers']}"
+        return (f"<deltacells.Loader {self.dataset.root!r}: batches of {o['batch_size']}, epoch {o['epoch']}, "
+                f"{'shuffled' if o['shuffle'] else 'in order'}, {share}>")

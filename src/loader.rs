@@ -1,0 +1,579 @@
+//! Shuffled batches of cells for training.
+//!
+//! An epoch is planned first ([`EpochPlan`]): the tiles are put in an order
+//! fixed by (seed, epoch), the cells to read (all, or a subset such as a train
+//! split) are laid out in that order, and the sequence is cut into one
+//! contiguous, equal share per (rank, worker). A share is a list of [`Unit`]s,
+//! the cells it reads from one tile. Then [`Batches`] reads a share: a thread
+//! decodes the next window of `window_tiles` units (on a rayon pool, fetching
+//! and decoding the tiles in parallel) while another shuffles the cells of the
+//! current window and cuts them into batches, which wait in a queue of
+//! `prefetch` batches. Memory is therefore bounded by two windows of decoded
+//! tiles plus the queue, never by the dataset or the number of epochs.
+//!
+//! This module owns the order and the pipeline; it knows nothing of Python or
+//! torch. The Python package's `Dataset.batches` is a thin layer over it.
+
+use std::ops::Range;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_pcg::Pcg64Mcg;
+use rayon::prelude::*;
+use sha2::{Digest, Sha256};
+
+use crate::format::CsrMatrix;
+use crate::{Dataset, DatasetError};
+
+/// How an epoch is read. `Default` gives batches of 1,024 shuffled cells, one
+/// process, windows of 2 tiles and 4 batches ready ahead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoaderOptions {
+    /// Cells per batch (the last batch of a share may have fewer).
+    pub batch_size: usize,
+    /// Shuffle tiles, and cells within each window; otherwise dataset order.
+    pub shuffle: bool,
+    /// With `epoch`, fixes every random choice.
+    pub seed: u64,
+    /// Another epoch gives another order.
+    pub epoch: u64,
+    /// This process's rank among `world_size` (distributed training).
+    pub rank: usize,
+    pub world_size: usize,
+    /// This worker among the `num_workers` of its rank (DataLoader workers).
+    pub worker: usize,
+    pub num_workers: usize,
+    /// Drop the cells that would make shares unequal and every share's last,
+    /// partial batch, so that every share yields the same number of batches.
+    pub drop_last: bool,
+    /// Units (tiles, or the part of a tile a share reads) decoded together and
+    /// shuffled together.
+    pub window_tiles: usize,
+    /// Batches made ahead of the consumer.
+    pub prefetch: usize,
+}
+
+impl Default for LoaderOptions {
+    fn default() -> Self {
+        LoaderOptions {
+            batch_size: 1024,
+            shuffle: true,
+            seed: 0,
+            epoch: 0,
+            rank: 0,
+            world_size: 1,
+            worker: 0,
+            num_workers: 1,
+            drop_last: false,
+            window_tiles: 2,
+            prefetch: 4,
+        }
+    }
+}
+
+/// Why batches could not be planned or read.
+#[derive(Debug, thiserror::Error)]
+pub enum LoaderError {
+    /// An option out of its range.
+    #[error("{0}")]
+    Options(String),
+    /// Reading or decoding a tile (or a cell out of range in `cells`).
+    #[error(transparent)]
+    Dataset(#[from] DatasetError),
+    /// A loader thread panicked or stopped: a bug in deltacells.
+    #[error("internal error (a bug in deltacells): {0}")]
+    Internal(String),
+}
+
+/// The rows of a tile that one share reads, in increasing order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rows {
+    /// Consecutive rows (the whole tile, or its part at a share's edge).
+    Range(Range<u64>),
+    /// Chosen rows (from a `cells` subset).
+    List(Vec<u64>),
+}
+
+impl Rows {
+    /// How many rows.
+    pub fn len(&self) -> usize {
+        match self {
+            Rows::Range(r) => (r.end - r.start) as usize,
+            Rows::List(l) => l.len(),
+        }
+    }
+
+    /// No rows at all.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn get(&self, i: usize) -> u64 {
+        match self {
+            Rows::Range(r) => r.start + i as u64,
+            Rows::List(l) => l[i],
+        }
+    }
+}
+
+/// The cells one share reads from one tile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unit {
+    pub tile: usize,
+    pub rows: Rows,
+}
+
+/// One share of one epoch: what a (rank, worker) reads, in order.
+#[derive(Clone, Debug)]
+pub struct EpochPlan {
+    units: Vec<Unit>,
+    /// The global index of each tile's first cell.
+    tile_starts: Vec<u64>,
+    n_cells: u64,
+    n_batches: u64,
+    n_genes: u32,
+    options: LoaderOptions,
+    share: usize,
+}
+
+/// A seeded generator for one purpose (`what`, with its indices) of one epoch:
+/// the bytes of SHA-256 over all of them, so that streams never overlap.
+fn rng_for(options: &LoaderOptions, what: &str, indices: &[u64]) -> Pcg64Mcg {
+    let mut hash = Sha256::new();
+    hash.update(b"deltacells loader\0");
+    hash.update(what.as_bytes());
+    for v in [options.seed, options.epoch].iter().chain(indices) {
+        hash.update(v.to_le_bytes());
+    }
+    let digest = hash.finalize();
+    let mut seed = [0u8; 16];
+    seed.copy_from_slice(&digest[..16]);
+    Pcg64Mcg::from_seed(seed)
+}
+
+fn check(options: &LoaderOptions) -> Result<(), LoaderError> {
+    let bad = |m: String| Err(LoaderError::Options(m));
+    if options.batch_size == 0 {
+        return bad("batch_size must be at least 1".into());
+    }
+    if options.world_size == 0 || options.rank >= options.world_size {
+        return bad(format!("rank {} is not below world_size {}", options.rank, options.world_size));
+    }
+    if options.num_workers == 0 || options.worker >= options.num_workers {
+        return bad(format!("worker {} is not below num_workers {}", options.worker, options.num_workers));
+    }
+    if options.window_tiles == 0 {
+        return bad("window_tiles must be at least 1".into());
+    }
+    if options.prefetch == 0 {
+        return bad("prefetch must be at least 1".into());
+    }
+    Ok(())
+}
+
+impl EpochPlan {
+    /// Plans this share (`options.rank`, `options.worker`) of one epoch over
+    /// `cells` (global indices, any order, repeats read as often as listed),
+    /// or over every cell.
+    ///
+    /// Every share of the same epoch is planned from the same tile order, and
+    /// the shares are consecutive pieces of one sequence, so that together they
+    /// read every cell exactly once. Shares differ by at most one cell (none
+    /// with `drop_last`, which leaves out the last `n % shares` cells).
+    pub fn new(dataset: &Dataset, cells: Option<&[u64]>, options: &LoaderOptions) -> Result<EpochPlan, LoaderError> {
+        check(options)?;
+        let n_tiles = dataset.n_tiles();
+        let tile_starts: Vec<u64> = (0..n_tiles).map(|t| dataset.tile_cells(t).start).collect();
+        let mut order: Vec<usize> = (0..n_tiles).collect();
+        if options.shuffle {
+            order.shuffle(&mut rng_for(options, "tiles", &[]));
+        }
+        // Per tile, the cells read from it: all of them, or a slice of the
+        // sorted subset.
+        let sorted: Option<Vec<u64>> = match cells {
+            None => None,
+            Some(cells) => {
+                let n = dataset.n_cells();
+                if let Some(&cell) = cells.iter().find(|&&c| c >= n) {
+                    return Err(DatasetError::CellOutOfRange { cell, n_cells: n }.into());
+                }
+                let mut sorted = cells.to_vec();
+                sorted.sort_unstable();
+                Some(sorted)
+            }
+        };
+        let selected = |t: usize| -> Range<usize> {
+            let cells = dataset.tile_cells(t);
+            match &sorted {
+                None => 0..(cells.end - cells.start) as usize,
+                Some(s) => s.partition_point(|&c| c < cells.start)..s.partition_point(|&c| c < cells.end),
+            }
+        };
+        let total: u64 = (0..n_tiles).map(|t| selected(t).len() as u64).sum();
+        let shares = (options.world_size * options.num_workers) as u64;
+        let share = options.rank * options.num_workers + options.worker;
+        let s = share as u64;
+        let (lo, hi) = if options.drop_last {
+            let each = total / shares;
+            (s * each, (s + 1) * each)
+        } else {
+            let at = |k: u64| (u128::from(k) * u128::from(total) / u128::from(shares)) as u64;
+            (at(s), at(s + 1))
+        };
+        let mut units = Vec::new();
+        let mut position = 0u64;
+        for &tile in &order {
+            let picked = selected(tile);
+            let count = picked.len() as u64;
+            let (a, b) = (lo.max(position), hi.min(position + count));
+            if a < b {
+                let (a, b) = ((a - position) as usize, (b - position) as usize);
+                let rows = match &sorted {
+                    None => Rows::Range(a as u64..b as u64),
+                    Some(s) => {
+                        let start = tile_starts[tile];
+                        Rows::List(s[picked.start + a..picked.start + b].iter().map(|&c| c - start).collect())
+                    }
+                };
+                units.push(Unit { tile, rows });
+            }
+            position += count;
+            if position >= hi {
+                break;
+            }
+        }
+        let n_cells = hi - lo;
+        let size = options.batch_size as u64;
+        let n_batches = if options.drop_last { n_cells / size } else { n_cells.div_ceil(size) };
+        Ok(EpochPlan {
+            units,
+            tile_starts,
+            n_cells,
+            n_batches,
+            n_genes: dataset.n_genes(),
+            options: options.clone(),
+            share,
+        })
+    }
+
+    /// What this share reads, in order.
+    pub fn units(&self) -> &[Unit] {
+        &self.units
+    }
+
+    /// Cells this share yields (with `drop_last`, before its last partial batch
+    /// is dropped).
+    pub fn n_cells(&self) -> u64 {
+        self.n_cells
+    }
+
+    /// Batches this share yields.
+    pub fn n_batches(&self) -> u64 {
+        self.n_batches
+    }
+
+    /// The order in which the cells of window `w` (units `w * window_tiles ..`)
+    /// are yielded: (unit within the window, row of its tile).
+    fn window_order(&self, w: usize) -> Vec<(u32, u64)> {
+        let window = self.window(w);
+        let mut order: Vec<(u32, u64)> = window
+            .iter()
+            .enumerate()
+            .flat_map(|(u, unit)| (0..unit.rows.len()).map(move |i| (u as u32, unit.rows.get(i))))
+            .collect();
+        if self.options.shuffle {
+            order.shuffle(&mut rng_for(&self.options, "cells", &[self.share as u64, w as u64]));
+        }
+        order
+    }
+
+    fn window(&self, w: usize) -> &[Unit] {
+        let size = self.options.window_tiles;
+        &self.units[w * size..((w + 1) * size).min(self.units.len())]
+    }
+
+    fn n_windows(&self) -> usize {
+        self.units.len().div_ceil(self.options.window_tiles)
+    }
+}
+
+/// Buffers of decoded data kept for reuse, so that a loop over tiles or
+/// batches writes into memory that is already mapped instead of faulting in
+/// fresh pages for every tile (which costs about as much as decoding).
+#[derive(Debug)]
+pub struct BufferPool {
+    free: Mutex<Vec<Vec<u32>>>,
+    keep: usize,
+}
+
+impl BufferPool {
+    /// A pool that keeps at most `keep` buffers.
+    pub fn new(keep: usize) -> BufferPool {
+        BufferPool { free: Mutex::new(Vec::new()), keep }
+    }
+
+    /// A buffer from the pool (empty, with its capacity), or a new one.
+    pub fn take(&self) -> Vec<u32> {
+        let mut v = self.free.lock().map(|mut f| f.pop()).ok().flatten().unwrap_or_default();
+        v.clear();
+        v
+    }
+
+    /// Gives `v` back, unless the pool is full.
+    pub fn give(&self, v: Vec<u32>) {
+        if v.capacity() == 0 {
+            return;
+        }
+        if let Ok(mut free) = self.free.lock() {
+            if free.len() < self.keep {
+                free.push(v);
+            }
+        }
+    }
+
+    /// A matrix whose `indices` and `data` come from the pool.
+    pub fn take_matrix(&self) -> CsrMatrix {
+        CsrMatrix { indices: self.take(), data: self.take(), ..CsrMatrix::default() }
+    }
+
+    /// Gives back a matrix's `indices` and `data`.
+    pub fn give_matrix(&self, m: CsrMatrix) {
+        self.give(m.indices);
+        self.give(m.data);
+    }
+}
+
+/// One batch: the cells (global indices, in the order yielded) and their rows.
+#[derive(Debug)]
+pub struct LoaderBatch {
+    pub cells: Vec<u64>,
+    pub x: CsrMatrix,
+}
+
+/// A window's decoded tiles (unit i of the window is `tiles[i]`) and the order
+/// of its cells.
+struct Window {
+    tiles: Vec<CsrMatrix>,
+    order: Vec<(u32, u64)>,
+}
+
+/// The batches of one share, read on background threads. Dropping it stops
+/// them (they finish the tile in hand and exit).
+pub struct Batches {
+    receiver: Receiver<Result<LoaderBatch, LoaderError>>,
+    expected: u64,
+    yielded: u64,
+    failed: bool,
+}
+
+/// The text of a panic's payload.
+fn panic_text(panic: Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a loader thread panicked".into())
+}
+
+impl Batches {
+    /// Starts reading `plan`'s share of `dataset`: tiles are fetched and
+    /// decoded on `pool` (rayon's global pool when None); batch buffers come
+    /// from `buffers` (and may be given back there by the consumer).
+    pub fn start(
+        dataset: Arc<Dataset>,
+        plan: EpochPlan,
+        pool: Option<Arc<rayon::ThreadPool>>,
+        buffers: Arc<BufferPool>,
+    ) -> Result<Batches, LoaderError> {
+        let plan = Arc::new(plan);
+        let (batch_tx, receiver) = sync_channel(plan.options.prefetch);
+        // A window is handed over only when the batcher is ready for it, so at
+        // most two are decoded at once: the one being cut and the next.
+        let (window_tx, window_rx) = sync_channel::<Result<Window, LoaderError>>(0);
+        let tiles = Arc::new(BufferPool::new(4 * plan.options.window_tiles));
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(f)
+                .map_err(|e| LoaderError::Internal(format!("cannot start a loader thread: {e}")))
+        };
+        {
+            let (plan, tiles) = (plan.clone(), tiles.clone());
+            let failed = window_tx.clone();
+            spawn(
+                "deltacells-decode",
+                Box::new(move || {
+                    let run = AssertUnwindSafe(|| decode_windows(&dataset, &plan, pool.as_deref(), &tiles, &window_tx));
+                    if let Err(panic) = catch_unwind(run) {
+                        let _ = failed.send(Err(LoaderError::Internal(panic_text(panic))));
+                    }
+                }),
+            )?;
+        }
+        {
+            let plan = plan.clone();
+            let failed = batch_tx.clone();
+            spawn(
+                "deltacells-batch",
+                Box::new(move || {
+                    let run = AssertUnwindSafe(|| cut_batches(&plan, window_rx, &tiles, &buffers, &batch_tx));
+                    if let Err(panic) = catch_unwind(run) {
+                        let _ = failed.send(Err(LoaderError::Internal(panic_text(panic))));
+                    }
+                }),
+            )?;
+        }
+        Ok(Batches { receiver, expected: plan.n_batches, yielded: 0, failed: false })
+    }
+
+    /// Batches this share yields in all.
+    pub fn len(&self) -> u64 {
+        self.expected
+    }
+
+    /// True when the share yields no batch.
+    pub fn is_empty(&self) -> bool {
+        self.expected == 0
+    }
+}
+
+impl Iterator for Batches {
+    type Item = Result<LoaderBatch, LoaderError>;
+
+    /// The next batch, waiting for it if it is not ready; after an error, None.
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        match self.receiver.recv() {
+            Ok(Ok(batch)) => {
+                self.yielded += 1;
+                Some(Ok(batch))
+            }
+            Ok(Err(e)) => {
+                self.failed = true;
+                Some(Err(e))
+            }
+            Err(_) if self.yielded < self.expected => {
+                self.failed = true;
+                Some(Err(LoaderError::Internal(format!(
+                    "the loader stopped after {} of {} batches",
+                    self.yielded, self.expected
+                ))))
+            }
+            Err(_) => None,
+        }
+    }
+}
+
+/// The decoding thread: each window's tiles, fetched and decoded in parallel
+/// (only the chunks holding the rows read), handed to the batcher in order.
+fn decode_windows(
+    dataset: &Dataset,
+    plan: &EpochPlan,
+    pool: Option<&rayon::ThreadPool>,
+    tiles: &BufferPool,
+    out: &SyncSender<Result<Window, LoaderError>>,
+) {
+    for w in 0..plan.n_windows() {
+        let units = plan.window(w);
+        let decode = || {
+            units
+                .par_iter()
+                .map(|unit| {
+                    let mut m = tiles.take_matrix();
+                    let cells = dataset.tile_cells(unit.tile);
+                    let whole = unit.rows == Rows::Range(0..cells.end - cells.start);
+                    if whole {
+                        dataset.read_tile_into(unit.tile, &mut m)?;
+                    } else {
+                        let rows: Vec<u64> = (0..unit.rows.len()).map(|i| unit.rows.get(i)).collect();
+                        dataset.read_tile_rows_into(unit.tile, &rows, &mut m)?;
+                    }
+                    Ok(m)
+                })
+                .collect::<Result<Vec<CsrMatrix>, DatasetError>>()
+        };
+        let decoded = match pool {
+            Some(pool) => pool.install(decode),
+            None => decode(),
+        };
+        let window = decoded.map(|tiles| Window { tiles, order: plan.window_order(w) }).map_err(LoaderError::from);
+        let failed = window.is_err();
+        if out.send(window).is_err() || failed {
+            return;
+        }
+    }
+}
+
+/// The batching thread: cuts the windows' cells, in their order, into batches
+/// (a batch may span two windows), gathering each batch's rows into buffers
+/// from `buffers`; gives each window's tile buffers back when it is done.
+fn cut_batches(
+    plan: &EpochPlan,
+    windows: Receiver<Result<Window, LoaderError>>,
+    tiles: &BufferPool,
+    buffers: &BufferPool,
+    out: &SyncSender<Result<LoaderBatch, LoaderError>>,
+) {
+    let size = plan.options.batch_size;
+    let new_batch = || {
+        let mut x = buffers.take_matrix();
+        x.n_cols = plan.n_genes;
+        x.indptr = Vec::with_capacity(size + 1);
+        x.indptr.push(0);
+        LoaderBatch { cells: Vec::with_capacity(size), x }
+    };
+    let mut batch: Option<LoaderBatch> = None;
+    let mut sent = 0u64;
+    for (w, window) in windows.iter().enumerate() {
+        let window = match window {
+            Ok(window) => window,
+            Err(e) => {
+                let _ = out.send(Err(e));
+                return;
+            }
+        };
+        let units = plan.window(w);
+        let mut at = 0;
+        while at < window.order.len() {
+            let current = batch.get_or_insert_with(new_batch);
+            let take = (size - current.cells.len()).min(window.order.len() - at);
+            let piece = &window.order[at..at + take];
+            let nnz: usize = piece
+                .iter()
+                .map(|&(u, row)| {
+                    let t = &window.tiles[u as usize];
+                    (t.indptr[row as usize + 1] - t.indptr[row as usize]) as usize
+                })
+                .sum();
+            current.x.indices.reserve(nnz);
+            current.x.data.reserve(nnz);
+            for &(u, row) in piece {
+                current.x.push_row_from(&window.tiles[u as usize], row as usize);
+                current.cells.push(plan.tile_starts[units[u as usize].tile] + row);
+            }
+            at += take;
+            if current.cells.len() == size {
+                sent += 1;
+                // After the last batch (with drop_last, before the cells it
+                // leaves out) the decoder is stopped by dropping its channel.
+                if out.send(Ok(batch.take().expect("a batch is being filled"))).is_err() || sent == plan.n_batches {
+                    return;
+                }
+            }
+        }
+        for t in window.tiles {
+            tiles.give_matrix(t);
+        }
+    }
+    if let Some(last) = batch.filter(|b| !b.cells.is_empty() && sent < plan.n_batches) {
+        let _ = out.send(Ok(last));
+    }
+}
+
+#[cfg(test)]
+mod tests;

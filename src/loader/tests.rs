@@ -1,0 +1,215 @@
+use std::collections::HashMap;
+
+use rand::{Rng, SeedableRng};
+
+use super::*;
+use crate::storage::LocalStorage;
+use crate::writer::{write_matrix, WriteOptions};
+
+/// A dataset of `n` cells (each with a few counts that name it) in tiles of
+/// `tile_size`, in a temporary folder.
+fn dataset(n: usize, tile_size: u64) -> (tempfile::TempDir, Arc<Dataset>, CsrMatrix) {
+    let mut rng = Pcg64Mcg::seed_from_u64(7);
+    let mut m = CsrMatrix::empty(300);
+    for cell in 0..n {
+        let mut genes: Vec<u32> = (0..(rng.next_u32() % 12)).map(|_| rng.next_u32() % 300).collect();
+        genes.sort_unstable();
+        genes.dedup();
+        for g in genes {
+            m.indices.push(g);
+            m.data.push(1 + (cell as u32 + g) % 50);
+        }
+        m.indptr.push(m.indices.len() as u64);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = LocalStorage::new(dir.path().to_path_buf());
+    write_matrix(&store, &m, WriteOptions { tile_size, n_chunks: 4, zstd_level: 1 }).unwrap();
+    let ds = Dataset::open(dir.path().to_str().unwrap()).unwrap();
+    (dir, Arc::new(ds), m)
+}
+
+fn read(ds: &Arc<Dataset>, cells: Option<&[u64]>, options: &LoaderOptions) -> Vec<LoaderBatch> {
+    let plan = EpochPlan::new(ds, cells, options).unwrap();
+    let expected = plan.n_batches();
+    let batches: Vec<LoaderBatch> =
+        Batches::start(ds.clone(), plan, None, Arc::new(BufferPool::new(4))).unwrap().map(Result::unwrap).collect();
+    assert_eq!(batches.len() as u64, expected);
+    batches
+}
+
+fn cells_of(batches: &[LoaderBatch]) -> Vec<u64> {
+    batches.iter().flat_map(|b| b.cells.iter().copied()).collect()
+}
+
+#[test]
+fn every_cell_once_across_ranks_and_workers() {
+    let (_dir, ds, _) = dataset(1003, 97);
+    let subset: Vec<u64> = (0..1003).filter(|c| c % 3 != 1).rev().collect();
+    for cells in [None, Some(&subset[..])] {
+        for world_size in 1..=3 {
+            for num_workers in 1..=2 {
+                let mut seen = Vec::new();
+                for rank in 0..world_size {
+                    for worker in 0..num_workers {
+                        let options = LoaderOptions {
+                            batch_size: 64,
+                            world_size,
+                            rank,
+                            num_workers,
+                            worker,
+                            epoch: 3,
+                            ..LoaderOptions::default()
+                        };
+                        seen.extend(cells_of(&read(&ds, cells, &options)));
+                    }
+                }
+                let mut want: Vec<u64> = cells.map_or_else(|| (0..1003).collect(), <[u64]>::to_vec);
+                want.sort_unstable();
+                seen.sort_unstable();
+                assert_eq!(
+                    seen,
+                    want,
+                    "world_size {world_size}, num_workers {num_workers}, subset {}",
+                    cells.is_some()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn drop_last_gives_every_share_the_same_full_batches() {
+    let (_dir, ds, _) = dataset(1003, 97);
+    let mut counts = Vec::new();
+    let mut seen = Vec::new();
+    for rank in 0..3 {
+        let options =
+            LoaderOptions { batch_size: 50, world_size: 3, rank, drop_last: true, ..LoaderOptions::default() };
+        let batches = read(&ds, None, &options);
+        assert!(batches.iter().all(|b| b.cells.len() == 50));
+        counts.push(batches.len());
+        seen.extend(cells_of(&batches));
+    }
+    // 1003 cells: 334 per rank, 6 full batches of 50 each.
+    assert_eq!(counts, [6, 6, 6]);
+    let before = seen.len();
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen.len(), before, "no cell twice");
+}
+
+#[test]
+fn order_is_fixed_by_seed_and_epoch() {
+    let (_dir, ds, _) = dataset(1003, 97);
+    let options = LoaderOptions { batch_size: 100, seed: 5, epoch: 1, ..LoaderOptions::default() };
+    let first = cells_of(&read(&ds, None, &options));
+    assert_eq!(first, cells_of(&read(&ds, None, &options)));
+    let other_epoch = cells_of(&read(&ds, None, &LoaderOptions { epoch: 2, ..options.clone() }));
+    let other_seed = cells_of(&read(&ds, None, &LoaderOptions { seed: 6, ..options.clone() }));
+    assert_ne!(first, other_epoch);
+    assert_ne!(first, other_seed);
+    assert_ne!(first, (0..1003).collect::<Vec<u64>>());
+    // Cells are shuffled within a window of tiles: one batch mixes tiles.
+    let tiles: std::collections::HashSet<u64> = first[..100].iter().map(|c| c / 97).collect();
+    assert!(tiles.len() > 1, "the first batch comes from tiles {tiles:?}");
+}
+
+#[test]
+fn without_shuffle_cells_come_in_dataset_order() {
+    let (_dir, ds, _) = dataset(1003, 97);
+    let options = LoaderOptions { batch_size: 128, shuffle: false, ..LoaderOptions::default() };
+    assert_eq!(cells_of(&read(&ds, None, &options)), (0..1003).collect::<Vec<u64>>());
+    let two = LoaderOptions { world_size: 2, rank: 1, ..options };
+    assert_eq!(cells_of(&read(&ds, None, &two)), (501..1003).collect::<Vec<u64>>());
+}
+
+#[test]
+fn batches_hold_the_rows_of_their_cells() {
+    let (_dir, ds, m) = dataset(1003, 97);
+    let subset: Vec<u64> = (0..1003).step_by(7).collect();
+    let options = LoaderOptions { batch_size: 33, window_tiles: 3, ..LoaderOptions::default() };
+    for cells in [None, Some(&subset[..])] {
+        for batch in read(&ds, cells, &options) {
+            assert_eq!(batch.x.n_rows(), batch.cells.len());
+            assert_eq!(batch.x.n_cols, 300);
+            let mut want = CsrMatrix::empty(300);
+            for &c in &batch.cells {
+                want.push_row_from(&m, c as usize);
+            }
+            assert_eq!(batch.x, want);
+        }
+    }
+}
+
+#[test]
+fn repeated_cells_are_read_as_often_as_listed() {
+    let (_dir, ds, _) = dataset(300, 97);
+    let cells = [5u64, 5, 200, 5, 299];
+    let options = LoaderOptions { batch_size: 2, ..LoaderOptions::default() };
+    let mut counts: HashMap<u64, usize> = HashMap::new();
+    for c in cells_of(&read(&ds, Some(&cells), &options)) {
+        *counts.entry(c).or_default() += 1;
+    }
+    assert_eq!(counts, HashMap::from([(5, 3), (200, 1), (299, 1)]));
+}
+
+#[test]
+fn bad_options_and_cells_are_refused() {
+    let (_dir, ds, _) = dataset(300, 97);
+    let message = |cells: Option<&[u64]>, options: LoaderOptions| match EpochPlan::new(&ds, cells, &options) {
+        Err(e) => crate::error_chain(&e),
+        Ok(_) => panic!("accepted {options:?}"),
+    };
+    let d = LoaderOptions::default;
+    assert_eq!(message(None, LoaderOptions { batch_size: 0, ..d() }), "batch_size must be at least 1");
+    assert_eq!(message(None, LoaderOptions { rank: 2, world_size: 2, ..d() }), "rank 2 is not below world_size 2");
+    assert_eq!(message(None, LoaderOptions { worker: 1, ..d() }), "worker 1 is not below num_workers 1");
+    assert_eq!(message(Some(&[3, 300]), d()), "cell 300 is out of range: the dataset has 300 cells");
+}
+
+#[test]
+fn a_bad_tile_ends_the_epoch_with_its_error() {
+    let (dir, ds, _) = dataset(300, 97);
+    let tile = dir.path().join(crate::format::tile_key(1));
+    let mut bytes = std::fs::read(&tile).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&tile, bytes).unwrap();
+    let options = LoaderOptions { batch_size: 10, shuffle: false, window_tiles: 1, ..LoaderOptions::default() };
+    let plan = EpochPlan::new(&ds, None, &options).unwrap();
+    let results: Vec<_> = Batches::start(ds.clone(), plan, None, Arc::new(BufferPool::new(4))).unwrap().collect();
+    // Tile 0's 97 cells give 9 full batches (the 10th waits for tile 1), then the error, then nothing.
+    assert_eq!(results.len(), 10);
+    assert!(results[..9].iter().all(Result::is_ok));
+    let error = crate::error_chain(results[9].as_ref().unwrap_err());
+    assert!(error.contains("tiles/tile_000001.dct: tile 1"), "{error}");
+}
+
+#[test]
+fn dropping_the_batches_stops_the_threads() {
+    let (_dir, ds, _) = dataset(1003, 97);
+    let options = LoaderOptions { batch_size: 10, prefetch: 1, window_tiles: 1, ..LoaderOptions::default() };
+    for _ in 0..50 {
+        let plan = EpochPlan::new(&ds, None, &options).unwrap();
+        let mut batches = Batches::start(ds.clone(), plan, None, Arc::new(BufferPool::new(4))).unwrap();
+        assert!(batches.next().unwrap().is_ok());
+    }
+    // Each loader's two threads exit once their channels close.
+    let started = std::time::Instant::now();
+    while threads_named("deltacells-de") + threads_named("deltacells-ba") > 0 && started.elapsed().as_secs() < 10 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(threads_named("deltacells-de") + threads_named("deltacells-ba"), 0);
+}
+
+/// Threads of this process whose name starts with `prefix` (Linux).
+fn threads_named(prefix: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .filter(|name| name.starts_with(prefix))
+                .count()
+        })
+        .unwrap_or(0)
+}
