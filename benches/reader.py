@@ -23,14 +23,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+from pbmc_copies import make_inputs
 
 
 def consume(results) -> None:
@@ -53,34 +52,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--copies", type=int, default=8)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
-    parser.add_argument("--work", default=str(REPO / "target" / "bench-reader"))
+    parser.add_argument("--work", default=str(Path(__file__).resolve().parents[1] / "target" / "bench-reader"))
     parser.add_argument("--batches", type=int, default=30)
     args = parser.parse_args()
 
     import anndata
-    import pandas as pd
-    import scipy.sparse
 
     import deltacells
 
     work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    pbmc = [REPO / "data" / "pbmc" / f"pbmc_{n}.h5ad" for n in ("ctrl", "stim")]
-    binary = REPO / "target" / "release" / "deltacells"
-    source = work / f"pbmc_x{args.copies}.h5ad"
-    dataset = work / f"pbmc_x{args.copies}"
-    env = dict(os.environ, HDF5_USE_FILE_LOCKING="FALSE")
-    if not source.exists():
-        parts = [anndata.read_h5ad(p) for p in pbmc]
-        for p in parts:
-            p.obs["cell_type"] = pd.Categorical(np.array(["T", "B", "NK", "Mono", "DC"])[np.arange(p.n_obs) % 5])
-            p.obs["n_genes"] = np.diff(p.X.tocsr().indptr).astype(np.int32)
-            p.obs = p.obs[["cell_type", "n_genes"]]
-        copies = anndata.concat(parts * args.copies, index_unique="-")
-        copies.X = scipy.sparse.csr_matrix(copies.X, dtype=np.float32)
-        copies.write_h5ad(source)
-    if not (dataset / "manifest.json").exists():
-        subprocess.run([str(binary), "convert", "-q", "--overwrite", str(source), str(dataset)], check=True, env=env)
+    source, dataset = make_inputs(work, args.copies)
 
     ds = deltacells.open_dataset(str(dataset), threads=args.threads, cache_dir=str(work / "cache"))
     ds.obs.localize(["obs_names", "cell_type", "n_genes"])

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use crate::buffers::BufferPool;
 use crate::format::{self, npy, CsrMatrix, Manifest, ManifestError, TileError, TileExpectation};
 use crate::storage::{self, Storage, StorageError};
 
@@ -62,6 +63,30 @@ pub struct Dataset {
     manifest: Manifest,
     /// limits[i] = first cell after tile i (cumulative tile_cells).
     limits: Vec<u64>,
+    /// The buffers of tiles decoded for a range or list of cells, kept for
+    /// the next read (up to [`KEPT_TILES`] tiles' worth).
+    buffers: BufferPool,
+}
+
+/// Decoded tiles whose buffers a [`Dataset`] keeps for reuse.
+pub const KEPT_TILES: usize = 4;
+
+/// A tile decoded into buffers of a pool, which get them back when it is dropped.
+struct PooledTile<'a> {
+    matrix: CsrMatrix,
+    pool: &'a BufferPool,
+}
+
+impl std::borrow::Borrow<CsrMatrix> for PooledTile<'_> {
+    fn borrow(&self) -> &CsrMatrix {
+        &self.matrix
+    }
+}
+
+impl Drop for PooledTile<'_> {
+    fn drop(&mut self) {
+        self.pool.give_matrix(std::mem::take(&mut self.matrix));
+    }
 }
 
 impl Dataset {
@@ -75,7 +100,7 @@ impl Dataset {
     pub fn from_storage(storage: Arc<dyn Storage>) -> Result<Dataset, DatasetError> {
         let manifest = read_manifest(storage.as_ref())?;
         let limits = cumulative(&manifest.tile_cells);
-        Ok(Dataset { storage, manifest, limits })
+        Ok(Dataset { storage, manifest, limits, buffers: BufferPool::new(2 * KEPT_TILES) })
     }
 
     /// The checked manifest.
@@ -201,9 +226,15 @@ impl Dataset {
         }
         let first = self.locate(range.start)?.0;
         let last = self.locate(range.end - 1)?.0;
-        let tiles: Vec<CsrMatrix> =
-            (first..=last).into_par_iter().map(|t| self.read_tile(t)).collect::<Result<_, _>>()?;
-        for (t, tile) in (first..=last).zip(&tiles) {
+        let tiles: Vec<PooledTile<'_>> = (first..=last)
+            .into_par_iter()
+            .map(|t| {
+                let mut tile = PooledTile { matrix: self.buffers.take_matrix(), pool: &self.buffers };
+                self.read_tile_into(t, &mut tile.matrix)?;
+                Ok::<_, DatasetError>(tile)
+            })
+            .collect::<Result<_, _>>()?;
+        for (t, tile) in (first..=last).zip(tiles.iter().map(|t| &t.matrix)) {
             let cells = self.tile_cells(t);
             let lo = range.start.max(cells.start) - cells.start;
             let hi = range.end.min(cells.end) - cells.start;
@@ -222,7 +253,11 @@ impl Dataset {
     /// matrix. Each tile needed is read once, and only its chunks that hold
     /// listed cells are decoded.
     pub fn read_cell_list(&self, cells: &[u64]) -> Result<CsrMatrix, DatasetError> {
-        self.read_cell_list_with(cells, |tile, rows| self.read_tile_rows(tile, rows))
+        self.read_cell_list_with(cells, |tile, rows| {
+            let mut pooled = PooledTile { matrix: self.buffers.take_matrix(), pool: &self.buffers };
+            self.read_tile_rows_into(tile, rows, &mut pooled.matrix)?;
+            Ok::<_, DatasetError>(pooled)
+        })
     }
 
     /// The listed cells, in the order given, gathered from the tiles `tile_of`

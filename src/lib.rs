@@ -34,6 +34,7 @@
 //! cause to [`std::error::Error::source`]; [`error_chain`] prints the whole
 //! chain on one line. No function panics on bad bytes.
 
+pub mod buffers;
 #[cfg(feature = "convert")]
 pub mod convert;
 pub mod dataset;

@@ -17,7 +17,7 @@
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -25,6 +25,7 @@ use rand_pcg::Pcg64Mcg;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
+pub use crate::buffers::BufferPool;
 use crate::format::CsrMatrix;
 use crate::{Dataset, DatasetError};
 
@@ -300,49 +301,25 @@ impl EpochPlan {
     }
 }
 
-/// Buffers of decoded data kept for reuse, so that a loop over tiles or
-/// batches writes into memory that is already mapped instead of faulting in
-/// fresh pages for every tile (which costs about as much as decoding).
-#[derive(Debug)]
-pub struct BufferPool {
-    free: Mutex<Vec<Vec<u32>>>,
-    keep: usize,
+/// The buffers a loader decodes tiles and gathers batches into, kept from one
+/// epoch to the next (a new epoch then faults in no fresh memory). Clones
+/// share the pools.
+#[derive(Clone, Debug)]
+pub struct LoaderBuffers {
+    /// Decoded tiles: two buffers per tile, for two windows.
+    pub tiles: Arc<BufferPool>,
+    /// Batches: two buffers per batch, for those queued and those the consumer
+    /// holds (it may give them back here when it is done with them).
+    pub batches: Arc<BufferPool>,
 }
 
-impl BufferPool {
-    /// A pool that keeps at most `keep` buffers.
-    pub fn new(keep: usize) -> BufferPool {
-        BufferPool { free: Mutex::new(Vec::new()), keep }
-    }
-
-    /// A buffer from the pool (empty, with its capacity), or a new one.
-    pub fn take(&self) -> Vec<u32> {
-        let mut v = self.free.lock().map(|mut f| f.pop()).ok().flatten().unwrap_or_default();
-        v.clear();
-        v
-    }
-
-    /// Gives `v` back, unless the pool is full.
-    pub fn give(&self, v: Vec<u32>) {
-        if v.capacity() == 0 {
-            return;
+impl LoaderBuffers {
+    /// Pools sized for `options`' windows and queue.
+    pub fn new(options: &LoaderOptions) -> LoaderBuffers {
+        LoaderBuffers {
+            tiles: Arc::new(BufferPool::new(4 * options.window_tiles)),
+            batches: Arc::new(BufferPool::new(2 * (options.prefetch + 4))),
         }
-        if let Ok(mut free) = self.free.lock() {
-            if free.len() < self.keep {
-                free.push(v);
-            }
-        }
-    }
-
-    /// A matrix whose `indices` and `data` come from the pool.
-    pub fn take_matrix(&self) -> CsrMatrix {
-        CsrMatrix { indices: self.take(), data: self.take(), ..CsrMatrix::default() }
-    }
-
-    /// Gives back a matrix's `indices` and `data`.
-    pub fn give_matrix(&self, m: CsrMatrix) {
-        self.give(m.indices);
-        self.give(m.data);
     }
 }
 
@@ -380,20 +357,20 @@ fn panic_text(panic: Box<dyn std::any::Any + Send>) -> String {
 
 impl Batches {
     /// Starts reading `plan`'s share of `dataset`: tiles are fetched and
-    /// decoded on `pool` (rayon's global pool when None); batch buffers come
-    /// from `buffers` (and may be given back there by the consumer).
+    /// decoded on `pool` (rayon's global pool when None), into buffers from
+    /// `buffers`, as are the batches.
     pub fn start(
         dataset: Arc<Dataset>,
         plan: EpochPlan,
         pool: Option<Arc<rayon::ThreadPool>>,
-        buffers: Arc<BufferPool>,
+        buffers: &LoaderBuffers,
     ) -> Result<Batches, LoaderError> {
         let plan = Arc::new(plan);
         let (batch_tx, receiver) = sync_channel(plan.options.prefetch);
         // A window is handed over only when the batcher is ready for it, so at
         // most two are decoded at once: the one being cut and the next.
         let (window_tx, window_rx) = sync_channel::<Result<Window, LoaderError>>(0);
-        let tiles = Arc::new(BufferPool::new(4 * plan.options.window_tiles));
+        let (tiles, batches) = (buffers.tiles.clone(), buffers.batches.clone());
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
                 .name(name.into())
@@ -419,7 +396,7 @@ impl Batches {
             spawn(
                 "deltacells-batch",
                 Box::new(move || {
-                    let run = AssertUnwindSafe(|| cut_batches(&plan, window_rx, &tiles, &buffers, &batch_tx));
+                    let run = AssertUnwindSafe(|| cut_batches(&plan, window_rx, &tiles, &batches, &batch_tx));
                     if let Err(panic) = catch_unwind(run) {
                         let _ = failed.send(Err(LoaderError::Internal(panic_text(panic))));
                     }
@@ -522,6 +499,8 @@ fn cut_batches(
     let size = plan.options.batch_size;
     let new_batch = || {
         let mut x = buffers.take_matrix();
+        x.indices.clear();
+        x.data.clear();
         x.n_cols = plan.n_genes;
         x.indptr = Vec::with_capacity(size + 1);
         x.indptr.push(0);

@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use deltacells::format::{self, CsrMatrix};
-use deltacells::loader::{self, BufferPool, EpochPlan, LoaderError, LoaderOptions};
+use deltacells::loader::{self, BufferPool, EpochPlan, LoaderBuffers, LoaderError, LoaderOptions};
 use deltacells::obs::localize::{self, ObsError};
 use deltacells::storage::{self, StorageError, StoreOptions};
 use deltacells::{error_chain, Dataset, DatasetError};
@@ -241,6 +241,8 @@ struct RawDataset {
     /// made over them, so that a loop over tiles decodes into memory that is
     /// already mapped instead of faulting in fresh pages for every tile.
     buffers: Arc<BufferPool>,
+    /// The loader's buffers, kept from one epoch to the next.
+    loader_buffers: std::sync::Mutex<Option<LoaderBuffers>>,
 }
 
 impl RawDataset {
@@ -275,6 +277,17 @@ impl RawDataset {
                 }
             }
         })
+    }
+
+    /// The loader's buffers, kept from one epoch to the next (and made larger
+    /// when a loader's windows or queue need more).
+    fn loader_buffers(&self, options: &LoaderOptions) -> LoaderBuffers {
+        let mut kept = self.loader_buffers.lock().unwrap_or_else(|p| p.into_inner());
+        let wanted = LoaderBuffers::new(options);
+        match &*kept {
+            Some(b) if b.tiles.keep() >= wanted.tiles.keep() && b.batches.keep() >= wanted.batches.keep() => b.clone(),
+            _ => kept.insert(wanted).clone(),
+        }
     }
 
     fn plan(&self, cells: Option<&[i64]>, options: &LoaderArgs) -> Result<EpochPlan, Failure> {
@@ -320,6 +333,7 @@ impl RawDataset {
             pool: OnceLock::new(),
             cache,
             buffers: Arc::new(BufferPool::new(POOLED_BUFFERS)),
+            loader_buffers: std::sync::Mutex::new(None),
         })
     }
 
@@ -476,11 +490,9 @@ impl RawDataset {
         detached(py, || {
             let plan = self.plan(cells.as_deref(), &options)?;
             let (n_cells, n_batches) = (plan.n_cells(), plan.n_batches());
-            // Every batch queued or in the consumer's hands may come back.
-            let buffers = Arc::new(BufferPool::new(2 * (options.0.prefetch + 4)));
-            let batches =
-                loader::Batches::start(self.dataset.clone(), plan, Some(self.thread_pool()?), buffers.clone())?;
-            Ok(RawBatches { batches: std::sync::Mutex::new(batches), buffers, n_cells, n_batches })
+            let buffers = self.loader_buffers(&options.0);
+            let batches = loader::Batches::start(self.dataset.clone(), plan, Some(self.thread_pool()?), &buffers)?;
+            Ok(RawBatches { batches: std::sync::Mutex::new(batches), buffers: buffers.batches, n_cells, n_batches })
         })
     }
 

@@ -32,7 +32,10 @@ fn read(ds: &Arc<Dataset>, cells: Option<&[u64]>, options: &LoaderOptions) -> Ve
     let plan = EpochPlan::new(ds, cells, options).unwrap();
     let expected = plan.n_batches();
     let batches: Vec<LoaderBatch> =
-        Batches::start(ds.clone(), plan, None, Arc::new(BufferPool::new(4))).unwrap().map(Result::unwrap).collect();
+        Batches::start(ds.clone(), plan, None, &LoaderBuffers::new(&LoaderOptions::default()))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
     assert_eq!(batches.len() as u64, expected);
     batches
 }
@@ -177,7 +180,8 @@ fn a_bad_tile_ends_the_epoch_with_its_error() {
     std::fs::write(&tile, bytes).unwrap();
     let options = LoaderOptions { batch_size: 10, shuffle: false, window_tiles: 1, ..LoaderOptions::default() };
     let plan = EpochPlan::new(&ds, None, &options).unwrap();
-    let results: Vec<_> = Batches::start(ds.clone(), plan, None, Arc::new(BufferPool::new(4))).unwrap().collect();
+    let results: Vec<_> =
+        Batches::start(ds.clone(), plan, None, &LoaderBuffers::new(&LoaderOptions::default())).unwrap().collect();
     // Tile 0's 97 cells give 9 full batches (the 10th waits for tile 1), then the error, then nothing.
     assert_eq!(results.len(), 10);
     assert!(results[..9].iter().all(Result::is_ok));
@@ -191,7 +195,8 @@ fn dropping_the_batches_stops_the_threads() {
     let options = LoaderOptions { batch_size: 10, prefetch: 1, window_tiles: 1, ..LoaderOptions::default() };
     for _ in 0..50 {
         let plan = EpochPlan::new(&ds, None, &options).unwrap();
-        let mut batches = Batches::start(ds.clone(), plan, None, Arc::new(BufferPool::new(4))).unwrap();
+        let mut batches =
+            Batches::start(ds.clone(), plan, None, &LoaderBuffers::new(&LoaderOptions::default())).unwrap();
         assert!(batches.next().unwrap().is_ok());
     }
     // Each loader's two threads exit once their channels close.

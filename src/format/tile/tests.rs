@@ -401,9 +401,27 @@ fn every_gaps_kernel_agrees_with_the_scalar_one() {
             assert_eq!(kernel(&lo, &hi, &mut got), expected, "{name}, {len} gaps");
             assert_eq!(got, want, "{name}, {len} gaps");
         }
-        let mut counts = vec![0u32; len];
-        let zero = recombine_counts(&lo, &hi, &mut counts);
-        assert_eq!(zero, lo.iter().zip(&hi).any(|(&l, &h)| l == 0 && h == 0));
+        // The output at every offset from a 32-byte boundary, so that the
+        // AVX2 build's unaligned head, aligned streaming body and tail all run.
+        let values: Vec<u32> = lo.iter().zip(&hi).map(|(&l, &h)| u32::from(l) | u32::from(h) << 8).collect();
+        for offset in 0..8 {
+            let mut buffer = vec![u32::MAX; len + 8];
+            let counts = &mut buffer[offset..offset + len];
+            let zero = recombine_counts(&lo, &hi, counts);
+            assert_eq!(zero, values.contains(&0), "{len} counts at offset {offset}");
+            assert_eq!(counts, values.as_slice(), "{len} counts at offset {offset}");
+            // One zero anywhere is seen, and nothing past the output is written.
+            if len > 0 {
+                for at in [0, len / 2, len - 1] {
+                    let (mut l, mut h) = (lo.clone(), hi.clone());
+                    l.iter_mut().zip(h.iter_mut()).for_each(|(l, h)| (*l, *h) = (1, 0));
+                    (l[at], h[at]) = (0, 0);
+                    let mut buffer = vec![u32::MAX; len + 8];
+                    assert!(recombine_counts(&l, &h, &mut buffer[offset..offset + len]), "zero at {at} of {len}");
+                    assert!(buffer[offset + len..].iter().all(|&v| v == u32::MAX));
+                }
+            }
+        }
     }
 }
 
