@@ -189,6 +189,25 @@ impl Dataset {
             .map_err(|source| DatasetError::Tile { location, tile, source })
     }
 
+    /// The bytes of tile `tile`, checked to be the size the manifest says, not
+    /// yet decoded: with [`Dataset::parse_tile`], for readers that fetch ahead
+    /// and decode later.
+    pub fn fetch_tile(&self, tile: usize) -> Result<bytes::Bytes, DatasetError> {
+        Ok(self.tile_blob(tile)?.1)
+    }
+
+    /// Checks tile `tile`'s bytes (header, CRC, chunk table, against the
+    /// manifest) once, for decoding its chunks one by one.
+    pub fn parse_tile<'a>(&self, tile: usize, blob: &'a [u8]) -> Result<format::ParsedTile<'a>, DatasetError> {
+        format::ParsedTile::parse(blob, Some(&self.tile_expectation(tile)))
+            .map_err(|source| self.tile_error(tile, source))
+    }
+
+    /// A tile's decoding error, naming the tile's file.
+    pub fn tile_error(&self, tile: usize, source: TileError) -> DatasetError {
+        DatasetError::Tile { location: self.storage.location(&format::tile_key(tile)), tile, source }
+    }
+
     /// The bytes of tile `tile`, checked to be the size the manifest says.
     fn tile_blob(&self, tile: usize) -> Result<(String, bytes::Bytes), DatasetError> {
         let key = format::tile_key(tile);

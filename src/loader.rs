@@ -4,12 +4,16 @@
 //! fixed by (seed, epoch), the cells to read (all, or a subset such as a train
 //! split) are laid out in that order, and the sequence is cut into one
 //! contiguous, equal share per (rank, worker). A share is a list of [`Unit`]s,
-//! the cells it reads from one tile. Then [`Batches`] reads a share: a thread
-//! decodes the next window of `window_tiles` units (on a rayon pool, fetching
-//! and decoding the tiles in parallel) while another shuffles the cells of the
-//! current window and cuts them into batches, which wait in a queue of
-//! `prefetch` batches. Memory is therefore bounded by two windows of decoded
-//! tiles plus the queue, never by the dataset or the number of epochs.
+//! the cells it reads from one tile. Then [`Batches`] reads a share in three
+//! stages, each on its own thread: one fetches the tiles of the next window of
+//! `window_tiles` units (in parallel, on a rayon pool) and hands them on still
+//! compressed; one shuffles the chunks of a window and decodes them in groups
+//! of `mix_chunks` (in parallel, on the pool); one shuffles the cells of each
+//! group and gathers them into batches, which wait in a queue of `prefetch`.
+//! Memory is therefore bounded by three windows of compressed tiles, two
+//! groups of decoded chunks and the queue, never by the dataset or the number
+//! of epochs; and the chunks being gathered from fit in the processor's cache
+//! far better than whole decoded tiles would.
 //!
 //! This module owns the order and the pipeline; it knows nothing of Python or
 //! torch. The Python package's `Dataset.batches` is a thin layer over it.
@@ -30,7 +34,8 @@ use crate::format::CsrMatrix;
 use crate::{Dataset, DatasetError};
 
 /// How an epoch is read. `Default` gives batches of 1,024 shuffled cells, one
-/// process, windows of 2 tiles and 4 batches ready ahead.
+/// process, windows of 4 tiles, cells mixed across 4 chunks, 4 batches ready
+/// ahead.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoaderOptions {
     /// Cells per batch (the last batch of a share may have fewer).
@@ -50,9 +55,12 @@ pub struct LoaderOptions {
     /// Drop the cells that would make shares unequal and every share's last,
     /// partial batch, so that every share yields the same number of batches.
     pub drop_last: bool,
-    /// Units (tiles, or the part of a tile a share reads) decoded together and
-    /// shuffled together.
+    /// Units (tiles, or the part of a tile a share reads) fetched together,
+    /// whose chunks are shuffled together.
     pub window_tiles: usize,
+    /// Chunks (of any tiles of the window) decoded together, whose cells are
+    /// shuffled together: each batch is drawn from that many chunks.
+    pub mix_chunks: usize,
     /// Batches made ahead of the consumer.
     pub prefetch: usize,
 }
@@ -69,7 +77,8 @@ impl Default for LoaderOptions {
             worker: 0,
             num_workers: 1,
             drop_last: false,
-            window_tiles: 2,
+            window_tiles: 4,
+            mix_chunks: 4,
             prefetch: 4,
         }
     }
@@ -168,6 +177,9 @@ fn check(options: &LoaderOptions) -> Result<(), LoaderError> {
     }
     if options.window_tiles == 0 {
         return bad("window_tiles must be at least 1".into());
+    }
+    if options.mix_chunks == 0 {
+        return bad("mix_chunks must be at least 1".into());
     }
     if options.prefetch == 0 {
         return bad("prefetch must be at least 1".into());
@@ -276,21 +288,6 @@ impl EpochPlan {
         self.n_batches
     }
 
-    /// The order in which the cells of window `w` (units `w * window_tiles ..`)
-    /// are yielded: (unit within the window, row of its tile).
-    fn window_order(&self, w: usize) -> Vec<(u32, u64)> {
-        let window = self.window(w);
-        let mut order: Vec<(u32, u64)> = window
-            .iter()
-            .enumerate()
-            .flat_map(|(u, unit)| (0..unit.rows.len()).map(move |i| (u as u32, unit.rows.get(i))))
-            .collect();
-        if self.options.shuffle {
-            order.shuffle(&mut rng_for(&self.options, "cells", &[self.share as u64, w as u64]));
-        }
-        order
-    }
-
     fn window(&self, w: usize) -> &[Unit] {
         let size = self.options.window_tiles;
         &self.units[w * size..((w + 1) * size).min(self.units.len())]
@@ -306,7 +303,7 @@ impl EpochPlan {
 /// share the pools.
 #[derive(Clone, Debug)]
 pub struct LoaderBuffers {
-    /// Decoded tiles: two buffers per tile, for two windows.
+    /// Decoded chunks: two buffers per chunk, for two groups.
     pub tiles: Arc<BufferPool>,
     /// Batches: two buffers per batch, for those queued and those the consumer
     /// holds (it may give them back here when it is done with them).
@@ -317,7 +314,7 @@ impl LoaderBuffers {
     /// Pools sized for `options`' windows and queue.
     pub fn new(options: &LoaderOptions) -> LoaderBuffers {
         LoaderBuffers {
-            tiles: Arc::new(BufferPool::new(4 * options.window_tiles)),
+            tiles: Arc::new(BufferPool::new(4 * options.mix_chunks)),
             batches: Arc::new(BufferPool::new(2 * (options.prefetch + 4))),
         }
     }
@@ -330,10 +327,17 @@ pub struct LoaderBatch {
     pub x: CsrMatrix,
 }
 
-/// A window's decoded tiles (unit i of the window is `tiles[i]`) and the order
-/// of its cells.
-struct Window {
+/// A window's tiles, fetched, still compressed (unit i of the window is `blobs[i]`).
+struct Fetched {
+    blobs: Vec<bytes::Bytes>,
+}
+
+/// A group of decoded chunks and the order of their cells: piece i is rows of
+/// `tiles[i]`, a tile of which only those rows' chunk was decoded, whose first
+/// cell is global cell `starts[i]`.
+struct Group {
     tiles: Vec<CsrMatrix>,
+    starts: Vec<u64>,
     order: Vec<(u32, u64)>,
 }
 
@@ -367,9 +371,11 @@ impl Batches {
     ) -> Result<Batches, LoaderError> {
         let plan = Arc::new(plan);
         let (batch_tx, receiver) = sync_channel(plan.options.prefetch);
-        // A window is handed over only when the batcher is ready for it, so at
-        // most two are decoded at once: the one being cut and the next.
-        let (window_tx, window_rx) = sync_channel::<Result<Window, LoaderError>>(0);
+        // One fetched window waits while the next is fetched; a group is handed
+        // over only when the batcher is ready for it, so at most two are
+        // decoded at once.
+        let (fetched_tx, fetched_rx) = sync_channel::<Result<Fetched, LoaderError>>(1);
+        let (group_tx, group_rx) = sync_channel::<Result<Group, LoaderError>>(0);
         let (tiles, batches) = (buffers.tiles.clone(), buffers.batches.clone());
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -377,30 +383,34 @@ impl Batches {
                 .spawn(f)
                 .map_err(|e| LoaderError::Internal(format!("cannot start a loader thread: {e}")))
         };
+        // Each stage runs under catch_unwind and reports a panic downstream.
+        fn guarded<T>(out: SyncSender<Result<T, LoaderError>>, f: impl FnOnce(&SyncSender<Result<T, LoaderError>>)) {
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| f(&out))) {
+                let _ = out.send(Err(LoaderError::Internal(panic_text(panic))));
+            }
+        }
         {
-            let (plan, tiles) = (plan.clone(), tiles.clone());
-            let failed = window_tx.clone();
+            let (dataset, plan, pool) = (dataset.clone(), plan.clone(), pool.clone());
+            spawn(
+                "deltacells-fetch",
+                Box::new(move || guarded(fetched_tx, |out| fetch_windows(&dataset, &plan, pool.as_deref(), out))),
+            )?;
+        }
+        {
+            let plan = plan.clone();
+            let tiles = tiles.clone();
             spawn(
                 "deltacells-decode",
                 Box::new(move || {
-                    let run = AssertUnwindSafe(|| decode_windows(&dataset, &plan, pool.as_deref(), &tiles, &window_tx));
-                    if let Err(panic) = catch_unwind(run) {
-                        let _ = failed.send(Err(LoaderError::Internal(panic_text(panic))));
-                    }
+                    guarded(group_tx, |out| decode_groups(&dataset, &plan, pool.as_deref(), &tiles, fetched_rx, out))
                 }),
             )?;
         }
         {
             let plan = plan.clone();
-            let failed = batch_tx.clone();
             spawn(
                 "deltacells-batch",
-                Box::new(move || {
-                    let run = AssertUnwindSafe(|| cut_batches(&plan, window_rx, &tiles, &batches, &batch_tx));
-                    if let Err(panic) = catch_unwind(run) {
-                        let _ = failed.send(Err(LoaderError::Internal(panic_text(panic))));
-                    }
-                }),
+                Box::new(move || guarded(batch_tx, |out| cut_batches(&plan, group_rx, &tiles, &batches, out))),
             )?;
         }
         Ok(Batches { receiver, expected: plan.n_batches, yielded: 0, failed: false })
@@ -446,52 +456,127 @@ impl Iterator for Batches {
     }
 }
 
-/// The decoding thread: each window's tiles, fetched and decoded in parallel
-/// (only the chunks holding the rows read), handed to the batcher in order.
-fn decode_windows(
+/// Runs `f` on `pool`, or on rayon's global pool when None.
+fn on<T: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> T + Send) -> T {
+    match pool {
+        Some(pool) => pool.install(f),
+        None => f(),
+    }
+}
+
+/// The fetching thread: each window's tiles, read in parallel, handed on in
+/// order.
+fn fetch_windows(
     dataset: &Dataset,
     plan: &EpochPlan,
     pool: Option<&rayon::ThreadPool>,
-    tiles: &BufferPool,
-    out: &SyncSender<Result<Window, LoaderError>>,
+    out: &SyncSender<Result<Fetched, LoaderError>>,
 ) {
     for w in 0..plan.n_windows() {
         let units = plan.window(w);
-        let decode = || {
-            units
-                .par_iter()
-                .map(|unit| {
-                    let mut m = tiles.take_matrix();
-                    let cells = dataset.tile_cells(unit.tile);
-                    let whole = unit.rows == Rows::Range(0..cells.end - cells.start);
-                    if whole {
-                        dataset.read_tile_into(unit.tile, &mut m)?;
-                    } else {
-                        let rows: Vec<u64> = (0..unit.rows.len()).map(|i| unit.rows.get(i)).collect();
-                        dataset.read_tile_rows_into(unit.tile, &rows, &mut m)?;
-                    }
-                    Ok(m)
-                })
-                .collect::<Result<Vec<CsrMatrix>, DatasetError>>()
-        };
-        let decoded = match pool {
-            Some(pool) => pool.install(decode),
-            None => decode(),
-        };
-        let window = decoded.map(|tiles| Window { tiles, order: plan.window_order(w) }).map_err(LoaderError::from);
-        let failed = window.is_err();
-        if out.send(window).is_err() || failed {
+        let blobs = on(pool, || units.par_iter().map(|u| dataset.fetch_tile(u.tile)).collect::<Result<Vec<_>, _>>());
+        let fetched = blobs.map(|blobs| Fetched { blobs }).map_err(LoaderError::from);
+        let failed = fetched.is_err();
+        if out.send(fetched).is_err() || failed {
             return;
         }
     }
 }
 
-/// The batching thread: cuts the windows' cells, in their order, into batches
-/// (a batch may span two windows), gathering each batch's rows into buffers
-/// from `buffers`; gives each window's tile buffers back when it is done.
+/// The rows one share reads from one chunk of a unit of the window.
+struct Piece {
+    unit: usize,
+    rows: Vec<u64>,
+}
+
+/// The decoding thread: checks each fetched window's tiles once, splits the
+/// rows read into pieces by chunk, puts the pieces in a shuffled order and
+/// decodes them in groups of `mix_chunks`, in parallel; hands each group on
+/// with its cells in a shuffled order.
+fn decode_groups(
+    dataset: &Dataset,
+    plan: &EpochPlan,
+    pool: Option<&rayon::ThreadPool>,
+    tiles: &BufferPool,
+    windows: Receiver<Result<Fetched, LoaderError>>,
+    out: &SyncSender<Result<Group, LoaderError>>,
+) {
+    let options = &plan.options;
+    for (w, fetched) in windows.iter().enumerate() {
+        // Ok(false): the batcher has stopped listening.
+        let result = (|| -> Result<bool, LoaderError> {
+            let fetched = fetched?;
+            let units = plan.window(w);
+            let parsed = on(pool, || {
+                units
+                    .par_iter()
+                    .zip(&fetched.blobs)
+                    .map(|(u, blob)| dataset.parse_tile(u.tile, blob))
+                    .collect::<Result<Vec<_>, _>>()
+            })?;
+            let mut pieces = Vec::new();
+            for (u, (unit, tile)) in units.iter().zip(&parsed).enumerate() {
+                let mut i = 0;
+                for cells in tile.chunk_cells() {
+                    let mut rows = Vec::new();
+                    while i < unit.rows.len() && unit.rows.get(i) < cells.end {
+                        rows.push(unit.rows.get(i));
+                        i += 1;
+                    }
+                    if !rows.is_empty() {
+                        pieces.push(Piece { unit: u, rows });
+                    }
+                }
+            }
+            if options.shuffle {
+                pieces.shuffle(&mut rng_for(options, "chunks", &[plan.share as u64, w as u64]));
+            }
+            for (g, group) in pieces.chunks(options.mix_chunks).enumerate() {
+                let decoded = on(pool, || {
+                    group
+                        .par_iter()
+                        .map(|piece| {
+                            let mut m = tiles.take_matrix();
+                            let tile = units[piece.unit].tile;
+                            parsed[piece.unit]
+                                .decode_rows_into(&piece.rows, &mut m)
+                                .map_err(|e| dataset.tile_error(tile, e))?;
+                            Ok(m)
+                        })
+                        .collect::<Result<Vec<CsrMatrix>, DatasetError>>()
+                })?;
+                let mut order: Vec<(u32, u64)> = group
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(p, piece)| piece.rows.iter().map(move |&r| (p as u32, r)))
+                    .collect();
+                if options.shuffle {
+                    order.shuffle(&mut rng_for(options, "cells", &[plan.share as u64, w as u64, g as u64]));
+                }
+                let starts = group.iter().map(|piece| plan.tile_starts[units[piece.unit].tile]).collect();
+                if out.send(Ok(Group { tiles: decoded, starts, order })).is_err() {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })();
+        match result {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                let _ = out.send(Err(e));
+                return;
+            }
+        }
+    }
+}
+
+/// The batching thread: cuts the groups' cells, in their order, into batches
+/// (a batch may span two groups), gathering each batch's rows into buffers
+/// from `buffers`; gives each group's chunk buffers back when it is done.
 fn cut_batches(
     plan: &EpochPlan,
-    windows: Receiver<Result<Window, LoaderError>>,
+    groups: Receiver<Result<Group, LoaderError>>,
     tiles: &BufferPool,
     buffers: &BufferPool,
     out: &SyncSender<Result<LoaderBatch, LoaderError>>,
@@ -508,44 +593,44 @@ fn cut_batches(
     };
     let mut batch: Option<LoaderBatch> = None;
     let mut sent = 0u64;
-    for (w, window) in windows.iter().enumerate() {
-        let window = match window {
-            Ok(window) => window,
+    for group in groups.iter() {
+        let group = match group {
+            Ok(group) => group,
             Err(e) => {
                 let _ = out.send(Err(e));
                 return;
             }
         };
-        let units = plan.window(w);
         let mut at = 0;
-        while at < window.order.len() {
+        while at < group.order.len() {
             let current = batch.get_or_insert_with(new_batch);
-            let take = (size - current.cells.len()).min(window.order.len() - at);
-            let piece = &window.order[at..at + take];
-            let nnz: usize = piece
+            let take = (size - current.cells.len()).min(group.order.len() - at);
+            let rows = &group.order[at..at + take];
+            let nnz: usize = rows
                 .iter()
-                .map(|&(u, row)| {
-                    let t = &window.tiles[u as usize];
+                .map(|&(p, row)| {
+                    let t = &group.tiles[p as usize];
                     (t.indptr[row as usize + 1] - t.indptr[row as usize]) as usize
                 })
                 .sum();
             current.x.indices.reserve(nnz);
             current.x.data.reserve(nnz);
-            for &(u, row) in piece {
-                current.x.push_row_from(&window.tiles[u as usize], row as usize);
-                current.cells.push(plan.tile_starts[units[u as usize].tile] + row);
+            for &(p, row) in rows {
+                current.x.push_row_from(&group.tiles[p as usize], row as usize);
+                current.cells.push(group.starts[p as usize] + row);
             }
             at += take;
             if current.cells.len() == size {
                 sent += 1;
                 // After the last batch (with drop_last, before the cells it
-                // leaves out) the decoder is stopped by dropping its channel.
+                // leaves out) the other stages are stopped by dropping their
+                // channels.
                 if out.send(Ok(batch.take().expect("a batch is being filled"))).is_err() || sent == plan.n_batches {
                     return;
                 }
             }
         }
-        for t in window.tiles {
+        for t in group.tiles {
             tiles.give_matrix(t);
         }
     }

@@ -204,7 +204,8 @@ class Dataset:
         obs_columns: Sequence[str] | None = None,
         cells: Cells | None = None,
         drop_last: bool = False,
-        window_tiles: int = 2,
+        window_tiles: int = 4,
+        mix_chunks: int = 4,
         prefetch: int = 4,
     ) -> Loader:
         """One epoch of training batches (a :class:`Loader`: iterate over it;
@@ -244,7 +245,8 @@ class Dataset:
         options = dict(
             batch_size=int(batch_size), shuffle=bool(shuffle), seed=int(seed), epoch=int(epoch), rank=int(rank),
             world_size=int(world_size), worker=int(worker), num_workers=int(num_workers),
-            drop_last=bool(drop_last), window_tiles=int(window_tiles), prefetch=int(prefetch),
+            drop_last=bool(drop_last), window_tiles=int(window_tiles), mix_chunks=int(mix_chunks),
+            prefetch=int(prefetch),
         )
         return Loader(self, options, obs_columns, cells)
 

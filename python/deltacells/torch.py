@@ -77,7 +77,8 @@ class CellDataset(torch.utils.data.IterableDataset):
         obs_columns: Sequence[str] | None = None,
         cells: Cells | None = None,
         drop_last: bool = False,
-        window_tiles: int = 2,
+        window_tiles: int = 4,
+        mix_chunks: int = 4,
         prefetch: int = 4,
         threads: int | None = None,
         transform: Callable[[CellBatch], Any] | None = None,
@@ -87,7 +88,7 @@ class CellDataset(torch.utils.data.IterableDataset):
         self.root = str(root)
         self.batch_options = dict(
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, window_tiles=window_tiles,
-            prefetch=prefetch,
+            mix_chunks=mix_chunks, prefetch=prefetch,
         )
         self.obs_columns = list(obs_columns) if obs_columns else None
         self.cells = None if cells is None else np.asarray(cells, dtype=np.int64)

@@ -558,6 +558,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for LoaderArgs {
             num_workers: get("num_workers")?.extract()?,
             drop_last: get("drop_last")?.extract()?,
             window_tiles: get("window_tiles")?.extract()?,
+            mix_chunks: get("mix_chunks")?.extract()?,
             prefetch: get("prefetch")?.extract()?,
         }))
     }

@@ -18,7 +18,7 @@ pub mod tile;
 pub use csr::CsrMatrix;
 pub use error::{EncodeError, Stream, TileError};
 pub use manifest::{Manifest, ManifestError};
-pub use tile::{decode_rows_into, decode_tile, decode_tile_into, TileEncoder, TileExpectation, TileHeader};
+pub use tile::{decode_rows_into, decode_tile, decode_tile_into, ParsedTile, TileEncoder, TileExpectation, TileHeader};
 
 /// Largest count a tile can hold, and the largest gene count (format.md, "Limits").
 pub const MAX_COUNT: u32 = i32::MAX as u32;

@@ -201,10 +201,12 @@ fn dropping_the_batches_stops_the_threads() {
     }
     // Each loader's two threads exit once their channels close.
     let started = std::time::Instant::now();
-    while threads_named("deltacells-de") + threads_named("deltacells-ba") > 0 && started.elapsed().as_secs() < 10 {
+    while threads_named("deltacells-fe") + threads_named("deltacells-de") + threads_named("deltacells-ba") > 0
+        && started.elapsed().as_secs() < 10
+    {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    assert_eq!(threads_named("deltacells-de") + threads_named("deltacells-ba"), 0);
+    assert_eq!(threads_named("deltacells-fe") + threads_named("deltacells-de") + threads_named("deltacells-ba"), 0);
 }
 
 /// Threads of this process whose name starts with `prefix` (Linux).

@@ -63,64 +63,103 @@ fn decode_chunks_into(
     rows: Option<&[u64]>,
     out: &mut CsrMatrix,
 ) -> Result<(), TileError> {
-    let layout = TileLayout::parse(blob, expect)?;
-    // Every frame's declared size is checked before the output is sized, so a
-    // lying header cannot make us allocate more than the frames would produce.
-    for (c, chunk) in layout.chunks.iter().enumerate() {
-        for (stream, r) in [(Stream::Gaps, chunk.gaps), (Stream::Vals, chunk.vals)] {
-            let declared = frame_content_size(layout.stream(r), c as u64, stream)?;
-            if declared != 2 * chunk.n() {
-                return Err(TileError::FrameSize {
-                    chunk: c as u64,
-                    stream,
-                    expected: 2 * chunk.n(),
-                    actual: declared,
-                });
-            }
-        }
-    }
-    let wanted: Vec<bool> = layout
-        .chunks
-        .iter()
-        .map(|chunk| {
-            rows.is_none_or(|rows| {
-                let first = rows.partition_point(|&r| r < chunk.cell_lo);
-                rows.get(first).is_some_and(|&r| r < chunk.cell_hi)
-            })
-        })
-        .collect();
-    let nnz: u64 = layout.chunks.iter().zip(&wanted).filter(|(_, &w)| w).map(|(c, _)| c.n()).sum();
-    // Every entry is overwritten by its chunk, so stale values may stay.
-    out.indices.resize(nnz as usize, 0);
-    out.data.resize(nnz as usize, 0);
-    let mut jobs = Vec::with_capacity(layout.chunks.len());
-    let (mut rest_i, mut rest_d) = (out.indices.as_mut_slice(), out.data.as_mut_slice());
-    for ((c, chunk), _) in layout.chunks.iter().enumerate().zip(&wanted).filter(|(_, &w)| w) {
-        let (i, ri) = rest_i.split_at_mut(chunk.n() as usize);
-        let (d, rd) = rest_d.split_at_mut(chunk.n() as usize);
-        (rest_i, rest_d) = (ri, rd);
-        jobs.push((c, chunk, i, d));
-    }
-    jobs.into_par_iter().try_for_each(|(c, chunk, i, d)| decode_chunk(&layout, c as u64, chunk, i, d))?;
-    out.n_cols = layout.header.n_genes;
-    out.indptr = if wanted.iter().all(|&w| w) {
-        layout.indptr
-    } else {
-        // The rows of the chunks left out are empty; the others keep their lengths.
-        let mut indptr = Vec::with_capacity(layout.indptr.len());
-        indptr.push(0);
-        let mut base = 0u64;
-        for (chunk, &w) in layout.chunks.iter().zip(&wanted) {
-            for cell in chunk.cell_lo..chunk.cell_hi {
-                if w {
-                    base += layout.indptr[cell as usize + 1] - layout.indptr[cell as usize];
+    ParsedTile::parse(blob, expect)?.decode_sorted_rows_into(rows, out)
+}
+
+/// A tile whose header, CRC, chunk table, indptr and frame sizes were checked,
+/// ready to decode any of its chunks: a reader that decodes a tile's chunks at
+/// different times checks the whole tile only once.
+pub struct ParsedTile<'a> {
+    layout: TileLayout<'a>,
+}
+
+impl<'a> ParsedTile<'a> {
+    /// Checks `blob` as [`decode_tile_into`] does before it decodes.
+    pub fn parse(blob: &'a [u8], expect: Option<&TileExpectation>) -> Result<Self, TileError> {
+        let layout = TileLayout::parse(blob, expect)?;
+        // Every frame's declared size is checked before the output is sized, so a
+        // lying header cannot make us allocate more than the frames would produce.
+        for (c, chunk) in layout.chunks.iter().enumerate() {
+            for (stream, r) in [(Stream::Gaps, chunk.gaps), (Stream::Vals, chunk.vals)] {
+                let declared = frame_content_size(layout.stream(r), c as u64, stream)?;
+                if declared != 2 * chunk.n() {
+                    return Err(TileError::FrameSize {
+                        chunk: c as u64,
+                        stream,
+                        expected: 2 * chunk.n(),
+                        actual: declared,
+                    });
                 }
-                indptr.push(base);
             }
         }
-        indptr
-    };
-    Ok(())
+        Ok(ParsedTile { layout })
+    }
+
+    /// Cells in the tile.
+    pub fn n_cells(&self) -> u64 {
+        self.layout.indptr.len() as u64 - 1
+    }
+
+    /// The cells of each chunk, in order.
+    pub fn chunk_cells(&self) -> impl Iterator<Item = std::ops::Range<u64>> + '_ {
+        self.layout.chunks.iter().map(|c| c.cell_lo..c.cell_hi)
+    }
+
+    /// Like [`decode_rows_into`]: decodes only the chunks holding one of
+    /// `rows` (rows of the tile, in any order); the other rows are empty.
+    pub fn decode_rows_into(&self, rows: &[u64], out: &mut CsrMatrix) -> Result<(), TileError> {
+        let mut sorted = rows.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        self.decode_sorted_rows_into(Some(&sorted), out)
+    }
+
+    /// Decodes the chunks holding one of `rows` (sorted), or all of them.
+    fn decode_sorted_rows_into(&self, rows: Option<&[u64]>, out: &mut CsrMatrix) -> Result<(), TileError> {
+        let layout = &self.layout;
+        let wanted: Vec<bool> = layout
+            .chunks
+            .iter()
+            .map(|chunk| {
+                rows.is_none_or(|rows| {
+                    let first = rows.partition_point(|&r| r < chunk.cell_lo);
+                    rows.get(first).is_some_and(|&r| r < chunk.cell_hi)
+                })
+            })
+            .collect();
+        let nnz: u64 = layout.chunks.iter().zip(&wanted).filter(|(_, &w)| w).map(|(c, _)| c.n()).sum();
+        // Every entry is overwritten by its chunk, so stale values may stay.
+        out.indices.resize(nnz as usize, 0);
+        out.data.resize(nnz as usize, 0);
+        let mut jobs = Vec::with_capacity(layout.chunks.len());
+        let (mut rest_i, mut rest_d) = (out.indices.as_mut_slice(), out.data.as_mut_slice());
+        for ((c, chunk), _) in layout.chunks.iter().enumerate().zip(&wanted).filter(|(_, &w)| w) {
+            let (i, ri) = rest_i.split_at_mut(chunk.n() as usize);
+            let (d, rd) = rest_d.split_at_mut(chunk.n() as usize);
+            (rest_i, rest_d) = (ri, rd);
+            jobs.push((c, chunk, i, d));
+        }
+        jobs.into_par_iter().try_for_each(|(c, chunk, i, d)| decode_chunk(layout, c as u64, chunk, i, d))?;
+        out.n_cols = layout.header.n_genes;
+        out.indptr.clear();
+        if wanted.iter().all(|&w| w) {
+            out.indptr.extend_from_slice(&layout.indptr);
+        } else {
+            // The rows of the chunks left out are empty; the others keep their lengths.
+            out.indptr.reserve(layout.indptr.len());
+            out.indptr.push(0);
+            let mut base = 0u64;
+            for (chunk, &w) in layout.chunks.iter().zip(&wanted) {
+                for cell in chunk.cell_lo..chunk.cell_hi {
+                    if w {
+                        base += layout.indptr[cell as usize + 1] - layout.indptr[cell as usize];
+                    }
+                    out.indptr.push(base);
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Longest cell whose u32 prefix sum of uint16 gaps cannot wrap around.
