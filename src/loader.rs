@@ -21,7 +21,7 @@
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -30,6 +30,7 @@ use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 pub use crate::buffers::BufferPool;
+use crate::format::tile::{finish_rows, ChunkPlanes};
 use crate::format::CsrMatrix;
 use crate::{Dataset, DatasetError};
 
@@ -303,8 +304,8 @@ impl EpochPlan {
 /// share the pools.
 #[derive(Clone, Debug)]
 pub struct LoaderBuffers {
-    /// Decoded chunks: two buffers per chunk, for two groups.
-    pub tiles: Arc<BufferPool>,
+    /// Decompressed chunks, for two groups.
+    pub planes: Arc<PlanesPool>,
     /// Batches: two buffers per batch, for those queued and those the consumer
     /// holds (it may give them back here when it is done with them).
     pub batches: Arc<BufferPool>,
@@ -314,8 +315,34 @@ impl LoaderBuffers {
     /// Pools sized for `options`' windows and queue.
     pub fn new(options: &LoaderOptions) -> LoaderBuffers {
         LoaderBuffers {
-            tiles: Arc::new(BufferPool::new(4 * options.mix_chunks)),
+            planes: Arc::new(PlanesPool { free: Mutex::new(Vec::new()), keep: 2 * options.mix_chunks }),
             batches: Arc::new(BufferPool::new(2 * (options.prefetch + 4))),
+        }
+    }
+}
+
+/// Decompressed chunks kept for reuse.
+#[derive(Debug)]
+pub struct PlanesPool {
+    free: Mutex<Vec<ChunkPlanes>>,
+    keep: usize,
+}
+
+impl PlanesPool {
+    /// Chunks kept at most.
+    pub fn keep(&self) -> usize {
+        self.keep
+    }
+
+    fn take(&self) -> ChunkPlanes {
+        self.free.lock().map(|mut f| f.pop()).ok().flatten().unwrap_or_default()
+    }
+
+    fn give(&self, planes: ChunkPlanes) {
+        if let Ok(mut free) = self.free.lock() {
+            if free.len() < self.keep {
+                free.push(planes);
+            }
         }
     }
 }
@@ -332,11 +359,11 @@ struct Fetched {
     blobs: Vec<bytes::Bytes>,
 }
 
-/// A group of decoded chunks and the order of their cells: piece i is rows of
-/// `tiles[i]`, a tile of which only those rows' chunk was decoded, whose first
-/// cell is global cell `starts[i]`.
+/// A group of decompressed chunks and the order of their cells (piece, row of
+/// its tile): piece i is rows of `planes[i]`, of a tile whose first cell is
+/// global cell `starts[i]`.
 struct Group {
-    tiles: Vec<CsrMatrix>,
+    planes: Vec<ChunkPlanes>,
     starts: Vec<u64>,
     order: Vec<(u32, u64)>,
 }
@@ -376,7 +403,7 @@ impl Batches {
         // decoded at once.
         let (fetched_tx, fetched_rx) = sync_channel::<Result<Fetched, LoaderError>>(1);
         let (group_tx, group_rx) = sync_channel::<Result<Group, LoaderError>>(0);
-        let (tiles, batches) = (buffers.tiles.clone(), buffers.batches.clone());
+        let (tiles, batches) = (buffers.planes.clone(), buffers.batches.clone());
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
                 .name(name.into())
@@ -486,18 +513,19 @@ fn fetch_windows(
 /// The rows one share reads from one chunk of a unit of the window.
 struct Piece {
     unit: usize,
+    chunk: usize,
     rows: Vec<u64>,
 }
 
 /// The decoding thread: checks each fetched window's tiles once, splits the
 /// rows read into pieces by chunk, puts the pieces in a shuffled order and
-/// decodes them in groups of `mix_chunks`, in parallel; hands each group on
-/// with its cells in a shuffled order.
+/// decompresses them in groups of `mix_chunks`, in parallel; hands each group
+/// on with its cells in a shuffled order.
 fn decode_groups(
     dataset: &Dataset,
     plan: &EpochPlan,
     pool: Option<&rayon::ThreadPool>,
-    tiles: &BufferPool,
+    tiles: &PlanesPool,
     windows: Receiver<Result<Fetched, LoaderError>>,
     out: &SyncSender<Result<Group, LoaderError>>,
 ) {
@@ -517,14 +545,14 @@ fn decode_groups(
             let mut pieces = Vec::new();
             for (u, (unit, tile)) in units.iter().zip(&parsed).enumerate() {
                 let mut i = 0;
-                for cells in tile.chunk_cells() {
+                for (chunk, cells) in tile.chunk_cells().enumerate() {
                     let mut rows = Vec::new();
                     while i < unit.rows.len() && unit.rows.get(i) < cells.end {
                         rows.push(unit.rows.get(i));
                         i += 1;
                     }
                     if !rows.is_empty() {
-                        pieces.push(Piece { unit: u, rows });
+                        pieces.push(Piece { unit: u, chunk, rows });
                     }
                 }
             }
@@ -536,14 +564,14 @@ fn decode_groups(
                     group
                         .par_iter()
                         .map(|piece| {
-                            let mut m = tiles.take_matrix();
+                            let mut planes = tiles.take();
                             let tile = units[piece.unit].tile;
                             parsed[piece.unit]
-                                .decode_rows_into(&piece.rows, &mut m)
+                                .decode_planes(piece.chunk, &mut planes)
                                 .map_err(|e| dataset.tile_error(tile, e))?;
-                            Ok(m)
+                            Ok(planes)
                         })
-                        .collect::<Result<Vec<CsrMatrix>, DatasetError>>()
+                        .collect::<Result<Vec<ChunkPlanes>, DatasetError>>()
                 })?;
                 let mut order: Vec<(u32, u64)> = group
                     .iter()
@@ -554,7 +582,7 @@ fn decode_groups(
                     order.shuffle(&mut rng_for(options, "cells", &[plan.share as u64, w as u64, g as u64]));
                 }
                 let starts = group.iter().map(|piece| plan.tile_starts[units[piece.unit].tile]).collect();
-                if out.send(Ok(Group { tiles: decoded, starts, order })).is_err() {
+                if out.send(Ok(Group { planes: decoded, starts, order })).is_err() {
                     return Ok(false);
                 }
             }
@@ -572,24 +600,32 @@ fn decode_groups(
 }
 
 /// The batching thread: cuts the groups' cells, in their order, into batches
-/// (a batch may span two groups), gathering each batch's rows into buffers
-/// from `buffers`; gives each group's chunk buffers back when it is done.
+/// (a batch may span two groups), writing each cell straight from its chunk's
+/// planes into buffers from `buffers`; gives each group's planes back when it
+/// is done.
 fn cut_batches(
     plan: &EpochPlan,
     groups: Receiver<Result<Group, LoaderError>>,
-    tiles: &BufferPool,
+    tiles: &PlanesPool,
     buffers: &BufferPool,
     out: &SyncSender<Result<LoaderBatch, LoaderError>>,
 ) {
     let size = plan.options.batch_size;
+    // A batch's buffers come back with old values: they are resized only to
+    // grow (new room is zeroed once), written up to `filled`, cut there.
     let new_batch = || {
         let mut x = buffers.take_matrix();
-        x.indices.clear();
-        x.data.clear();
         x.n_cols = plan.n_genes;
         x.indptr = Vec::with_capacity(size + 1);
         x.indptr.push(0);
         LoaderBatch { cells: Vec::with_capacity(size), x }
+    };
+    let send = |mut batch: LoaderBatch| {
+        let filled = *batch.x.indptr.last().expect("indptr starts at 0") as usize;
+        batch.x.indices.truncate(filled);
+        batch.x.data.truncate(filled);
+        finish_rows();
+        out.send(Ok(batch)).is_ok()
     };
     let mut batch: Option<LoaderBatch> = None;
     let mut sent = 0u64;
@@ -606,17 +642,21 @@ fn cut_batches(
             let current = batch.get_or_insert_with(new_batch);
             let take = (size - current.cells.len()).min(group.order.len() - at);
             let rows = &group.order[at..at + take];
-            let nnz: usize = rows
-                .iter()
-                .map(|&(p, row)| {
-                    let t = &group.tiles[p as usize];
-                    (t.indptr[row as usize + 1] - t.indptr[row as usize]) as usize
-                })
-                .sum();
-            current.x.indices.reserve(nnz);
-            current.x.data.reserve(nnz);
+            let mut filled = *current.x.indptr.last().expect("indptr starts at 0") as usize;
+            let nnz: usize = rows.iter().map(|&(p, row)| group.planes[p as usize].row_nnz(row)).sum();
+            let x = &mut current.x;
+            // (The two buffers may come from different batches, with different lengths.)
+            for buffer in [&mut x.indices, &mut x.data] {
+                if buffer.len() < filled + nnz {
+                    buffer.resize(filled + nnz, 0);
+                }
+            }
             for &(p, row) in rows {
-                current.x.push_row_from(&group.tiles[p as usize], row as usize);
+                let planes = &group.planes[p as usize];
+                let n = planes.row_nnz(row);
+                planes.write_row(row, &mut x.indices[filled..filled + n], &mut x.data[filled..filled + n]);
+                filled += n;
+                x.indptr.push(filled as u64);
                 current.cells.push(group.starts[p as usize] + row);
             }
             at += take;
@@ -625,17 +665,17 @@ fn cut_batches(
                 // After the last batch (with drop_last, before the cells it
                 // leaves out) the other stages are stopped by dropping their
                 // channels.
-                if out.send(Ok(batch.take().expect("a batch is being filled"))).is_err() || sent == plan.n_batches {
+                if !send(batch.take().expect("a batch is being filled")) || sent == plan.n_batches {
                     return;
                 }
             }
         }
-        for t in group.tiles {
-            tiles.give_matrix(t);
+        for planes in group.planes {
+            tiles.give(planes);
         }
     }
     if let Some(last) = batch.filter(|b| !b.cells.is_empty() && sent < plan.n_batches) {
-        let _ = out.send(Ok(last));
+        send(last);
     }
 }
 

@@ -285,7 +285,9 @@ impl RawDataset {
         let mut kept = self.loader_buffers.lock().unwrap_or_else(|p| p.into_inner());
         let wanted = LoaderBuffers::new(options);
         match &*kept {
-            Some(b) if b.tiles.keep() >= wanted.tiles.keep() && b.batches.keep() >= wanted.batches.keep() => b.clone(),
+            Some(b) if b.planes.keep() >= wanted.planes.keep() && b.batches.keep() >= wanted.batches.keep() => {
+                b.clone()
+            }
             _ => kept.insert(wanted).clone(),
         }
     }

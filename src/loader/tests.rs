@@ -220,3 +220,28 @@ fn threads_named(prefix: &str) -> usize {
         })
         .unwrap_or(0)
 }
+
+#[test]
+fn reused_buffers_of_any_length_give_the_same_batches() {
+    let (_dir, ds, m) = dataset(1003, 97);
+    let options = LoaderOptions { batch_size: 50, ..LoaderOptions::default() };
+    let buffers = LoaderBuffers::new(&options);
+    // Buffers given back by a consumer: stale values, and the two halves of a
+    // batch of different lengths.
+    for (i, d) in [(5000usize, 1usize), (1, 7000), (3, 3), (100_000, 10), (1, 20_000)] {
+        buffers.batches.give_matrix(CsrMatrix { indices: vec![u32::MAX; i], data: vec![7; d], ..CsrMatrix::default() });
+    }
+    for epoch in 0..3 {
+        let plan = EpochPlan::new(&ds, None, &LoaderOptions { epoch, ..options.clone() }).unwrap();
+        for batch in Batches::start(ds.clone(), plan, None, &buffers).unwrap() {
+            let batch = batch.unwrap();
+            let mut want = CsrMatrix::empty(300);
+            for &c in &batch.cells {
+                want.push_row_from(&m, c as usize);
+            }
+            assert_eq!(batch.x, want);
+            // Given back as the binding does when NumPy frees the arrays.
+            buffers.batches.give_matrix(batch.x);
+        }
+    }
+}

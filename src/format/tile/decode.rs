@@ -95,6 +95,10 @@ impl<'a> ParsedTile<'a> {
         Ok(ParsedTile { layout })
     }
 
+    pub(super) fn layout(&self) -> &TileLayout<'a> {
+        &self.layout
+    }
+
     /// Cells in the tile.
     pub fn n_cells(&self) -> u64 {
         self.layout.indptr.len() as u64 - 1
@@ -163,9 +167,9 @@ impl<'a> ParsedTile<'a> {
 }
 
 /// Longest cell whose u32 prefix sum of uint16 gaps cannot wrap around.
-const MAX_UNCHECKED_CELL: usize = (u32::MAX / STREAM_MAX) as usize;
+pub(super) const MAX_UNCHECKED_CELL: usize = (u32::MAX / STREAM_MAX) as usize;
 
-fn decode_chunk(
+pub(super) fn decode_chunk(
     layout: &TileLayout<'_>,
     c: u64,
     chunk: &ChunkEntry,
@@ -309,7 +313,7 @@ fn unreachable_gap_error(chunk: u64) -> TileError {
 
 /// Reads an exception frame: k uint32 positions then k uint32 payloads, with
 /// positions strictly increasing and below the chunk's nnz.
-fn read_exceptions(
+pub(super) fn read_exceptions(
     layout: &TileLayout<'_>,
     c: u64,
     chunk: &ChunkEntry,

@@ -9,7 +9,8 @@
 
 //! The code is split by concern: [`header`] (the fixed parts, read and written
 //! through one set of named offsets), `layout` (where everything is, checked),
-//! `frames` (zstd), `kernels` (the inner loops), `decode` and `encode`.
+//! `frames` (zstd), `kernels` (the inner loops), `decode`, `planes` (chunks
+//! kept decompressed, written out cell by cell) and `encode`.
 
 mod decode;
 mod encode;
@@ -17,12 +18,14 @@ mod frames;
 pub mod header;
 mod kernels;
 mod layout;
+mod planes;
 
 pub use decode::{decode_rows_into, decode_tile, decode_tile_into, ParsedTile};
 pub use encode::{chunk_boundaries, exception_limit, TileEncoder};
 pub use frames::compress_frame;
 pub use header::{parse_header, TileHeader, CHUNK_ENTRY_LEN, HEADER_LEN, MAGIC, VERSION};
 pub use layout::{stream_frames, TileExpectation};
+pub use planes::{finish_rows, ChunkPlanes};
 
 /// Streams hold uint16 values; larger gaps and counts are exceptions
 /// (format.md, "Exceptions").

@@ -110,6 +110,7 @@ fn exceptions_roundtrip() {
     );
     let blob = TileEncoder::new(2, 3).encode(&m).unwrap();
     assert_eq!(decode_tile(&blob, None).unwrap(), m);
+    assert_eq!(via_planes(&blob).unwrap(), m);
 }
 
 #[test]
@@ -119,12 +120,14 @@ fn a_cell_longer_than_the_unchecked_limit_roundtrips_and_is_checked() {
     let long: Vec<(u32, u32)> = (0..70_000u32).map(|g| (g * 2 + 1, 1 + g % 3)).collect();
     let m = block(140_002, &[&[(5, 1)], &long, &[]]);
     assert_eq!(roundtrip(&m, 2), m);
+    assert_eq!(via_planes(&TileEncoder::new(2, 1).encode(&m).unwrap()).unwrap(), m);
     let m = block(140_001, &[&long]);
     let blob = TileEncoder::new(1, 1).encode(&m).unwrap();
     let mut small = blob.clone();
     set_u32(&mut small, 32, 139_999); // n_genes below the last index
     let err = decode_tile(&small, None).unwrap_err();
     assert_eq!(err.rule(), "tile:gene-index-range");
+    assert_eq!(via_planes(&small).unwrap_err(), err);
 }
 
 #[test]
@@ -262,6 +265,11 @@ fn stream_content_rules() {
     assert_eq!(err, TileError::GeneIndexRange { chunk: 0, cell: 0, position: 1, gene: 10, n_genes: 10 });
     let err = decode_tile(&replace_stream(&blob, 0, 1, &[1, 0, 0, 0]), None).unwrap_err();
     assert_eq!(err, TileError::ZeroCount { chunk: 0, position: 1 });
+    // The planes name the same rule, the same place.
+    for (stream, raw) in [(0, &[3, 0, 0, 0]), (0, &[3, 7, 0, 0]), (1, &[1, 0, 0, 0])] {
+        let bad = replace_stream(&blob, 0, stream, raw);
+        assert_eq!(via_planes(&bad).unwrap_err(), decode_tile(&bad, None).unwrap_err());
+    }
 }
 
 #[test]
@@ -303,6 +311,27 @@ fn frame_rules_of_decision_4() {
     assert!(
         matches!(decode_tile(&b, None).unwrap_err(), TileError::Frame { reason, .. } if reason.contains("content size"))
     );
+}
+
+/// The tile decoded through its chunks' planes, every row written out one by
+/// one (as the loader does).
+fn via_planes(blob: &[u8]) -> Result<CsrMatrix, TileError> {
+    let tile = ParsedTile::parse(blob, None)?;
+    let mut out = CsrMatrix::empty(u32_at(blob, 32));
+    let mut planes = ChunkPlanes::default();
+    for (c, _) in tile.chunk_cells().enumerate() {
+        tile.decode_planes(c, &mut planes)?;
+        for row in planes.cells() {
+            let n = planes.row_nnz(row);
+            let at = out.indices.len();
+            out.indices.resize(at + n, u32::MAX);
+            out.data.resize(at + n, u32::MAX);
+            planes.write_row(row, &mut out.indices[at..], &mut out.data[at..]);
+            out.indptr.push(out.indices.len() as u64);
+        }
+    }
+    finish_rows();
+    Ok(out)
 }
 
 fn arb_block() -> impl Strategy<Value = CsrMatrix> {
@@ -348,6 +377,27 @@ proptest! {
             prop_assert_eq!(decoded.indices, m.indices);
             prop_assert_eq!(decoded.data, m.data);
             prop_assert_eq!(decoded.indptr, m.indptr);
+        }
+    }
+
+    #[test]
+    fn planes_give_every_row_as_decoding_does(m in arb_block(), chunks in 1usize..10) {
+        let blob = TileEncoder::new(chunks, 1).encode(&m).unwrap();
+        prop_assert_eq!(via_planes(&blob).unwrap(), m);
+    }
+
+    #[test]
+    fn planes_refuse_exactly_what_decoding_refuses(
+        m in arb_block(), at in any::<proptest::sample::Index>(), byte in any::<u8>()
+    ) {
+        let mut b = TileEncoder::new(3, 1).encode(&m).unwrap();
+        let i = at.index(b.len());
+        b[i] = byte;
+        fix_crc(&mut b);
+        match (decode_tile(&b, None), via_planes(&b)) {
+            (Ok(decoded), Ok(planes)) => prop_assert_eq!(planes, decoded),
+            (Err(_), Err(_)) => {}
+            (decoded, planes) => prop_assert!(false, "decode gave {decoded:?}, planes {planes:?}"),
         }
     }
 

@@ -1,0 +1,230 @@
+//! A chunk kept as its decompressed byte planes, from which cells are written
+//! out one by one, in any order: a reader that gathers shuffled cells into
+//! batches writes each cell's gene indices and counts once, straight into the
+//! batch, instead of decoding the chunk into a matrix and copying rows out of
+//! it. The planes take 4 bytes per nonzero, half a decoded chunk.
+//!
+//! Every rule a reader checks is checked when the planes are made, by passes
+//! that read the planes without writing anything; when one finds a problem,
+//! the chunk is decoded by the ordinary decoder, which names the rule broken
+//! exactly as it does for whole tiles.
+
+use std::ops::Range;
+
+use super::super::error::{Stream, TileError};
+use super::decode::{decode_chunk, read_exceptions, ParsedTile, MAX_UNCHECKED_CELL};
+use super::frames::decompress_exact;
+use super::kernels::{recombine_counts, select_gaps_kernel, store_fence};
+use super::STREAM_MAX;
+use crate::format::MAX_COUNT;
+
+/// One chunk's planes and exceptions, checked (see the module documentation).
+/// `Default` gives an empty one to decode into; its buffers are reused by
+/// later calls.
+#[derive(Debug, Default)]
+pub struct ChunkPlanes {
+    /// The tile rows of the chunk.
+    cells: Range<u64>,
+    /// Offsets into the planes of each cell of the chunk, and the end.
+    offsets: Vec<u64>,
+    /// Low bytes of every gap, then high bytes.
+    gaps: Vec<u8>,
+    /// Low bytes of every count, then high bytes.
+    vals: Vec<u8>,
+    vexc: Vec<(u64, u32)>,
+    gexc: Vec<(u64, u32)>,
+}
+
+impl ParsedTile<'_> {
+    /// Decompresses chunk `c` into `planes` and checks it.
+    pub fn decode_planes(&self, c: usize, planes: &mut ChunkPlanes) -> Result<(), TileError> {
+        let layout = self.layout();
+        let chunk = layout.chunks.get(c).ok_or_else(|| TileError::ChunkTable {
+            chunk: c as u64,
+            reason: format!("no such chunk: the tile has {}", layout.chunks.len()),
+        })?;
+        let n = chunk.n() as usize;
+        let cu = c as u64;
+        planes.cells = chunk.cell_lo..chunk.cell_hi;
+        planes.offsets.clear();
+        planes
+            .offsets
+            .extend(layout.indptr[chunk.cell_lo as usize..=chunk.cell_hi as usize].iter().map(|&p| p - chunk.nnz_lo));
+        planes.gaps.resize(2 * n, 0);
+        planes.vals.resize(2 * n, 0);
+        decompress_exact(layout.stream(chunk.gaps), &mut planes.gaps, cu, Stream::Gaps)?;
+        decompress_exact(layout.stream(chunk.vals), &mut planes.vals, cu, Stream::Vals)?;
+        planes.vexc = if chunk.vexc.len > 0 { read_exceptions(layout, cu, chunk, Stream::Vexc)? } else { Vec::new() };
+        planes.gexc = if chunk.gexc.len > 0 { read_exceptions(layout, cu, chunk, Stream::Gexc)? } else { Vec::new() };
+        if !planes.follow_the_rules(u64::from(layout.header.n_genes)) {
+            // The ordinary decoder names the rule that is broken.
+            let (mut indices, mut data) = (vec![0u32; n], vec![0u32; n]);
+            decode_chunk(layout, cu, chunk, &mut indices, &mut data)?;
+        }
+        Ok(())
+    }
+}
+
+impl ChunkPlanes {
+    /// The tile rows this chunk holds.
+    pub fn cells(&self) -> Range<u64> {
+        self.cells.clone()
+    }
+
+    /// The nonzeros of tile row `row` (a row of this chunk).
+    ///
+    /// # Panics
+    /// If `row` is not in [`ChunkPlanes::cells`].
+    pub fn row_nnz(&self, row: u64) -> usize {
+        let cell = (row - self.cells.start) as usize;
+        (self.offsets[cell + 1] - self.offsets[cell]) as usize
+    }
+
+    /// Writes tile row `row`'s gene indices and counts into `indices` and
+    /// `data`, each exactly [`ChunkPlanes::row_nnz`] long. The counts are
+    /// written with streaming stores (they are not read again soon): call
+    /// [`finish_rows`] before another thread reads them.
+    ///
+    /// # Panics
+    /// If `row` is not in [`ChunkPlanes::cells`] or the outputs are not
+    /// `row_nnz(row)` long.
+    pub fn write_row(&self, row: u64, indices: &mut [u32], data: &mut [u32]) {
+        let cell = (row - self.cells.start) as usize;
+        let (s, e) = (self.offsets[cell] as usize, self.offsets[cell + 1] as usize);
+        assert!(indices.len() == e - s && data.len() == e - s, "row {row} has {} nonzeros", e - s);
+        let n = self.gaps.len() / 2;
+        let (glo, ghi) = self.gaps.split_at(n);
+        let (vlo, vhi) = self.vals.split_at(n);
+        // Checked when the planes were made: the sums stay below n_genes, so
+        // the kernel's u32 sums never wrap, whatever the row's length.
+        select_gaps_kernel()(&glo[s..e], &ghi[s..e], indices);
+        for &(p, payload) in within(&self.gexc, s, e) {
+            for index in &mut indices[p as usize - s..] {
+                *index += payload;
+            }
+        }
+        recombine_counts(&vlo[s..e], &vhi[s..e], data);
+        for &(p, payload) in within(&self.vexc, s, e) {
+            data[p as usize - s] = payload;
+        }
+    }
+
+    /// Whether the planes and exceptions break no rule that decoding checks.
+    fn follow_the_rules(&self, n_genes: u64) -> bool {
+        let n = self.gaps.len() / 2;
+        let (glo, ghi) = self.gaps.split_at(n);
+        let (vlo, vhi) = self.vals.split_at(n);
+        if any_zero_count(vlo, vhi) {
+            return false;
+        }
+        let stored = |lo: &[u8], hi: &[u8], p: u64| u32::from(lo[p as usize]) | u32::from(hi[p as usize]) << 8;
+        for &(p, payload) in &self.vexc {
+            if stored(vlo, vhi, p) != STREAM_MAX || !(STREAM_MAX + 1..=MAX_COUNT).contains(&payload) {
+                return false;
+            }
+        }
+        let (mut zero_gaps, mut zero_firsts) = (0u64, 0u64);
+        let mut gexc = self.gexc.iter().peekable();
+        for w in self.offsets.windows(2) {
+            let (s, e) = (w[0] as usize, w[1] as usize);
+            if s == e {
+                continue;
+            }
+            zero_firsts += u64::from(glo[s] == 0 && ghi[s] == 0);
+            let (sum, zeros) = gap_sum(&glo[s..e], &ghi[s..e]);
+            zero_gaps += zeros;
+            // The cell's last index, once its exceptions have shifted it, is
+            // its largest.
+            let mut last = sum;
+            while let Some(&&(p, payload)) = gexc.peek().filter(|(p, _)| (*p as usize) < e) {
+                if stored(glo, ghi, p) != STREAM_MAX || payload == 0 || u64::from(payload) >= n_genes {
+                    return false;
+                }
+                last += u64::from(payload);
+                gexc.next();
+            }
+            if sum >= n_genes || last >= n_genes {
+                return false;
+            }
+        }
+        zero_gaps == zero_firsts
+    }
+}
+
+/// Makes the rows written by [`ChunkPlanes::write_row`] visible to other
+/// threads in order (x86 streaming stores are weakly ordered).
+pub fn finish_rows() {
+    store_fence();
+}
+
+/// The exceptions at positions `s..e` (the list is sorted by position).
+fn within(exceptions: &[(u64, u32)], s: usize, e: usize) -> &[(u64, u32)] {
+    let lo = exceptions.partition_point(|&(p, _)| (p as usize) < s);
+    let hi = exceptions.partition_point(|&(p, _)| (p as usize) < e);
+    &exceptions[lo..hi]
+}
+
+/// The sum of the gaps whose bytes are `lo` and `hi`, and how many are zero.
+fn gap_sum(lo: &[u8], hi: &[u8]) -> (u64, u64) {
+    if lo.len() > MAX_UNCHECKED_CELL {
+        let mut sum = 0u64;
+        let mut zeros = 0u64;
+        for (&l, &h) in lo.iter().zip(hi) {
+            let g = u64::from(l) | u64::from(h) << 8;
+            sum += g;
+            zeros += u64::from(g == 0);
+        }
+        return (sum, zeros);
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the processor supports AVX2, checked just above.
+            return unsafe { gap_sum_avx2(lo, hi) };
+        }
+    }
+    gap_sum_u32(lo, hi)
+}
+
+/// Sums in u32 lanes: no wrap for at most MAX_UNCHECKED_CELL gaps.
+#[inline(always)]
+fn gap_sum_u32(lo: &[u8], hi: &[u8]) -> (u64, u64) {
+    let mut sum = 0u32;
+    let mut zeros = 0u32;
+    for (&l, &h) in lo.iter().zip(hi) {
+        let g = u32::from(l) | u32::from(h) << 8;
+        sum += g;
+        zeros += u32::from(g == 0);
+    }
+    (u64::from(sum), u64::from(zeros))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn gap_sum_avx2(lo: &[u8], hi: &[u8]) -> (u64, u64) {
+    gap_sum_u32(lo, hi)
+}
+
+/// Whether any count whose bytes are `lo` and `hi` is zero.
+fn any_zero_count(lo: &[u8], hi: &[u8]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the processor supports AVX2, checked just above.
+            return unsafe { any_zero_count_avx2(lo, hi) };
+        }
+    }
+    any_zero_count_portable(lo, hi)
+}
+
+#[inline(always)]
+fn any_zero_count_portable(lo: &[u8], hi: &[u8]) -> bool {
+    // Whole blocks without an early exit, so that the loop vectorizes.
+    lo.chunks(4096).zip(hi.chunks(4096)).any(|(l, h)| l.iter().zip(h).fold(false, |z, (&l, &h)| z | (l | h == 0)))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn any_zero_count_avx2(lo: &[u8], hi: &[u8]) -> bool {
+    any_zero_count_portable(lo, hi)
+}
