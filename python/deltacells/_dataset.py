@@ -212,9 +212,12 @@ class Dataset:
         each item is a :class:`CellBatch` with ``.X``, ``.cells`` and ``.obs``).
 
         With ``shuffle`` the tiles are read in an order fixed by ``(seed,
-        epoch)``, and the cells of each window of ``window_tiles`` tiles are
-        shuffled together; the same arguments give the same batches, another
-        epoch another order. Without it, cells come in dataset order.
+        epoch)``, the chunks of each window of ``window_tiles`` tiles are
+        shuffled, and the cells of each group of ``mix_chunks`` chunks are
+        shuffled together, so that a batch mixes cells of ``mix_chunks``
+        chunks from anywhere in the window. The same arguments give the same
+        batches, another epoch another order. Without it, cells come in
+        dataset order.
 
         The epoch's cells (``cells``, for example a train split as cell
         indices, or every cell) are split into ``world_size * num_workers``
@@ -225,13 +228,15 @@ class Dataset:
         every rank yields the same number of batches. Inside a torch DataLoader
         use :class:`deltacells.torch.CellDataset`, which fills in rank and worker.
 
-        Reading runs on Rust threads, without the GIL, ahead of the consumer: the
-        next window is fetched and decoded while the current one is cut into
-        batches, and ``prefetch`` batches wait ready. Memory is bounded by that
-        pipeline, not by the dataset or the number of epochs: about
-        ``2 * window_tiles`` decoded tiles (8 bytes per nonzero; 56 MB for a
-        tile of 10,000 cells of 700 genes each) plus ``prefetch + 2`` batches,
-        per process.
+        Reading runs on Rust threads, without the GIL, ahead of the consumer:
+        the next window's tiles are fetched (still compressed) while the next
+        group of chunks is decompressed and the current one is written, cell by
+        cell, into batches, ``prefetch`` of which wait ready. Memory is bounded
+        by that pipeline, not by the dataset or the number of epochs: about 3
+        windows of compressed tiles, 2 groups of decompressed chunks (4 bytes
+        per nonzero) and ``prefetch + 4`` batches (8 bytes per nonzero), per
+        process, kept for the next epoch (about 135 MB at the defaults for
+        tiles of 10,000 cells of 700 genes each).
 
         ``obs_columns`` are localized (copied into the local cache) when the
         iteration starts, then looked up for every batch.
