@@ -7,13 +7,14 @@
 //! the cells it reads from one tile. Then [`Batches`] reads a share in three
 //! stages, each on its own thread: one fetches the tiles of the next window of
 //! `window_tiles` units (in parallel, on a rayon pool) and hands them on still
-//! compressed; one shuffles the chunks of a window and decodes them in groups
-//! of `mix_chunks` (in parallel, on the pool); one shuffles the cells of each
-//! group and gathers them into batches, which wait in a queue of `prefetch`.
+//! compressed; one shuffles the chunks of a window and decompresses them in
+//! groups of `mix_chunks` (in parallel, on the pool) into their byte planes
+//! ([`ChunkPlanes`], checked); one shuffles the cells of each group and writes
+//! each cell straight from the planes into its batch, and the batches wait in
+//! a queue of `prefetch`. No decoded tile is ever made and copied from.
 //! Memory is therefore bounded by three windows of compressed tiles, two
-//! groups of decoded chunks and the queue, never by the dataset or the number
-//! of epochs; and the chunks being gathered from fit in the processor's cache
-//! far better than whole decoded tiles would.
+//! groups of decompressed chunks (4 bytes per nonzero) and the batches (8),
+//! never by the dataset or the number of epochs.
 //!
 //! This module owns the order and the pipeline; it knows nothing of Python or
 //! torch. The Python package's `Dataset.batches` is a thin layer over it.
@@ -41,7 +42,8 @@ use crate::{Dataset, DatasetError};
 pub struct LoaderOptions {
     /// Cells per batch (the last batch of a share may have fewer).
     pub batch_size: usize,
-    /// Shuffle tiles, and cells within each window; otherwise dataset order.
+    /// Shuffle tiles, chunks within each window and cells within each group
+    /// of chunks; otherwise dataset order.
     pub shuffle: bool,
     /// With `epoch`, fixes every random choice.
     pub seed: u64,
@@ -299,7 +301,7 @@ impl EpochPlan {
     }
 }
 
-/// The buffers a loader decodes tiles and gathers batches into, kept from one
+/// The buffers a loader decompresses chunks and writes batches into, kept from one
 /// epoch to the next (a new epoch then faults in no fresh memory). Clones
 /// share the pools.
 #[derive(Clone, Debug)]
@@ -388,8 +390,8 @@ fn panic_text(panic: Box<dyn std::any::Any + Send>) -> String {
 
 impl Batches {
     /// Starts reading `plan`'s share of `dataset`: tiles are fetched and
-    /// decoded on `pool` (rayon's global pool when None), into buffers from
-    /// `buffers`, as are the batches.
+    /// chunks decompressed on `pool` (rayon's global pool when None), into
+    /// buffers from `buffers`, as are the batches.
     pub fn start(
         dataset: Arc<Dataset>,
         plan: EpochPlan,

@@ -152,6 +152,12 @@ fn as_i64(v: Vec<u64>) -> Vec<i64> {
     unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<i64>(), v.len(), v.capacity()) }
 }
 
+/// The cells of a NumPy int64 array (contiguous or not), copied out so that
+/// the GIL can be released while they are used.
+fn cell_vec(cells: &PyReadonlyArray1<'_, i64>) -> Vec<i64> {
+    cells.as_slice().map(<[i64]>::to_vec).unwrap_or_else(|_| cells.as_array().to_vec())
+}
+
 type CsrArrays<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>);
 
 fn csr_arrays(py: Python<'_>, m: CsrMatrix) -> CsrArrays<'_> {
@@ -399,7 +405,7 @@ impl RawDataset {
     /// (indptr int64, indices int32, data int32). Each tile needed is read and
     /// decoded once, on the dataset's threads, without the GIL.
     fn get_batch<'py>(&self, py: Python<'py>, cells: PyReadonlyArray1<'py, i64>) -> PyResult<CsrArrays<'py>> {
-        let cells = cells.as_slice().map(<[i64]>::to_vec).unwrap_or_else(|_| cells.as_array().to_vec());
+        let cells = cell_vec(&cells);
         let m = detached(py, || {
             let cells = self.check_cells(&cells)?;
             self.install(|| {
@@ -473,7 +479,7 @@ impl RawDataset {
         cells: Option<PyReadonlyArray1<'_, i64>>,
         options: LoaderArgs,
     ) -> PyResult<(u64, u64)> {
-        let cells = cells.map(|c| c.as_slice().map(<[i64]>::to_vec).unwrap_or_else(|_| c.as_array().to_vec()));
+        let cells = cells.as_ref().map(cell_vec);
         detached(py, || {
             let plan = self.plan(cells.as_deref(), &options)?;
             Ok((plan.n_cells(), plan.n_batches()))
@@ -488,7 +494,7 @@ impl RawDataset {
         cells: Option<PyReadonlyArray1<'_, i64>>,
         options: LoaderArgs,
     ) -> PyResult<RawBatches> {
-        let cells = cells.map(|c| c.as_slice().map(<[i64]>::to_vec).unwrap_or_else(|_| c.as_array().to_vec()));
+        let cells = cells.as_ref().map(cell_vec);
         detached(py, || {
             let plan = self.plan(cells.as_deref(), &options)?;
             let (n_cells, n_batches) = (plan.n_cells(), plan.n_batches());
