@@ -371,7 +371,7 @@ struct Group {
 }
 
 /// The batches of one share, read on background threads. Dropping it stops
-/// them (they finish the tile in hand and exit).
+/// them (each finishes the step in hand and exits).
 pub struct Batches {
     receiver: Receiver<Result<LoaderBatch, LoaderError>>,
     expected: u64,
@@ -402,10 +402,10 @@ impl Batches {
         let (batch_tx, receiver) = sync_channel(plan.options.prefetch);
         // One fetched window waits while the next is fetched; a group is handed
         // over only when the batcher is ready for it, so at most two are
-        // decoded at once.
+        // decompressed at once.
         let (fetched_tx, fetched_rx) = sync_channel::<Result<Fetched, LoaderError>>(1);
         let (group_tx, group_rx) = sync_channel::<Result<Group, LoaderError>>(0);
-        let (tiles, batches) = (buffers.planes.clone(), buffers.batches.clone());
+        let (planes, batches) = (buffers.planes.clone(), buffers.batches.clone());
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
                 .name(name.into())
@@ -427,11 +427,11 @@ impl Batches {
         }
         {
             let plan = plan.clone();
-            let tiles = tiles.clone();
+            let planes = planes.clone();
             spawn(
                 "deltacells-decode",
                 Box::new(move || {
-                    guarded(group_tx, |out| decode_groups(&dataset, &plan, pool.as_deref(), &tiles, fetched_rx, out))
+                    guarded(group_tx, |out| decode_groups(&dataset, &plan, pool.as_deref(), &planes, fetched_rx, out))
                 }),
             )?;
         }
@@ -439,7 +439,7 @@ impl Batches {
             let plan = plan.clone();
             spawn(
                 "deltacells-batch",
-                Box::new(move || guarded(batch_tx, |out| cut_batches(&plan, group_rx, &tiles, &batches, out))),
+                Box::new(move || guarded(batch_tx, |out| cut_batches(&plan, group_rx, &planes, &batches, out))),
             )?;
         }
         Ok(Batches { receiver, expected: plan.n_batches, yielded: 0, failed: false })
@@ -527,7 +527,7 @@ fn decode_groups(
     dataset: &Dataset,
     plan: &EpochPlan,
     pool: Option<&rayon::ThreadPool>,
-    tiles: &PlanesPool,
+    pool_of_planes: &PlanesPool,
     windows: Receiver<Result<Fetched, LoaderError>>,
     out: &SyncSender<Result<Group, LoaderError>>,
 ) {
@@ -566,7 +566,7 @@ fn decode_groups(
                     group
                         .par_iter()
                         .map(|piece| {
-                            let mut planes = tiles.take();
+                            let mut planes = pool_of_planes.take();
                             let tile = units[piece.unit].tile;
                             parsed[piece.unit]
                                 .decode_planes(piece.chunk, &mut planes)
@@ -608,7 +608,7 @@ fn decode_groups(
 fn cut_batches(
     plan: &EpochPlan,
     groups: Receiver<Result<Group, LoaderError>>,
-    tiles: &PlanesPool,
+    pool_of_planes: &PlanesPool,
     buffers: &BufferPool,
     out: &SyncSender<Result<LoaderBatch, LoaderError>>,
 ) {
@@ -673,7 +673,7 @@ fn cut_batches(
             }
         }
         for planes in group.planes {
-            tiles.give(planes);
+            pool_of_planes.give(planes);
         }
     }
     if let Some(last) = batch.filter(|b| !b.cells.is_empty() && sent < plan.n_batches) {
