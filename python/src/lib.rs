@@ -453,15 +453,7 @@ impl RawDataset {
                 let mut out = CsrMatrix::default();
                 let (mut cells, mut nnz) = (0u64, 0u64);
                 for tile in 0..self.dataset.n_tiles() {
-                    let key = format::tile_key(tile);
-                    let storage = self.dataset.storage();
-                    let blob = storage.get(&key)?.ok_or_else(|| Failure {
-                        kind: Kind::Corrupt,
-                        message: format!("{}: missing", storage.location(&key)),
-                    })?;
-                    let expect = self.dataset.tile_expectation(tile);
-                    format::decode_tile_into(&blob, Some(&expect), &mut out)
-                        .map_err(|e| Failure::new(Kind::Corrupt, &e))?;
+                    self.dataset.read_tile_into(tile, &mut out)?;
                     cells += out.n_rows() as u64;
                     nnz += out.nnz() as u64;
                 }

@@ -33,7 +33,7 @@ pub fn decode_tile(blob: &[u8], expect: Option<&TileExpectation>) -> Result<CsrM
 /// allocates (and the kernel zeroes) nothing once they are large enough. On
 /// error, `out` holds unspecified data.
 pub fn decode_tile_into(blob: &[u8], expect: Option<&TileExpectation>, out: &mut CsrMatrix) -> Result<(), TileError> {
-    decode_chunks_into(blob, expect, None, out)
+    ParsedTile::parse(blob, expect)?.decode_sorted_rows_into(None, out)
 }
 
 /// Decodes only the chunks of a tile that hold one of `rows` (rows of the
@@ -50,20 +50,7 @@ pub fn decode_rows_into(
     rows: &[u64],
     out: &mut CsrMatrix,
 ) -> Result<(), TileError> {
-    let mut sorted = rows.to_vec();
-    sorted.sort_unstable();
-    sorted.dedup();
-    decode_chunks_into(blob, expect, Some(&sorted), out)
-}
-
-/// Decodes the chunks holding one of `rows` (sorted), or all of them.
-fn decode_chunks_into(
-    blob: &[u8],
-    expect: Option<&TileExpectation>,
-    rows: Option<&[u64]>,
-    out: &mut CsrMatrix,
-) -> Result<(), TileError> {
-    ParsedTile::parse(blob, expect)?.decode_sorted_rows_into(rows, out)
+    ParsedTile::parse(blob, expect)?.decode_rows_into(rows, out)
 }
 
 /// A tile whose header, CRC, chunk table, indptr and frame sizes were checked,
@@ -97,11 +84,6 @@ impl<'a> ParsedTile<'a> {
 
     pub(super) fn layout(&self) -> &TileLayout<'a> {
         &self.layout
-    }
-
-    /// Cells in the tile.
-    pub fn n_cells(&self) -> u64 {
-        self.layout.indptr.len() as u64 - 1
     }
 
     /// The cells of each chunk, in order.
