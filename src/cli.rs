@@ -1,5 +1,7 @@
 //! What the user types: clap derive types only.
 
+use std::path::PathBuf;
+
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use deltacells::convert::GeneSet;
@@ -199,6 +201,16 @@ pub(crate) struct ConvertArgs {
     /// choose the gene order; 0 keeps the source order.
     #[arg(long, default_value_t = 10)]
     pub gene_order_files: usize,
+    /// Store the genes in the order of this dataset (local or bucket; by gene
+    /// name, from its var_names.txt), so that both have the same columns. The
+    /// inputs must have the same genes; the first difference is named.
+    #[arg(long, value_name = "DATASET", conflicts_with_all = ["gene_order", "gene_order_files"])]
+    pub gene_order_from: Option<String>,
+    /// Store the genes in this order: a .npy file of int32 or int64 whose entry
+    /// j is the input column stored as column j (as gene_order.npy; for
+    /// example np.argsort of a ranking), listing every column once.
+    #[arg(long, value_name = "FILE.npy", conflicts_with = "gene_order_files")]
+    pub gene_order: Option<PathBuf>,
     /// Which genes to store when the inputs' genes differ. Inputs with the same
     /// genes in another order are always aligned by name. `same` refuses
     /// inputs whose gene sets differ; `intersection` keeps the genes every

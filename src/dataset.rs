@@ -233,7 +233,8 @@ impl Dataset {
     }
 
     /// Reads cells `range` (global indices) as one CSR matrix, decoding the tiles
-    /// it touches in parallel.
+    /// it touches in parallel; of a tile it covers in part, only the chunks
+    /// holding its cells are decoded.
     pub fn read_cells(&self, range: Range<u64>) -> Result<CsrMatrix, DatasetError> {
         if range.end > self.n_cells() || range.start > range.end {
             let cell = range.end.max(range.start);
@@ -249,7 +250,14 @@ impl Dataset {
             .into_par_iter()
             .map(|t| {
                 let mut tile = PooledTile { matrix: self.buffers.take_matrix(), pool: &self.buffers };
-                self.read_tile_into(t, &mut tile.matrix)?;
+                let cells = self.tile_cells(t);
+                if range.start <= cells.start && cells.end <= range.end {
+                    self.read_tile_into(t, &mut tile.matrix)?;
+                } else {
+                    let rows: Vec<u64> =
+                        (range.start.max(cells.start) - cells.start..range.end.min(cells.end) - cells.start).collect();
+                    self.read_tile_rows_into(t, &rows, &mut tile.matrix)?;
+                }
                 Ok::<_, DatasetError>(tile)
             })
             .collect::<Result<_, _>>()?;

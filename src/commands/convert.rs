@@ -5,8 +5,9 @@ use anyhow::{bail, Context};
 use indicatif::{HumanBytes, HumanCount, ProgressBar, ProgressState, ProgressStyle};
 use serde_json::{Map, Value};
 
-use deltacells::convert::ObsOptions;
 use deltacells::convert::{convert, ConvertOptions, ConvertProgress};
+use deltacells::convert::{GivenOrder, ObsOptions};
+use deltacells::dataset::Dataset;
 use std::sync::Arc;
 
 use deltacells::storage::{self, Storage};
@@ -102,6 +103,21 @@ fn parse_metadata(pairs: &[String]) -> anyhow::Result<Map<String, Value>> {
     Ok(map)
 }
 
+/// The gene order --gene-order-from or --gene-order gives, if either.
+fn given_gene_order(args: &ConvertArgs) -> anyhow::Result<Option<GivenOrder>> {
+    if let Some(root) = &args.gene_order_from {
+        let store = super::open_store(root, &args.store)?;
+        let dataset = Dataset::from_storage(store).with_context(|| format!("--gene-order-from {root}"))?;
+        return Ok(Some(
+            GivenOrder::from_dataset(&dataset, root).with_context(|| format!("--gene-order-from {root}"))?,
+        ));
+    }
+    match &args.gene_order {
+        Some(path) => Ok(Some(GivenOrder::from_npy(path).context("--gene-order")?)),
+        None => Ok(None),
+    }
+}
+
 /// What the arguments of convert and plan ask for.
 struct Conversion {
     inputs: Vec<PathBuf>,
@@ -127,6 +143,7 @@ fn conversion(args: &ConvertArgs) -> anyhow::Result<Conversion> {
         matrix: args.matrix.clone(),
         write: WriteOptions { tile_size: args.tile_size, n_chunks: args.chunks as usize, zstd_level: args.level },
         gene_order_files: args.gene_order_files,
+        gene_order: given_gene_order(args)?,
         genes: args.genes.into(),
         write_var: !args.no_var,
         obs: (!args.no_obs).then(|| ObsOptions {

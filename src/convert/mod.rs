@@ -25,6 +25,7 @@ use input::{to_counts, BadCount, BadValue, InputError, InputSource, RawRows};
 use obs_merge::ObsPlan;
 use obs_shards::{ShardRecord, ShardWriter};
 
+pub mod gene_order;
 pub mod genes;
 pub mod input;
 pub mod obs_merge;
@@ -32,6 +33,7 @@ mod obs_shards;
 mod plan;
 mod var_table;
 
+pub use gene_order::{GeneOrderError, GivenOrder};
 pub use genes::GeneSet;
 pub use obs_merge::ObsOptions;
 pub use plan::{finalize, plan, run_shard, Plan, ShardResult};
@@ -62,6 +64,9 @@ pub struct ConvertOptions {
     /// How many inputs are sampled for the gene order (decisions.md 12); 0
     /// keeps the source order.
     pub gene_order_files: usize,
+    /// A gene order to use instead of computing one (`gene_order_files` is
+    /// then not used).
+    pub gene_order: Option<GivenOrder>,
     /// Which genes are stored when the inputs' genes differ.
     pub genes: GeneSet,
     /// Write var.parquet.
@@ -82,6 +87,7 @@ impl Default for ConvertOptions {
             matrix: "X".into(),
             write: WriteOptions::default(),
             gene_order_files: 10,
+            gene_order: None,
             genes: GeneSet::Same,
             write_var: true,
             obs: Some(ObsOptions::default()),

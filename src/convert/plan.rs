@@ -168,9 +168,14 @@ pub fn plan(
     };
     prepare_output(out, options.overwrite)?;
 
-    let sampled = sampled_inputs(scanned.len(), options.gene_order_files);
-    let totals = gene_totals(&scanned, &sampled, &options.matrix, &var_names, progress)?;
-    let order = gene_order_from_totals(&totals);
+    let (sampled, order) = match &options.gene_order {
+        Some(given) => (Vec::new(), given.resolve(&var_names, &scanned[0].path)?),
+        None => {
+            let sampled = sampled_inputs(scanned.len(), options.gene_order_files);
+            let totals = gene_totals(&scanned, &sampled, &options.matrix, &var_names, progress)?;
+            (sampled, gene_order_from_totals(&totals))
+        }
+    };
     let order_i32: Vec<i32> = order.iter().map(|&g| g as i32).collect();
     out.put(format::GENE_ORDER_KEY, Bytes::from(npy::write_i32(&order_i32)))?;
     let mut names_text = String::new();
@@ -217,6 +222,9 @@ pub fn plan(
             "zstd_level": options.write.zstd_level,
         }),
     );
+    if let (Some(given), Some(Value::Object(record))) = (&options.gene_order, metadata.get_mut("convert")) {
+        record.insert("gene_order_from".into(), json!(given.source()));
+    }
     metadata.extend(options.metadata.clone());
     let plan = Plan {
         format: PLAN_FORMAT.into(),

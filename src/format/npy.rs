@@ -12,14 +12,36 @@ pub enum NpyError {
     Truncated,
     #[error(".npy header: {0}")]
     Header(String),
-    #[error("data is {actual} bytes, but shape ({len},) of int32 needs {expected}")]
-    DataSize { len: u64, expected: u64, actual: u64 },
+    #[error("data is {actual} bytes, but shape ({len},) of {dtype} needs {expected}")]
+    DataSize { len: u64, dtype: &'static str, expected: u64, actual: u64 },
 }
 
 const MAGIC: &[u8] = b"\x93NUMPY";
 
-/// Reads a 1-D `<i4` array.
+/// Reads a 1-D `<i4` array (the dtype gene_order.npy must have).
 pub fn read_i32(bytes: &[u8]) -> Result<Vec<i32>, NpyError> {
+    let (dtype, data) = parse(bytes, &[("<i4", "int32", 4)])?;
+    debug_assert_eq!(dtype, "<i4");
+    Ok(data.chunks_exact(4).map(|w| i32::from_le_bytes(w.try_into().expect("4"))).collect())
+}
+
+/// Reads a 1-D array of little-endian int32 or int64 (`<i4` or `<i8`: what
+/// `np.save` writes for an index array such as `np.argsort`'s), as i64.
+pub fn read_indices(bytes: &[u8]) -> Result<Vec<i64>, NpyError> {
+    let (dtype, data) = parse(bytes, &[("<i4", "int32", 4), ("<i8", "int64", 8)])?;
+    Ok(if dtype == "<i4" {
+        data.chunks_exact(4).map(|w| i64::from(i32::from_le_bytes(w.try_into().expect("4")))).collect()
+    } else {
+        data.chunks_exact(8).map(|w| i64::from_le_bytes(w.try_into().expect("8"))).collect()
+    })
+}
+
+/// Checks a 1-D .npy array of one of `dtypes` (descr, name, item size): its
+/// descr and its data, of exactly the size its shape needs.
+fn parse<'a>(
+    bytes: &'a [u8],
+    dtypes: &[(&'static str, &'static str, u64)],
+) -> Result<(&'static str, &'a [u8]), NpyError> {
     if bytes.len() < 8 || &bytes[..6] != MAGIC {
         return Err(NpyError::Magic);
     }
@@ -32,9 +54,11 @@ pub fn read_i32(bytes: &[u8]) -> Result<Vec<i32>, NpyError> {
     let header = bytes.get(start..start.saturating_add(header_len)).ok_or(NpyError::Truncated)?;
     let header = std::str::from_utf8(header).map_err(|_| NpyError::Header("not text".into()))?;
     let descr = dict_value(header, "descr")?;
-    if descr != "'<i4'" && descr != "\"<i4\"" {
-        return Err(NpyError::Header(format!("dtype {descr}, expected '<i4' (little-endian int32)")));
-    }
+    let bare = descr.trim_matches(|c| c == '\'' || c == '"');
+    let Some(&(dtype, name, size)) = dtypes.iter().find(|d| d.0 == bare && descr.len() == bare.len() + 2) else {
+        let wanted: Vec<String> = dtypes.iter().map(|d| format!("'{}' (little-endian {})", d.0, d.1)).collect();
+        return Err(NpyError::Header(format!("dtype {descr}, expected {}", wanted.join(" or "))));
+    };
     if dict_value(header, "fortran_order")? != "False" {
         return Err(NpyError::Header("fortran_order must be False".into()));
     }
@@ -42,11 +66,11 @@ pub fn read_i32(bytes: &[u8]) -> Result<Vec<i32>, NpyError> {
     let inner = shape.trim_start_matches('(').trim_end_matches(')').trim().trim_end_matches(',').trim();
     let len: u64 = inner.parse().map_err(|_| NpyError::Header(format!("shape {shape} is not 1-D")))?;
     let data = &bytes[start + header_len..];
-    let expected = len.checked_mul(4).ok_or_else(|| NpyError::Header(format!("shape {shape} too large")))?;
+    let expected = len.checked_mul(size).ok_or_else(|| NpyError::Header(format!("shape {shape} too large")))?;
     if data.len() as u64 != expected {
-        return Err(NpyError::DataSize { len, expected, actual: data.len() as u64 });
+        return Err(NpyError::DataSize { len, dtype: name, expected, actual: data.len() as u64 });
     }
-    Ok(data.chunks_exact(4).map(|w| i32::from_le_bytes(w.try_into().expect("4"))).collect())
+    Ok((dtype, data))
 }
 
 /// The text after `'key':` in a .npy header dict, up to the next top-level comma.
@@ -86,13 +110,13 @@ pub fn write_i32(values: &[i32]) -> Vec<u8> {
 }
 
 /// Checks that `order` is a permutation of 0..n.
-pub fn check_permutation(order: &[i32], n: u64) -> Result<(), String> {
+pub fn check_permutation<T: Copy + std::fmt::Display + TryInto<usize>>(order: &[T], n: u64) -> Result<(), String> {
     if order.len() as u64 != n {
         return Err(format!("has {} entries, expected n_genes {n}", order.len()));
     }
     let mut seen = vec![false; order.len()];
     for (j, &g) in order.iter().enumerate() {
-        let Some(slot) = usize::try_from(g).ok().and_then(|g| seen.get_mut(g)) else {
+        let Some(slot) = g.try_into().ok().and_then(|g: usize| seen.get_mut(g)) else {
             return Err(format!("entry {j} is {g}, outside 0..{n}"));
         };
         if std::mem::replace(slot, true) {
@@ -126,6 +150,24 @@ mod tests {
         assert!(matches!(read_i32(&b), Err(NpyError::DataSize { .. })));
         assert_eq!(read_i32(b"hello"), Err(NpyError::Magic));
         assert!(read_i32(&write_i32(&[1])[..20]).is_err());
+    }
+
+    #[test]
+    fn index_arrays_of_int32_or_int64() {
+        assert_eq!(read_indices(&write_i32(&[2, 0, 1])).unwrap(), vec![2, 0, 1]);
+        // What np.save(np.array([2, 0, 1], dtype=np.int64)) writes.
+        let mut b = write_i32(&[]);
+        let at = b.windows(3).position(|w| w == b"<i4").unwrap();
+        b[at + 2] = b'8';
+        let shape = b.windows(4).position(|w| w == b"(0,)").unwrap();
+        b[shape + 1] = b'3';
+        for v in [2i64, 0, 1] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        assert_eq!(read_indices(&b).unwrap(), vec![2, 0, 1]);
+        assert!(matches!(read_i32(&b), Err(NpyError::Header(m)) if m.contains("expected '<i4'")));
+        b.pop();
+        assert!(matches!(read_indices(&b), Err(NpyError::DataSize { dtype: "int64", .. })));
     }
 
     #[test]

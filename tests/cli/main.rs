@@ -5,6 +5,7 @@
 mod convert;
 mod dataset;
 mod fuzz_regressions;
+mod gene_order;
 mod golden;
 mod h5;
 mod hardening;

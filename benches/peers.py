@@ -1,0 +1,396 @@
+"""deltacells beside the stores a user would pick instead, on the same cells,
+in one run on one machine.
+
+    .venv/bin/python benches/peers.py [--copies 1,8] [--random-batches 40] [--scdl] [--work DIR]
+
+The real PBMC cells (the two files of ../shared/data/fetch-pbmc.sh, as one
+.h5ad: 13,999 cells; and repeated COPIES times: 8 gives 111,992) are stored by:
+
+- deltacells (`deltacells convert`, its defaults: zstd level 19, all cores);
+- plain .h5ad written by anndata, uncompressed and with gzip;
+- anndata's zarr store (format 3, sharded: anndata's `auto_shard_zarr_v3`);
+- TileDB-SOMA (`tiledbsoma.io.from_h5ad`);
+- annbatch's store (`DatasetCollection.add_adatas`, shuffled, as its docs do);
+- BioNeMo SCDL (`SingleCellMemMapDataset`), only with --scdl: it requires
+  torch (about 5.8 GB installed), so it is not installed unless asked for.
+
+For each: bytes on disk and per nonzero, conversion time and peak memory (the
+resident memory of the process that converted), and reading through the
+tool's own Python API, each batch made a SciPy CSR matrix:
+
+- full pass: every cell in order, in batches of 1,024 consecutive cells;
+- random batches: RANDOM_BATCHES batches of 1,024 cells drawn at random (the
+  same cells for every tool, sorted within a batch), once untimed (page cache),
+  then timed; the nonzeros read are compared across tools, so a tool that
+  returned other cells would show.
+
+Every conversion and every read runs in a process of its own. The peers are
+installed from PyPI in a virtual environment under the work folder (made once,
+with a Python >= 3.12: annbatch and anndata 0.13 need it); deltacells is read
+through the package installed in the running interpreter. Not run by the tests
+(see docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+BATCH = 1024
+PEERS = ["anndata>=0.13", "annbatch[zarrs]", "h5py"]
+# tiledbsoma 2.3.0 does not cap anndata, but fails with anndata 0.13 (which
+# lists X as layers[None]: "quote_from_bytes() expected bytes"): its own
+# environment, with the anndata it was made for.
+SOMA = ["tiledbsoma", "anndata<0.13"]
+SCDL = ["bionemo-scdl"]
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory, in bytes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def children_rss() -> int:
+    """The peak resident memory of this process's largest waited-for child."""
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+
+
+def size_on_disk(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+# Conversions: each returns nothing; the caller times it and reads its memory.
+
+def convert(tool: str, source: str, out: str) -> None:
+    if tool == "deltacells":
+        binary = REPO / "target" / "release" / "deltacells"
+        env = dict(os.environ, HDF5_USE_FILE_LOCKING="FALSE")
+        subprocess.run([str(binary), "convert", "-q", "--overwrite", source, out], check=True, env=env)
+    elif tool in ("h5ad", "h5ad-gzip"):
+        import anndata as ad
+
+        ad.read_h5ad(source).write_h5ad(out, compression="gzip" if tool == "h5ad-gzip" else None)
+    elif tool == "zarr":
+        import anndata as ad
+
+        ad.settings.zarr_write_format = 3
+        ad.settings.auto_shard_zarr_v3 = True
+        ad.read_h5ad(source).write_zarr(out)
+    elif tool == "soma":
+        import tiledbsoma.io
+
+        tiledbsoma.io.from_h5ad(out, source, measurement_name="RNA")
+    elif tool == "annbatch":
+        from annbatch import DatasetCollection
+
+        DatasetCollection(out).add_adatas(adata_paths=[source], shuffle=True)
+    elif tool == "scdl":
+        from bionemo.scdl.io.single_cell_memmap_dataset import SingleCellMemMapDataset
+
+        SingleCellMemMapDataset(out, h5ad_path=source, use_X_not_raw=True)
+    else:
+        raise ValueError(tool)
+
+
+# Readers: (number of cells, a function of (start, stop) for consecutive
+# cells, a function of a sorted index array), each returning a SciPy CSR.
+
+def reader(tool: str, store: str):
+    import scipy.sparse
+
+    if tool == "deltacells":
+        import deltacells
+
+        ds = deltacells.open_dataset(store)
+        return ds.n_cells, lambda a, b: ds.get_batch(slice(a, b)).to_scipy(), lambda i: ds.get_batch(i).to_scipy()
+    if tool in ("h5ad", "h5ad-gzip"):
+        import anndata as ad
+
+        x = ad.read_h5ad(store, backed="r").X
+        return x.shape[0], lambda a, b: x[a:b], lambda i: x[i]
+    if tool == "zarr":
+        import anndata as ad
+        import zarr
+
+        x = ad.io.sparse_dataset(zarr.open_group(store, mode="r")["X"])
+        return x.shape[0], lambda a, b: x[a:b], lambda i: x[i]
+    if tool == "soma":
+        import tiledbsoma
+
+        with tiledbsoma.Experiment.open(store) as exp:
+            n = exp.obs.count
+        x = tiledbsoma.SparseNDArray.open(f"{store}/ms/RNA/X/data")
+
+        def block(coords) -> scipy.sparse.csr_matrix:
+            matrix, _ = next(iter(x.read(coords=(coords,)).blockwise(axis=0, size=BATCH,
+                                                                      reindex_disable_on_axis=[1]).scipy()))
+            return matrix
+
+        return n, lambda a, b: block(slice(a, b - 1)), block
+    if tool == "scdl":
+        from bionemo.scdl.io.single_cell_memmap_dataset import SingleCellMemMapDataset
+
+        ds = SingleCellMemMapDataset(store)
+        n_genes = ds.number_of_variables()[0]
+
+        def rows(cells) -> scipy.sparse.csr_matrix:
+            parts = [ds.get_row(int(c))[0] for c in cells]
+            indptr = np.zeros(len(parts) + 1, dtype=np.int64)
+            np.cumsum([len(v) for v, _ in parts], out=indptr[1:])
+            data = np.concatenate([v for v, _ in parts]) if parts else np.zeros(0)
+            indices = np.concatenate([c for _, c in parts]) if parts else np.zeros(0, dtype=np.int64)
+            return scipy.sparse.csr_matrix((data, indices, indptr), shape=(len(parts), n_genes))
+
+        return ds.number_of_rows(), lambda a, b: rows(range(a, b)), rows
+    raise ValueError(tool)
+
+
+def random_batches(n: int, count: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [np.sort(rng.choice(n, size=BATCH, replace=False)) for _ in range(count)]
+
+
+def annbatch_passes(store: str, count: int, passes: int) -> dict:
+    """annbatch reads through its Loader, which chooses its own cells: the full
+    pass is its unshuffled order, the random batches its shuffled ones (random
+    chunks of 512 cells, 32 preloaded at a time, as its docs suggest)."""
+    import anndata as ad
+    import zarr
+    from annbatch import DatasetCollection, Loader
+
+    zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
+
+    def load(group) -> ad.AnnData:
+        return ad.AnnData(X=ad.io.sparse_dataset(group["X"]))
+
+    def run(shuffle: bool, seed: int, limit: int | None) -> tuple[float, int, int]:
+        loader = Loader(batch_size=BATCH, chunk_size=512, preload_nchunks=32, shuffle=shuffle,
+                        rng=np.random.default_rng(seed))
+        loader = loader.use_collection(DatasetCollection(store), load_adata=load)
+        started = time.perf_counter()
+        cells = nnz = 0
+        for i, batch in enumerate(loader):
+            if limit is not None and i == limit:
+                break
+            cells += batch["X"].shape[0]
+            nnz += batch["X"].nnz
+        return time.perf_counter() - started, cells, nnz
+
+    full = [run(False, 0, None) for _ in range(passes + 1)]
+    run(True, 1, count)
+    random_seconds, random_cells, random_nnz = run(True, 2, count)
+    return {"cells": full[0][1], "full_seconds": statistics.median(f[0] for f in full[1:]), "full_first": full[0][0],
+            "nnz": full[0][2], "random_seconds": random_seconds, "random_cells": random_cells,
+            "random_nnz": random_nnz, "read_rss": peak_rss(), "own_cells": True}
+
+
+def measure_read(tool: str, store: str, count: int, passes: int) -> dict:
+    if tool == "annbatch":
+        return annbatch_passes(store, count, passes)
+    n, consecutive, listed = reader(tool, store)
+    full = []
+    nnz = 0
+    for _ in range(passes + 1):
+        started = time.perf_counter()
+        nnz = 0
+        for a in range(0, n, BATCH):
+            nnz += consecutive(a, min(a + BATCH, n)).nnz
+        full.append(time.perf_counter() - started)
+    batches = random_batches(n, count)
+    for b in batches:
+        listed(b)
+    started = time.perf_counter()
+    random_nnz = 0
+    for b in batches:
+        m = listed(b)
+        assert m.shape[0] == BATCH, (tool, m.shape)
+        random_nnz += m.nnz
+    random_seconds = time.perf_counter() - started
+    return {"cells": n, "full_seconds": statistics.median(full[1:]), "full_first": full[0], "nnz": nnz,
+            "random_seconds": random_seconds, "random_cells": count * BATCH, "random_nnz": random_nnz,
+            "read_rss": peak_rss()}
+
+
+def measure_convert(tool: str, source: str, out: str) -> dict:
+    path = Path(out)
+    if path.exists():
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    started = time.perf_counter()
+    convert(tool, source, out)
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, "convert_rss": max(peak_rss(), children_rss()), "bytes": size_on_disk(path)}
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {"python": sys.version.split()[0]}
+    for name in ("deltacells", "tiledbsoma", "anndata", "annbatch", "zarr", "zarrs", "h5py", "bionemo-scdl",
+                 "torch", "numpy", "scipy"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return found
+
+
+def child(python: str, args: list[str]) -> dict:
+    """Runs one measurement in a process of its own; its result."""
+    done = subprocess.run([python, str(Path(__file__)), "--measure", *args], capture_output=True, text=True,
+                          env=dict(os.environ, HDF5_USE_FILE_LOCKING="FALSE"))
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def venv(work: Path, name: str, packages: list[str]) -> tuple[str | None, str]:
+    """The Python of a virtual environment with `packages` (made once under
+    `work`), or None and why not."""
+    sys.path.insert(0, str(HERE))
+    from loader import find_python312
+
+    python = work / name / "bin" / "python"
+    if not python.exists():
+        base = find_python312()
+        if base is None:
+            return None, "needs Python >= 3.12; this machine has only " + sys.version.split()[0]
+        subprocess.run([base, "-m", "venv", str(work / name)], check=True)
+        done = subprocess.run([str(python), "-m", "pip", "install", "-q", *packages], capture_output=True, text=True)
+        if done.returncode != 0:
+            shutil.rmtree(work / name, ignore_errors=True)
+            return None, f"pip install {' '.join(packages)} failed: {done.stderr.strip().splitlines()[-1]}"
+    return str(python), ""
+
+
+NAMES = {
+    "deltacells": "deltacells (zstd 19)",
+    "h5ad": ".h5ad, uncompressed",
+    "h5ad-gzip": ".h5ad, gzip",
+    "zarr": "anndata zarr v3, sharded",
+    "soma": "TileDB-SOMA",
+    "annbatch": "annbatch store (zarrs)",
+    "scdl": "BioNeMo SCDL memmap",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--copies", default="1,8", help="sizes, as copies of the PBMC files (comma-separated)")
+    parser.add_argument("--random-batches", type=int, default=40)
+    parser.add_argument("--passes", type=int, default=3, help="timed full passes (median), after one untimed")
+    parser.add_argument("--scdl", action="store_true", help="also BioNeMo SCDL (installs torch)")
+    parser.add_argument("--only", help="these tools only (comma-separated)")
+    parser.add_argument("--work", default=str(REPO / "target" / "bench-peers"))
+    parser.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.measure:
+        what, tool, *rest = args.measure
+        if what == "convert":
+            result = measure_convert(tool, rest[0], rest[1])
+        elif what == "read":
+            result = measure_read(tool, rest[0], int(rest[1]), int(rest[2]))
+        else:
+            result = versions()
+        print(json.dumps(result))
+        return
+
+    sys.path.insert(0, str(HERE))
+    from pbmc_copies import make_inputs
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    ours = sys.executable
+    peers, why_not = venv(work, "venv", PEERS)
+    soma, soma_why_not = venv(work, "venv-soma", SOMA)
+    tools = {"deltacells": ours}
+    absent: dict[str, str] = {}
+    for tool in ("h5ad", "h5ad-gzip", "zarr", "soma", "annbatch"):
+        python, why = (soma, soma_why_not) if tool == "soma" else (peers, why_not)
+        if python is None:
+            absent[tool] = why
+        else:
+            tools[tool] = python
+    if args.scdl:
+        scdl, why = venv(work, "venv-scdl", SCDL)
+        if scdl is None:
+            absent["scdl"] = why
+        else:
+            tools["scdl"] = scdl
+    else:
+        absent["scdl"] = ("not run without --scdl: bionemo-scdl 0.1.3 requires torch (pip installs torch and "
+                          "its CUDA libraries, 5.8 GB), and imports it at module level")
+    if args.only:
+        keep = args.only.split(",")
+        tools = {t: p for t, p in tools.items() if t in keep}
+
+    print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; batches of {BATCH:,} cells, "
+          f"{args.random_batches} random batches, full pass median of {args.passes} after one")
+    seen_versions = {}
+    for tool, python in tools.items():
+        if python not in seen_versions:
+            seen_versions[python] = child(python, ["versions", tool])
+    for python, found in seen_versions.items():
+        print(f"# {Path(python).parent.parent.name}: " + ", ".join(f"{k} {v}" for k, v in found.items()))
+    for tool, reason in absent.items():
+        print(f"# {NAMES[tool]}: {reason}")
+    results = {}
+    for copies in [int(c) for c in args.copies.split(",")]:
+        source, _ = make_inputs(REPO / "target" / "bench-reader", copies)
+        folder = work / f"x{copies}"
+        folder.mkdir(exist_ok=True)
+        rows = {}
+        for tool, python in tools.items():
+            store = folder / (tool + (".h5ad" if tool.startswith("h5ad") else ""))
+            made = child(python, ["convert", tool, str(source), str(store)])
+            read = child(python, ["read", tool, str(store), str(args.random_batches), str(args.passes)])
+            rows[tool] = {**made, **read}
+            print(f"#   x{copies} {tool}: converted in {made['seconds']:.1f} s, read", file=sys.stderr)
+        results[copies] = rows
+        table(copies, rows)
+    (work / "results.json").write_text(json.dumps({"versions": list(seen_versions.values()), "absent": absent,
+                                                   "results": results}, indent=1) + "\n")
+
+
+def table(copies: int, rows: dict) -> None:
+    base = rows.get("deltacells")
+    first = next(iter(rows.values()))
+    print()
+    print(f"## PBMC x {copies}: {first['cells']:,} cells, {first['nnz']:,} nonzeros")
+    print()
+    print("| store | size MiB | bytes/nnz | convert s | convert peak MiB | full pass cells/s | "
+          "random cells/s | read peak MiB | same cells |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for tool, r in rows.items():
+        same = "yes" if base is None or (r["nnz"] == base["nnz"] and r["random_nnz"] == base["random_nnz"]) else "NO"
+        if r.get("own_cells"):
+            same = ("full pass" if base is None or r["nnz"] == base["nnz"] else "NO") + "; its own random cells"
+        print(f"| {NAMES[tool]} | {r['bytes'] / 2**20:,.1f} | {r['bytes'] / r['nnz']:.3f} | {r['seconds']:.1f} | "
+              f"{r['convert_rss'] / 2**20:,.0f} | {r['cells'] / r['full_seconds']:,.0f} | "
+              f"{r['random_cells'] / r['random_seconds']:,.0f} | {r['read_rss'] / 2**20:,.0f} | {same} |")
+    if base is not None:
+        print()
+        for tool, r in rows.items():
+            if tool == "deltacells":
+                continue
+            print(f"- {NAMES[tool]}: {r['bytes'] / base['bytes']:.1f}x deltacells' size; deltacells reads "
+                  f"{r['full_seconds'] / base['full_seconds']:.1f}x faster in a full pass, "
+                  f"{r['random_seconds'] / base['random_seconds']:.1f}x in random batches")
+
+
+if __name__ == "__main__":
+    main()
