@@ -24,6 +24,11 @@ tool's own Python API, each batch made a SciPy CSR matrix:
   then timed; the nonzeros read are compared across tools, so a tool that
   returned other cells would show.
 
+Two tools read through a training loader that chooses its cells: annbatch
+(its Loader) and deltacells (`ds.batches`, a row of its own beside
+`get_batch`). Their full pass is their unshuffled order and their random
+batches their shuffled ones, compared with each other.
+
 Every conversion and every read runs in a process of its own. The peers are
 installed from PyPI in a virtual environment under the work folder (made once,
 with a Python >= 3.12: annbatch and anndata 0.13 need it); deltacells is read
@@ -198,9 +203,38 @@ def annbatch_passes(store: str, count: int, passes: int) -> dict:
             "random_nnz": random_nnz, "read_rss": peak_rss(), "own_cells": True}
 
 
+def loader_passes(store: str, count: int, passes: int) -> dict:
+    """deltacells' loader, the counterpart of annbatch's: the full pass is
+    ds.batches(shuffle=False), the random batches its shuffled epoch (cells
+    from a window of 4 tiles, as the loader mixes them)."""
+    import deltacells
+
+    ds = deltacells.open_dataset(store)
+
+    def run(shuffle: bool, seed: int, limit: int | None) -> tuple[float, int, int]:
+        started = time.perf_counter()
+        cells = nnz = 0
+        for i, batch in enumerate(ds.batches(BATCH, shuffle=shuffle, seed=seed)):
+            if limit is not None and i == limit:
+                break
+            x = batch.X.to_scipy()
+            cells += x.shape[0]
+            nnz += x.nnz
+        return time.perf_counter() - started, cells, nnz
+
+    full = [run(False, 0, None) for _ in range(passes + 1)]
+    run(True, 1, count)
+    random_seconds, random_cells, random_nnz = run(True, 2, count)
+    return {"cells": full[0][1], "full_seconds": statistics.median(f[0] for f in full[1:]), "full_first": full[0][0],
+            "nnz": full[0][2], "random_seconds": random_seconds, "random_cells": random_cells,
+            "random_nnz": random_nnz, "read_rss": peak_rss(), "own_cells": True}
+
+
 def measure_read(tool: str, store: str, count: int, passes: int) -> dict:
     if tool == "annbatch":
         return annbatch_passes(store, count, passes)
+    if tool == "deltacells-loader":
+        return loader_passes(store, count, passes)
     n, consecutive, listed = reader(tool, store)
     full = []
     nnz = 0
@@ -277,12 +311,13 @@ def venv(work: Path, name: str, packages: list[str]) -> tuple[str | None, str]:
 
 
 NAMES = {
-    "deltacells": "deltacells (zstd 19)",
+    "deltacells": "deltacells get_batch",
+    "deltacells-loader": "deltacells ds.batches loader",
     "h5ad": ".h5ad, uncompressed",
     "h5ad-gzip": ".h5ad, gzip",
     "zarr": "anndata zarr v3, sharded",
     "soma": "TileDB-SOMA",
-    "annbatch": "annbatch store (zarrs)",
+    "annbatch": "annbatch Loader (zarrs)",
     "scdl": "BioNeMo SCDL memmap",
 }
 
@@ -317,7 +352,7 @@ def main() -> None:
     ours = sys.executable
     peers, why_not = venv(work, "venv", PEERS)
     soma, soma_why_not = venv(work, "venv-soma", SOMA)
-    tools = {"deltacells": ours}
+    tools = {"deltacells": ours, "deltacells-loader": ours}
     absent: dict[str, str] = {}
     for tool in ("h5ad", "h5ad-gzip", "zarr", "soma", "annbatch"):
         python, why = (soma, soma_why_not) if tool == "soma" else (peers, why_not)
@@ -355,6 +390,12 @@ def main() -> None:
         folder.mkdir(exist_ok=True)
         rows = {}
         for tool, python in tools.items():
+            if tool == "deltacells-loader":
+                store = folder / "deltacells"
+                made = {k: rows["deltacells"][k] for k in ("seconds", "convert_rss", "bytes")}
+                read = child(python, ["read", tool, str(store), str(args.random_batches), str(args.passes)])
+                rows[tool] = {**made, **read}
+                continue
             store = folder / (tool + (".h5ad" if tool.startswith("h5ad") else ""))
             made = child(python, ["convert", tool, str(source), str(store)])
             read = child(python, ["read", tool, str(store), str(args.random_batches), str(args.passes)])
@@ -364,6 +405,11 @@ def main() -> None:
         table(copies, rows)
     (work / "results.json").write_text(json.dumps({"versions": list(seen_versions.values()), "absent": absent,
                                                    "results": results}, indent=1) + "\n")
+
+
+def speed(r: dict) -> float:
+    """Random batches' cells per second."""
+    return r["random_cells"] / r["random_seconds"]
 
 
 def table(copies: int, rows: dict) -> None:
@@ -387,9 +433,14 @@ def table(copies: int, rows: dict) -> None:
         for tool, r in rows.items():
             if tool == "deltacells":
                 continue
-            print(f"- {NAMES[tool]}: {r['bytes'] / base['bytes']:.1f}x deltacells' size; deltacells reads "
-                  f"{r['full_seconds'] / base['full_seconds']:.1f}x faster in a full pass, "
-                  f"{r['random_seconds'] / base['random_seconds']:.1f}x in random batches")
+            if tool == "deltacells-loader":
+                continue
+            # The loaders choose their own cells: compared with each other.
+            ours = "deltacells-loader" if r.get("own_cells") and "deltacells-loader" in rows else "deltacells"
+            mine = rows[ours]
+            print(f"- {NAMES[tool]}: {r['bytes'] / base['bytes']:.1f}x deltacells' bytes; {NAMES[ours]} is "
+                  f"{r['full_seconds'] / mine['full_seconds']:.2f}x as fast in a full pass and "
+                  f"{speed(mine) / speed(r):.2f}x in random batches")
 
 
 if __name__ == "__main__":

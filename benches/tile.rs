@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
+use deltacells::convert::gene_order_from_totals;
 use deltacells::convert::input::to_counts;
 use deltacells::format::tile::stream_frames;
 use deltacells::format::{decode_tile, decode_tile_into, CsrMatrix, TileEncoder};
@@ -55,28 +56,12 @@ fn pbmc_tile() -> Option<CsrMatrix> {
 }
 
 fn sort_genes(m: &CsrMatrix) -> CsrMatrix {
-    let mut totals = vec![0u64; m.n_cols as usize];
-    for (&g, &c) in m.indices.iter().zip(&m.data) {
-        totals[g as usize] += u64::from(c);
-    }
-    let mut order: Vec<u32> = (0..m.n_cols).collect();
-    order.sort_by_key(|&g| std::cmp::Reverse(totals[g as usize]));
-    let mut inverse = vec![0u32; order.len()];
+    let order = gene_order_from_totals(&m.column_totals());
+    let mut position = vec![0u32; order.len()];
     for (j, &g) in order.iter().enumerate() {
-        inverse[g as usize] = j as u32;
+        position[g as usize] = j as u32;
     }
-    let mut out = CsrMatrix::empty(m.n_cols);
-    let mut row: Vec<(u32, u32)> = Vec::new();
-    for r in 0..m.n_rows() {
-        let (genes, counts) = m.row(r);
-        row.clear();
-        row.extend(genes.iter().zip(counts).map(|(&g, &c)| (inverse[g as usize], c)));
-        row.sort_unstable();
-        out.indices.extend(row.iter().map(|p| p.0));
-        out.data.extend(row.iter().map(|p| p.1));
-        out.indptr.push(out.indices.len() as u64);
-    }
-    out
+    m.with_columns(&position)
 }
 
 /// A synthetic tile: ~700 genes per cell of 14,000, skewed to low indices,

@@ -14,6 +14,7 @@
 
 use std::time::Instant;
 
+use deltacells::convert::gene_order_from_totals;
 use deltacells::convert::input::to_counts;
 use deltacells::format::{decode_tile_into, CsrMatrix, TileEncoder};
 use deltacells::h5ad::H5adFile;
@@ -58,31 +59,9 @@ fn side_by_side(a: &CsrMatrix, b: &CsrMatrix, pad: u32) -> CsrMatrix {
     out
 }
 
-/// `m` with column `g` moved to `position[g]`.
-fn reorder(m: &CsrMatrix, position: &[u32]) -> CsrMatrix {
-    let mut out = CsrMatrix::empty(m.n_cols);
-    let mut row: Vec<(u32, u32)> = Vec::new();
-    for r in 0..m.n_rows() {
-        let (genes, counts) = m.row(r);
-        row.clear();
-        row.extend(genes.iter().zip(counts).map(|(&g, &c)| (position[g as usize], c)));
-        row.sort_unstable();
-        out.indices.extend(row.iter().map(|p| p.0));
-        out.data.extend(row.iter().map(|p| p.1));
-        out.indptr.push(out.indices.len() as u64);
-    }
-    out
-}
-
 /// The positions that sort genes by decreasing total counts (convert's order).
 fn by_totals(m: &CsrMatrix) -> Vec<u32> {
-    let mut totals = vec![0u64; m.n_cols as usize];
-    for (&g, &c) in m.indices.iter().zip(&m.data) {
-        totals[g as usize] += u64::from(c);
-    }
-    let mut order: Vec<u32> = (0..m.n_cols).collect();
-    order.sort_by_key(|&g| (std::cmp::Reverse(totals[g as usize]), g));
-    inverse(&order)
+    inverse(&gene_order_from_totals(&m.column_totals()))
 }
 
 fn inverse(order: &[u32]) -> Vec<u32> {
@@ -144,7 +123,7 @@ fn main() -> anyhow::Result<()> {
     let tile_sizes: &[usize] = if quick { &[500, 1_000, 2_000] } else { &[1_000, 2_000, 5_000, 10_000, 20_000] };
     let mut results = Vec::new();
     for (name, source) in &inputs {
-        let sorted = reorder(source, &by_totals(source));
+        let sorted = source.with_columns(&by_totals(source));
         let mut random_order: Vec<u32> = (0..source.n_cols).collect();
         random_order.shuffle(&mut rand_pcg::Pcg64Mcg::seed_from_u64(1));
         let mut runs: Vec<(&str, String, CsrMatrix, usize, usize, i32)> = Vec::new();
@@ -152,7 +131,7 @@ fn main() -> anyhow::Result<()> {
         for (label, m) in [
             ("sorted by total counts", tile.clone()),
             ("source order", first_rows(source, cells)),
-            ("random order", first_rows(&reorder(source, &inverse(&random_order)), cells)),
+            ("random order", first_rows(&source.with_columns(&inverse(&random_order)), cells)),
         ] {
             runs.push(("gene order", label.to_string(), m, cells, 8, base));
         }

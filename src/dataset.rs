@@ -292,6 +292,9 @@ impl Dataset {
     /// of that tile the list holds, and returns the decoded tile (or any
     /// matrix whose rows `rows` are that tile's; the rows not asked for may be
     /// empty). A cache of decoded tiles is a `tile_of` that looks there first.
+    /// Each tile's rows are copied out as soon as it is decoded, and the tile
+    /// dropped (given back to its pool): a batch spread over every tile holds
+    /// about one decoded tile per thread, not every tile at once.
     pub fn read_cell_list_with<T, E>(
         &self,
         cells: &[u64],
@@ -310,12 +313,28 @@ impl Dataset {
             let slot = needed.binary_search(&tile).expect("every tile is needed");
             rows[slot].push(row);
         }
-        let tiles: Vec<T> =
-            needed.par_iter().zip(&rows).map(|(&t, rows)| tile_of(t, rows)).collect::<Result<_, _>>()?;
+        // Per tile, its listed rows in the order listed.
+        let picked: Vec<CsrMatrix> = needed
+            .par_iter()
+            .zip(&rows)
+            .map(|(&t, rows)| {
+                let tile = tile_of(t, rows)?;
+                let tile = tile.borrow();
+                let mut mine = CsrMatrix::empty(self.n_genes());
+                for &r in rows {
+                    mine.push_row_from(tile, r as usize);
+                }
+                Ok(mine)
+            })
+            .collect::<Result<_, E>>()?;
         let mut out = CsrMatrix::empty(self.n_genes());
-        for (tile, row) in located {
+        out.indices.reserve(picked.iter().map(CsrMatrix::nnz).sum());
+        out.data.reserve(out.indices.capacity());
+        let mut next = vec![0usize; needed.len()];
+        for (tile, _) in located {
             let slot = needed.binary_search(&tile).expect("every needed tile was read");
-            out.push_row_from(tiles[slot].borrow(), row as usize);
+            out.push_row_from(&picked[slot], next[slot]);
+            next[slot] += 1;
         }
         Ok(out)
     }

@@ -22,7 +22,7 @@
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -30,7 +30,7 @@ use rand_pcg::Pcg64Mcg;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
-pub use crate::buffers::BufferPool;
+pub use crate::buffers::{BufferPool, Pool};
 use crate::format::tile::{finish_rows, ChunkPlanes};
 use crate::format::CsrMatrix;
 use crate::{Dataset, DatasetError};
@@ -317,37 +317,14 @@ impl LoaderBuffers {
     /// Pools sized for `options`' windows and queue.
     pub fn new(options: &LoaderOptions) -> LoaderBuffers {
         LoaderBuffers {
-            planes: Arc::new(PlanesPool { free: Mutex::new(Vec::new()), keep: 2 * options.mix_chunks }),
+            planes: Arc::new(PlanesPool::new(2 * options.mix_chunks)),
             batches: Arc::new(BufferPool::new(2 * (options.prefetch + 4))),
         }
     }
 }
 
 /// Decompressed chunks kept for reuse.
-#[derive(Debug)]
-pub struct PlanesPool {
-    free: Mutex<Vec<ChunkPlanes>>,
-    keep: usize,
-}
-
-impl PlanesPool {
-    /// Chunks kept at most.
-    pub fn keep(&self) -> usize {
-        self.keep
-    }
-
-    fn take(&self) -> ChunkPlanes {
-        self.free.lock().map(|mut f| f.pop()).ok().flatten().unwrap_or_default()
-    }
-
-    fn give(&self, planes: ChunkPlanes) {
-        if let Ok(mut free) = self.free.lock() {
-            if free.len() < self.keep {
-                free.push(planes);
-            }
-        }
-    }
-}
+pub type PlanesPool = Pool<ChunkPlanes>;
 
 /// One batch: the cells (global indices, in the order yielded) and their rows.
 #[derive(Debug)]

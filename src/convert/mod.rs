@@ -203,8 +203,9 @@ pub(crate) fn sampled_inputs(n: usize, want: usize) -> Vec<usize> {
     }
 }
 
-/// Gene order by decreasing total counts; ties keep the source order.
-pub(crate) fn gene_order_from_totals(totals: &[u64]) -> Vec<u32> {
+/// Gene order by decreasing total counts; ties keep the source order: entry
+/// j is the column stored as column j (what gene_order.npy holds).
+pub fn gene_order_from_totals(totals: &[u64]) -> Vec<u32> {
     let mut order: Vec<u32> = (0..totals.len() as u32).collect();
     order.sort_by_key(|&g| std::cmp::Reverse(totals[g as usize]));
     order

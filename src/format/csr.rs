@@ -47,6 +47,39 @@ impl CsrMatrix {
         self.indptr.push(self.indices.len() as u64);
     }
 
+    /// Total counts of each column.
+    pub fn column_totals(&self) -> Vec<u64> {
+        let mut totals = vec![0u64; self.n_cols as usize];
+        for (&g, &c) in self.indices.iter().zip(&self.data) {
+            if let Some(t) = totals.get_mut(g as usize) {
+                *t += u64::from(c);
+            }
+        }
+        totals
+    }
+
+    /// The matrix with column `g` moved to `position[g]` (a permutation of the
+    /// columns; each row's entries sorted again).
+    ///
+    /// # Panics
+    /// If a column index is not below `position.len()`.
+    pub fn with_columns(&self, position: &[u32]) -> CsrMatrix {
+        let mut out = CsrMatrix::empty(self.n_cols);
+        out.indices.reserve(self.nnz());
+        out.data.reserve(self.nnz());
+        let mut row: Vec<(u32, u32)> = Vec::new();
+        for r in 0..self.n_rows() {
+            let (genes, counts) = self.row(r);
+            row.clear();
+            row.extend(genes.iter().zip(counts).map(|(&g, &c)| (position[g as usize], c)));
+            row.sort_unstable();
+            out.indices.extend(row.iter().map(|p| p.0));
+            out.data.extend(row.iter().map(|p| p.1));
+            out.indptr.push(out.indices.len() as u64);
+        }
+        out
+    }
+
     /// Appends every row of `other`.
     pub fn append(&mut self, other: &CsrMatrix) {
         let base = self.indices.len() as u64;
