@@ -330,6 +330,9 @@ def main() -> None:
     parser.add_argument("--scdl", action="store_true", help="also BioNeMo SCDL (installs torch)")
     parser.add_argument("--only", help="these tools only (comma-separated)")
     parser.add_argument("--work", default=str(REPO / "target" / "bench-peers"))
+    parser.add_argument("--out", default=str(REPO / "docs" / "figures" / "peers"),
+                        help="where results.json and the figures go")
+    parser.add_argument("--plot-only", action="store_true", help="plot the results.json already in --out")
     parser.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -344,6 +347,10 @@ def main() -> None:
         print(json.dumps(result))
         return
 
+    out = Path(args.out)
+    if args.plot_only:
+        plot(json.loads((out / "results.json").read_text()), out)
+        return
     sys.path.insert(0, str(HERE))
     from pbmc_copies import make_inputs
 
@@ -403,8 +410,51 @@ def main() -> None:
             print(f"#   x{copies} {tool}: converted in {made['seconds']:.1f} s, read", file=sys.stderr)
         results[copies] = rows
         table(copies, rows)
-    (work / "results.json").write_text(json.dumps({"versions": list(seen_versions.values()), "absent": absent,
-                                                   "results": results}, indent=1) + "\n")
+    everything = {"date": time.strftime("%Y-%m-%d"), "versions": list(seen_versions.values()), "absent": absent,
+                  "results": results}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(everything, indent=1) + "\n")
+    plot(everything, out)
+
+
+def plot(everything: dict, out: Path) -> None:
+    """One figure per size: bytes per nonzero and cells/s of both protocols
+    (needs matplotlib: `.venv/bin/pip install matplotlib`)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("# no figures: matplotlib is not installed (.venv/bin/pip install matplotlib)")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for copies, rows in everything["results"].items():
+        tools = list(rows)
+        labels = [NAMES[t].replace(" (zarrs)", "").replace(", ", "\n").replace(" ds.", "\nds.") for t in tools]
+        colors = ["#cc6677" if t.startswith("deltacells") else "#4477aa" for t in tools]
+        panels = [
+            ([rows[t]["bytes"] / rows[t]["nnz"] for t in tools], "bytes per nonzero (lower is better)"),
+            ([rows[t]["cells"] / rows[t]["full_seconds"] / 1e3 for t in tools], "full pass, k cells/s"),
+            ([speed(rows[t]) / 1e3 for t in tools], "random 1,024-cell batches, k cells/s"),
+        ]
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+        for ax, (values, title) in zip(axes, panels):
+            ax.barh(range(len(values)), values, color=colors)
+            ax.set_yticks(range(len(values)), labels, fontsize=7)
+            ax.invert_yaxis()
+            ax.set_title(title, fontsize=10)
+            if "random" in title:
+                ax.set_xscale("log")
+            for i, v in enumerate(values):
+                ax.annotate(f" {v:.3g}", (v, i), va="center", fontsize=7)
+        first = next(iter(rows.values()))
+        fig.suptitle(f"PBMC x {copies}: {first['cells']:,} cells, {first['nnz']:,} nonzeros; "
+                     "the loaders (annbatch, ds.batches) choose their own random cells", fontsize=10)
+        fig.tight_layout()
+        name = out / f"peers-x{copies}.png"
+        fig.savefig(name, dpi=110)
+        plt.close(fig)
+        print(f"# wrote {name}")
 
 
 def speed(r: dict) -> float:
