@@ -211,6 +211,12 @@ pub(crate) struct ConvertArgs {
     /// example np.argsort of a ranking), listing every column once.
     #[arg(long, value_name = "FILE.npy", conflicts_with = "gene_order_files")]
     pub gene_order: Option<PathBuf>,
+    /// plan only: sum the gene totals of share K of N of the inputs sampled
+    /// for the gene order (K from 0 to N-1) and store them in OUT, so that N
+    /// machines read those inputs' X at once; `plan` with the same inputs and
+    /// options then adds them up instead of reading X itself.
+    #[arg(long, value_name = "K/N", conflicts_with_all = ["gene_order_from", "gene_order"])]
+    pub totals_shard: Option<String>,
     /// Which genes to store when the inputs' genes differ. Inputs with the same
     /// genes in another order are always aligned by name. `same` refuses
     /// inputs whose gene sets differ; `intersection` keeps the genes every

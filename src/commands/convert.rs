@@ -172,6 +172,24 @@ pub(crate) fn run_plan(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
     let started = std::time::Instant::now();
     let Conversion { inputs, out_path, store, options } = conversion(args).context("plan")?;
     let progress = Bar::new(args.quiet);
+    if let Some(spec) = &args.totals_shard {
+        let (k, n) = super::shard::parse_k_of_n("--totals-shard", spec)?;
+        let done = deltacells::convert::plan_totals_shard(&inputs, store.as_ref(), &options, k, n, &progress)
+            .context("plan --totals-shard")?;
+        progress.bar.finish_and_clear();
+        if args.json {
+            super::print_json(&done)?;
+        } else if !args.quiet {
+            println!(
+                "{out_path}: gene totals of share {k}/{n}: {} ({} cells) in {:.1} s. Next: the other shares, then the same deltacells plan without --totals-shard",
+                plural(done.inputs.len() as u64, "file", "files"),
+                HumanCount(done.cells),
+                done.seconds
+            );
+        }
+        super::report_stats(store.as_ref(), &args.store, started, args.json);
+        return Ok(ExitCode::SUCCESS);
+    }
     let plan = deltacells::convert::plan(&inputs, store.as_ref(), &options, &progress).context("plan")?;
     progress.bar.finish_and_clear();
     let summary = serde_json::json!({
@@ -199,6 +217,9 @@ pub(crate) fn run_plan(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
 
 pub(crate) fn run(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
     let started = std::time::Instant::now();
+    if args.totals_shard.is_some() {
+        bail!("--totals-shard is for `deltacells plan` (sharded conversion); convert sums the gene totals itself");
+    }
     let Conversion { inputs, out_path, store, options } = conversion(args).context("convert")?;
     let progress = Bar::new(args.quiet);
     let summary = convert(&inputs, store.as_ref(), &options, &progress).context("convert")?;

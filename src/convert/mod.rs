@@ -36,7 +36,7 @@ mod var_table;
 pub use gene_order::{GeneOrderError, GivenOrder};
 pub use genes::GeneSet;
 pub use obs_merge::ObsOptions;
-pub use plan::{finalize, plan, run_shard, Plan, ShardResult};
+pub use plan::{finalize, plan, plan_totals_shard, run_shard, Plan, ShardResult, TotalsSummary};
 
 /// Tiles read but not yet written, by default. Each tile's chunks already use
 /// every core; one tile encoding while the next is read keeps memory at two
@@ -171,6 +171,8 @@ struct EncodedTile {
 /// complete-looking while half-removed), or refuses a non-empty output.
 pub(crate) fn prepare_output(out: &dyn Storage, overwrite: bool) -> anyhow::Result<()> {
     let keys = out.list("").with_context(|| format!("cannot list the output {}", out.location("")))?;
+    // Gene totals of `plan --totals-shard` are this plan's input, not a dataset.
+    let keys: Vec<String> = keys.into_iter().filter(|k| !k.starts_with(plan::TOTALS_PREFIX)).collect();
     if keys.is_empty() {
         return Ok(());
     }

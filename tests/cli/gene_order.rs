@@ -22,7 +22,7 @@ fn s(p: &Path) -> &str {
 }
 
 /// An .h5ad of `rows` whose columns are named `names`.
-fn write_named(path: &Path, rows: &Rows, names: &[String], cell_prefix: &str) {
+pub fn write_named(path: &Path, rows: &Rows, names: &[String], cell_prefix: &str) {
     let f = h5::create(path);
     h5::str_attr(&f, "encoding-type", "anndata");
     h5::str_attr(&f, "encoding-version", "0.1.0");
@@ -43,13 +43,13 @@ fn tiles(root: &Path) -> Vec<(String, Vec<u8>)> {
     found
 }
 
-fn var_names(root: &Path) -> String {
+pub fn var_names(root: &Path) -> String {
     std::fs::read_to_string(root.join("var_names.txt")).unwrap()
 }
 
 /// Rows whose counts are concentrated on other genes than `h5::random_rows`'
 /// (which skews to low genes), so that their own order differs.
-fn reversed_rows(rows: &Rows, n_genes: u32) -> Rows {
+pub fn reversed_rows(rows: &Rows, n_genes: u32) -> Rows {
     rows.iter().map(|row| row.iter().rev().map(|&(g, v)| (n_genes - 1 - g, v)).collect()).collect()
 }
 

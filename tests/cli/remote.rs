@@ -228,6 +228,36 @@ fn s3_server_holds_a_converted_dataset_that_reads_like_the_local_copy() {
 }
 
 #[test]
+fn gene_order_from_a_dataset_in_s3() {
+    use crate::gene_order::{reversed_rows, var_names, write_named};
+    use crate::h5;
+
+    let Some(s3) = Server::start("s3", &[]) else { return };
+    let t = TestDir::new();
+    let endpoint = s3.url();
+    let genes = h5::genes(40);
+    write_named(&t.join("a.h5ad"), &h5::random_rows(30, 40, 1), &genes, "a");
+    write_named(&t.join("b.h5ad"), &reversed_rows(&h5::random_rows(20, 40, 2), 40), &genes, "b");
+    t.run(&["convert", "-q", "--level", "3", "a.h5ad", "a_local"]).expect_code(0);
+    t.run_env(&["convert", "-q", "--level", "3", "--endpoint", &endpoint, "a.h5ad", "s3://test/a"], &S3_ENV)
+        .expect_code(0);
+    t.run(&["convert", "-q", "--level", "3", "b.h5ad", "b_own"]).expect_code(0);
+    assert_ne!(var_names(&t.join("b_own")), var_names(&t.join("a_local")), "b must have an order of its own");
+
+    let args = ["convert", "-q", "--level", "3", "--endpoint", &endpoint, "--gene-order-from", "s3://test/a"];
+    t.run_env(&[&args[..], &["b.h5ad", "b"]].concat(), &S3_ENV).expect_code(0);
+    assert_eq!(var_names(&t.join("b")), var_names(&t.join("a_local")));
+    let ds = Dataset::open(t.join("b").to_str().unwrap()).unwrap();
+    assert_eq!(ds.manifest().metadata["convert"]["gene_order_from"], "s3://test/a (var_names.txt)");
+
+    // A prefix that holds no dataset is refused, naming it.
+    let args = ["convert", "-q", "--endpoint", &endpoint, "--gene-order-from", "s3://test/none", "b.h5ad", "c"];
+    let run = t.run_env(&args, &S3_ENV).expect_code(2);
+    assert!(run.stderr().contains("--gene-order-from s3://test/none"), "{}", run.stderr());
+    assert!(!t.join("c").join("manifest.json").exists());
+}
+
+#[test]
 fn s3_large_objects_are_uploaded_in_parts() {
     let Some(s3) = Server::start("s3", &[]) else { return };
     // moto asks for parts of at least 5 MiB, like S3

@@ -228,3 +228,85 @@ fn finalize_refuses_missing_corrupt_and_inconsistent_results() {
     let run = shard(&t, "out", &["--shard-from-env"]).output().unwrap();
     assert!(String::from_utf8_lossy(&run.stderr).contains("SLURM_ARRAY_TASK_ID"));
 }
+
+#[test]
+fn gene_totals_summed_in_shares_give_the_plan_one_machine_makes() {
+    let t = TestDir::new();
+    let mut inputs = Vec::new();
+    for (i, seed) in [11u64, 12, 13, 14, 15].into_iter().enumerate() {
+        let name = format!("in{i}.h5ad");
+        // Each input favours other genes, so the order depends on which are summed.
+        let rows: crate::h5::Rows = crate::h5::random_rows(9, 30, seed)
+            .into_iter()
+            .map(|row| row.into_iter().map(|(g, v)| ((g + 6 * i as u32) % 30, v)).collect::<Vec<_>>())
+            .map(|mut row| {
+                row.sort_by_key(|e| e.0);
+                row
+            })
+            .collect();
+        crate::h5::write_counts(&t.join(&name), &rows, 30, &format!("c{i}-"));
+        inputs.push(name);
+    }
+    let inputs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+    let layout = ["--tile-size", "8", "--level", "3", "--gene-order-files", "4"];
+    let mut args = vec!["convert", "-q"];
+    args.extend(layout);
+    args.extend(&inputs);
+    args.push("single");
+    t.run(&args).expect_code(0);
+
+    // Two of the four sampled inputs per share, on "other machines", then the plan.
+    for k in ["1/2", "0/2"] {
+        let mut args = vec!["plan", "-q", "--totals-shard", k];
+        args.extend(layout);
+        args.extend(&inputs);
+        args.push("sharded");
+        t.run(&args).expect_code(0);
+    }
+    assert!(t.join("sharded/.plan/totals/shard-00000-of-00002.json").exists());
+    let mut args = vec!["plan"];
+    args.extend(layout);
+    args.extend(&inputs);
+    args.push("sharded");
+    let run = t.run(&args).expect_code(0);
+    assert!(run.stderr().contains("gene totals summed from the results of plan --totals-shard"), "{}", run.stderr());
+    wait_ok(shard(&t, "sharded", &["-q", "--shard", "0/1"]).spawn().unwrap(), "shard 0/1");
+    t.run(&["finalize", "-q", "sharded"]).expect_code(0);
+    assert_same_tree(&t.join("sharded"), &t.join("single"));
+
+    // One share missing: the plan names it and writes nothing.
+    let mut args = vec!["plan", "-q", "--totals-shard", "2/3"];
+    args.extend(layout);
+    args.extend(&inputs);
+    args.push("partial");
+    t.run(&args).expect_code(0);
+    let mut args = vec!["plan", "-q"];
+    args.extend(layout);
+    args.extend(&inputs);
+    args.push("partial");
+    let run = t.run(&args).expect_code(2);
+    assert!(run.stderr().contains("the gene totals of shares 0/3, 1/3 are missing"), "{}", run.stderr());
+    assert!(!t.join("partial/.plan/plan.json").exists());
+
+    // Totals of other inputs are refused, naming the file.
+    let mut args = vec!["plan", "-q", "--totals-shard", "0/1"];
+    args.extend(layout);
+    args.extend(&inputs[..4]);
+    args.push("other");
+    t.run(&args).expect_code(0);
+    let mut args = vec!["plan", "-q"];
+    args.extend(layout);
+    args.extend(&inputs);
+    args.push("other");
+    let run = t.run(&args).expect_code(2);
+    assert!(
+        run.stderr().contains("shard-00000-of-00001.json: gene totals of other inputs or options"),
+        "{}",
+        run.stderr()
+    );
+
+    // convert does not take the option; an output holding a dataset is refused.
+    t.run(&["convert", "--totals-shard", "0/2", "in0.h5ad", "x"]).expect_code(2);
+    let run = t.run(&["plan", "--totals-shard", "0/2", "in0.h5ad", "single"]).expect_code(2);
+    assert!(run.stderr().contains("is not empty"), "{}", run.stderr());
+}
