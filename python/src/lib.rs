@@ -419,9 +419,19 @@ impl RawDataset {
         Ok(csr_arrays(py, m))
     }
 
-    /// Cells `start..end` as CSR arrays.
+    /// Cells `start..end` as CSR arrays (through the tile cache when there is
+    /// one, so that consecutive ranges of one tile decode it once).
     fn get_range<'py>(&self, py: Python<'py>, start: u64, end: u64) -> PyResult<CsrArrays<'py>> {
-        let m = detached(py, || self.install(|| Ok(self.dataset.read_cells(start..end)?)))?;
+        let m = detached(py, || {
+            self.install(|| {
+                let n = self.dataset.n_cells();
+                if self.cache.lock().map_or(0, |c| c.budget) > 0 && start <= end && end <= n {
+                    self.cells_via_cache(&(start..end).collect::<Vec<u64>>())
+                } else {
+                    Ok(self.dataset.read_cells(start..end)?)
+                }
+            })
+        })?;
         Ok(csr_arrays(py, m))
     }
 

@@ -238,8 +238,15 @@ def test_the_tile_cache_gives_the_same_batches(golden: Path, cache_bytes: int) -
     for _ in range(20):
         cells = rng.integers(0, plain.n_cells, size=int(rng.integers(1, 12)))
         assert (cached.get_batch(cells).to_scipy() != plain.get_batch(cells).to_scipy()).nnz == 0
+        # ranges go through the cache too
+        a = int(rng.integers(0, plain.n_cells))
+        b = int(rng.integers(a, plain.n_cells + 1))
+        assert (cached.get_batch(slice(a, b)).to_scipy() != plain.get_batch(slice(a, b)).to_scipy()).nnz == 0
+        assert cached.get_batch(slice(a, b)).to_scipy().shape == (b - a, plain.n_genes)
     with pytest.raises(IndexError):
         cached.get_batch([plain.n_cells])
+    with pytest.raises(IndexError):
+        cached._raw.get_range(0, plain.n_cells + 1)
 
 
 @pytest.mark.parametrize("source", ["golden", "pbmc"])
