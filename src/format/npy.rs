@@ -171,6 +171,32 @@ mod tests {
     }
 
     #[test]
+    fn truncated_or_mutated_files_are_errors_not_panics() {
+        let good = write_i32(&[3, 1, 2, 0]);
+        for end in 0..good.len() {
+            assert!(read_indices(&good[..end]).is_err(), "truncated at {end}");
+            assert!(read_i32(&good[..end]).is_err(), "truncated at {end}");
+        }
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..20_000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let mut bad = good.clone();
+            let at = (state % bad.len() as u64) as usize;
+            bad[at] = (state >> 32) as u8;
+            // Whatever the byte, an answer: the array or an error.
+            let _ = read_indices(&bad);
+            let _ = read_i32(&bad);
+        }
+        // A header length past the end of the file.
+        let mut long = good.clone();
+        long[8] = 0xff;
+        long[9] = 0xff;
+        assert_eq!(read_indices(&long), Err(NpyError::Truncated));
+    }
+
+    #[test]
     fn permutation() {
         assert!(check_permutation(&[1, 0, 2], 3).is_ok());
         assert!(check_permutation(&[1, 1, 2], 3).is_err());
