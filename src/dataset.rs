@@ -261,6 +261,22 @@ impl Dataset {
                 Ok::<_, DatasetError>(tile)
             })
             .collect::<Result<_, _>>()?;
+        // The output's size, so that it is allocated once, not grown by copies.
+        let span = |t: usize| {
+            let cells = self.tile_cells(t);
+            (range.start.max(cells.start) - cells.start) as usize..(range.end.min(cells.end) - cells.start) as usize
+        };
+        let nnz: u64 = (first..=last)
+            .zip(&tiles)
+            .map(|(t, tile)| {
+                let rows = span(t);
+                let at = |r: usize| tile.matrix.indptr.get(r).copied().unwrap_or(0);
+                at(rows.end).saturating_sub(at(rows.start))
+            })
+            .sum();
+        out.indptr.reserve_exact((range.end - range.start) as usize);
+        out.indices.reserve_exact(nnz as usize);
+        out.data.reserve_exact(nnz as usize);
         for (t, tile) in (first..=last).zip(tiles.iter().map(|t| &t.matrix)) {
             let cells = self.tile_cells(t);
             let lo = range.start.max(cells.start) - cells.start;
@@ -313,19 +329,16 @@ impl Dataset {
             let slot = needed.binary_search(&tile).expect("every tile is needed");
             rows[slot].push(row);
         }
+        if let ([tile], [rows]) = (needed.as_slice(), rows.as_slice()) {
+            // One tile (a range, or cells close together): straight into the output.
+            let decoded = tile_of(*tile, rows)?;
+            return Ok(gather_rows(decoded.borrow(), rows, self.n_genes()));
+        }
         // Per tile, its listed rows in the order listed.
         let picked: Vec<CsrMatrix> = needed
             .par_iter()
             .zip(&rows)
-            .map(|(&t, rows)| {
-                let tile = tile_of(t, rows)?;
-                let tile = tile.borrow();
-                let mut mine = CsrMatrix::empty(self.n_genes());
-                for &r in rows {
-                    mine.push_row_from(tile, r as usize);
-                }
-                Ok(mine)
-            })
+            .map(|(&t, rows)| Ok(gather_rows(tile_of(t, rows)?.borrow(), rows, self.n_genes())))
             .collect::<Result<_, E>>()?;
         let mut out = CsrMatrix::empty(self.n_genes());
         out.indices.reserve(picked.iter().map(CsrMatrix::nnz).sum());
@@ -431,4 +444,18 @@ pub(crate) fn parse_var_names(bytes: &[u8], n_genes: u64) -> Result<Vec<String>,
         return Err(format!("has {} lines, expected n_genes {n_genes}", names.len()));
     }
     Ok(names)
+}
+
+/// Rows `rows` of `tile`, in that order, as a new matrix (its buffers sized
+/// once: no growing copies).
+fn gather_rows(tile: &CsrMatrix, rows: &[u64], n_genes: u32) -> CsrMatrix {
+    let nnz: usize = rows.iter().map(|&r| tile.row(r as usize).0.len()).sum();
+    let mut out = CsrMatrix::empty(n_genes);
+    out.indptr.reserve_exact(rows.len());
+    out.indices.reserve_exact(nnz);
+    out.data.reserve_exact(nnz);
+    for &r in rows {
+        out.push_row_from(tile, r as usize);
+    }
+    out
 }
