@@ -172,55 +172,19 @@ def random_batches(n: int, count: int) -> list[np.ndarray]:
     return [np.sort(rng.choice(n, size=BATCH, replace=False)) for _ in range(count)]
 
 
-def annbatch_passes(store: str, count: int, passes: int) -> dict:
-    """annbatch reads through its Loader, which chooses its own cells: the full
-    pass is its unshuffled order, the random batches its shuffled ones (random
-    chunks of 512 cells, 32 preloaded at a time, as its docs suggest)."""
-    import anndata as ad
-    import zarr
-    from annbatch import DatasetCollection, Loader
-
-    zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
-
-    def load(group) -> ad.AnnData:
-        return ad.AnnData(X=ad.io.sparse_dataset(group["X"]))
+def loader_protocol(batches, count: int, passes: int) -> dict:
+    """The protocol for a loader that chooses its own cells: `batches(shuffle,
+    seed)` iterates over an epoch of SciPy CSR batches. The full pass is the
+    unshuffled epoch (median of `passes` after one), the random batches the
+    first `count` of a shuffled one (after `count` of another, untimed)."""
 
     def run(shuffle: bool, seed: int, limit: int | None) -> tuple[float, int, int]:
-        loader = Loader(batch_size=BATCH, chunk_size=512, preload_nchunks=32, shuffle=shuffle,
-                        rng=np.random.default_rng(seed))
-        loader = loader.use_collection(DatasetCollection(store), load_adata=load)
+        epoch = batches(shuffle, seed)  # made before the clock starts; read after
         started = time.perf_counter()
         cells = nnz = 0
-        for i, batch in enumerate(loader):
+        for i, x in enumerate(epoch):
             if limit is not None and i == limit:
                 break
-            cells += batch["X"].shape[0]
-            nnz += batch["X"].nnz
-        return time.perf_counter() - started, cells, nnz
-
-    full = [run(False, 0, None) for _ in range(passes + 1)]
-    run(True, 1, count)
-    random_seconds, random_cells, random_nnz = run(True, 2, count)
-    return {"cells": full[0][1], "full_seconds": statistics.median(f[0] for f in full[1:]), "full_first": full[0][0],
-            "nnz": full[0][2], "random_seconds": random_seconds, "random_cells": random_cells,
-            "random_nnz": random_nnz, "read_rss": peak_rss(), "own_cells": True}
-
-
-def loader_passes(store: str, count: int, passes: int) -> dict:
-    """deltacells' loader, the counterpart of annbatch's: the full pass is
-    ds.batches(shuffle=False), the random batches its shuffled epoch (cells
-    from a window of 4 tiles, as the loader mixes them)."""
-    import deltacells
-
-    ds = deltacells.open_dataset(store)
-
-    def run(shuffle: bool, seed: int, limit: int | None) -> tuple[float, int, int]:
-        started = time.perf_counter()
-        cells = nnz = 0
-        for i, batch in enumerate(ds.batches(BATCH, shuffle=shuffle, seed=seed)):
-            if limit is not None and i == limit:
-                break
-            x = batch.X.to_scipy()
             cells += x.shape[0]
             nnz += x.nnz
         return time.perf_counter() - started, cells, nnz
@@ -231,6 +195,40 @@ def loader_passes(store: str, count: int, passes: int) -> dict:
     return {"cells": full[0][1], "full_seconds": statistics.median(f[0] for f in full[1:]), "full_first": full[0][0],
             "nnz": full[0][2], "random_seconds": random_seconds, "random_cells": random_cells,
             "random_nnz": random_nnz, "read_rss": peak_rss(), "own_cells": True}
+
+
+def annbatch_passes(store: str, count: int, passes: int) -> dict:
+    """annbatch reads through its Loader (random chunks of 512 cells, 32
+    preloaded at a time, as its docs suggest)."""
+    import anndata as ad
+    import zarr
+    from annbatch import DatasetCollection, Loader
+
+    zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"})
+
+    def load(group) -> ad.AnnData:
+        return ad.AnnData(X=ad.io.sparse_dataset(group["X"]))
+
+    def batches(shuffle: bool, seed: int):
+        loader = Loader(batch_size=BATCH, chunk_size=512, preload_nchunks=32, shuffle=shuffle,
+                        rng=np.random.default_rng(seed))
+        loader = loader.use_collection(DatasetCollection(store), load_adata=load)
+        return (batch["X"] for batch in loader)
+
+    return loader_protocol(batches, count, passes)
+
+
+def loader_passes(store: str, count: int, passes: int) -> dict:
+    """deltacells' loader, ds.batches (its shuffled epoch mixes the cells of a
+    window of 4 tiles)."""
+    import deltacells
+
+    ds = deltacells.open_dataset(store)
+
+    def batches(shuffle: bool, seed: int):
+        return (batch.X.to_scipy() for batch in ds.batches(BATCH, shuffle=shuffle, seed=seed))
+
+    return loader_protocol(batches, count, passes)
 
 
 def measure_read(tool: str, store: str, count: int, passes: int) -> dict:
