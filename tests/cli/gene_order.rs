@@ -155,3 +155,50 @@ fn gene_order_from_a_npy_file_is_the_stored_order() {
     assert!(run.stderr().contains("text.npy: not a .npy file"), "{}", run.stderr());
     assert!(!t.join("out").join("manifest.json").exists());
 }
+
+#[test]
+fn a_dataset_without_var_names_gives_its_gene_order_npy_or_is_refused() {
+    let t = TestDir::new();
+    let genes = h5::genes(40);
+    write_named(&t.join("a.h5ad"), &h5::random_rows(30, 40, 1), &genes, "a");
+    t.run(&fast("convert", &["a.h5ad", "ds_a"])).expect_code(0);
+    // As another writer may leave it: gene_order.npy but no var_names.txt.
+    let copy = t.join("no_names");
+    std::fs::create_dir_all(copy.join("tiles")).unwrap();
+    for entry in walk(&t.join("ds_a")) {
+        let relative = entry.strip_prefix(t.join("ds_a")).unwrap();
+        std::fs::create_dir_all(copy.join(relative).parent().unwrap()).unwrap();
+        std::fs::copy(&entry, copy.join(relative)).unwrap();
+    }
+    std::fs::remove_file(copy.join("var_names.txt")).unwrap();
+    let manifest = std::fs::read_to_string(copy.join("manifest.json")).unwrap();
+    let manifest = manifest.replace("\"has_var_names\": true", "\"has_var_names\": false");
+    std::fs::write(copy.join("manifest.json"), manifest).unwrap();
+    t.run(&["verify", "-q", "no_names"]).expect_code(0);
+
+    let b = reversed_rows(&h5::random_rows(20, 40, 2), 40);
+    write_named(&t.join("b.h5ad"), &b, &genes, "b");
+    t.run(&fast("convert", &["--gene-order-from", "no_names", "b.h5ad", "ds_b"])).expect_code(0);
+    assert_eq!(var_names(&t.join("ds_b")), var_names(&t.join("ds_a")));
+    let ds = Dataset::open(s(&t.join("ds_b"))).unwrap();
+    assert_eq!(ds.manifest().metadata["convert"]["gene_order_from"], "no_names (gene_order.npy)");
+
+    // A dataset with neither (the conformance vectors have none) is refused.
+    let Some(golden) = crate::golden::golden() else { return };
+    let root = golden.join("empty_chunk");
+    let run = t.run(&["convert", "-q", "--gene-order-from", s(&root), "b.h5ad", "out"]).expect_code(2);
+    assert!(run.stderr().contains("has neither var_names.txt nor gene_order.npy"), "{}", run.stderr());
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let p = entry.unwrap().path();
+        if p.is_dir() {
+            found.extend(walk(&p));
+        } else {
+            found.push(p);
+        }
+    }
+    found
+}
