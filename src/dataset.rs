@@ -246,31 +246,30 @@ impl Dataset {
         }
         let first = self.locate(range.start)?.0;
         let last = self.locate(range.end - 1)?.0;
+        // The rows of tile t the range holds, and whether that is all of them.
+        let span = |t: usize| {
+            let cells = self.tile_cells(t);
+            let rows = range.start.max(cells.start) - cells.start..range.end.min(cells.end) - cells.start;
+            let whole = rows.start == 0 && rows.end == cells.end - cells.start;
+            (rows, whole)
+        };
         let tiles: Vec<PooledTile<'_>> = (first..=last)
             .into_par_iter()
             .map(|t| {
                 let mut tile = PooledTile { matrix: self.buffers.take_matrix(), pool: &self.buffers };
-                let cells = self.tile_cells(t);
-                if range.start <= cells.start && cells.end <= range.end {
-                    self.read_tile_into(t, &mut tile.matrix)?;
-                } else {
-                    let rows: Vec<u64> =
-                        (range.start.max(cells.start) - cells.start..range.end.min(cells.end) - cells.start).collect();
-                    self.read_tile_rows_into(t, &rows, &mut tile.matrix)?;
+                match span(t) {
+                    (_, true) => self.read_tile_into(t, &mut tile.matrix)?,
+                    (rows, false) => self.read_tile_rows_into(t, &rows.collect::<Vec<u64>>(), &mut tile.matrix)?,
                 }
                 Ok::<_, DatasetError>(tile)
             })
             .collect::<Result<_, _>>()?;
         // The output's size, so that it is allocated once, not grown by copies.
-        let span = |t: usize| {
-            let cells = self.tile_cells(t);
-            (range.start.max(cells.start) - cells.start) as usize..(range.end.min(cells.end) - cells.start) as usize
-        };
         let nnz: u64 = (first..=last)
             .zip(&tiles)
             .map(|(t, tile)| {
-                let rows = span(t);
-                let at = |r: usize| tile.matrix.indptr.get(r).copied().unwrap_or(0);
+                let (rows, _) = span(t);
+                let at = |r: u64| tile.matrix.indptr.get(r as usize).copied().unwrap_or(0);
                 at(rows.end).saturating_sub(at(rows.start))
             })
             .sum();
@@ -278,14 +277,12 @@ impl Dataset {
         out.indices.reserve_exact(nnz as usize);
         out.data.reserve_exact(nnz as usize);
         for (t, tile) in (first..=last).zip(tiles.iter().map(|t| &t.matrix)) {
-            let cells = self.tile_cells(t);
-            let lo = range.start.max(cells.start) - cells.start;
-            let hi = range.end.min(cells.end) - cells.start;
-            if lo == 0 && hi == cells.end - cells.start {
-                out.append(tile);
-            } else {
-                for r in lo..hi {
-                    out.push_row_from(tile, r as usize);
+            match span(t) {
+                (_, true) => out.append(tile),
+                (rows, false) => {
+                    for r in rows {
+                        out.push_row_from(tile, r as usize);
+                    }
                 }
             }
         }
@@ -341,8 +338,10 @@ impl Dataset {
             .map(|(&t, rows)| Ok(gather_rows(tile_of(t, rows)?.borrow(), rows, self.n_genes())))
             .collect::<Result<_, E>>()?;
         let mut out = CsrMatrix::empty(self.n_genes());
-        out.indices.reserve(picked.iter().map(CsrMatrix::nnz).sum());
-        out.data.reserve(out.indices.capacity());
+        let nnz: usize = picked.iter().map(CsrMatrix::nnz).sum();
+        out.indptr.reserve_exact(located.len());
+        out.indices.reserve_exact(nnz);
+        out.data.reserve_exact(nnz);
         let mut next = vec![0usize; needed.len()];
         for (tile, _) in located {
             let slot = needed.binary_search(&tile).expect("every needed tile was read");

@@ -269,6 +269,11 @@ impl RawDataset {
         pool.clone().map_err(|e| Failure { kind: Kind::Other, message: format!("cannot start threads: {e}") })
     }
 
+    /// Whether decoded tiles are kept (`cache_bytes` > 0).
+    fn caching(&self) -> bool {
+        self.cache.lock().map_or(0, |c| c.budget) > 0
+    }
+
     /// The listed cells, in order, from whole decoded tiles: the cache's, or
     /// decoded now (in parallel, each once) and put in the cache.
     fn cells_via_cache(&self, cells: &[u64]) -> Result<CsrMatrix, Failure> {
@@ -409,7 +414,7 @@ impl RawDataset {
         let m = detached(py, || {
             let cells = self.check_cells(&cells)?;
             self.install(|| {
-                if self.cache.lock().map_or(0, |c| c.budget) > 0 {
+                if self.caching() {
                     self.cells_via_cache(&cells)
                 } else {
                     Ok(self.dataset.read_cell_list(&cells)?)
@@ -425,7 +430,7 @@ impl RawDataset {
         let m = detached(py, || {
             self.install(|| {
                 let n = self.dataset.n_cells();
-                if self.cache.lock().map_or(0, |c| c.budget) > 0 && start <= end && end <= n {
+                if self.caching() && start <= end && end <= n {
                     self.cells_via_cache(&(start..end).collect::<Vec<u64>>())
                 } else {
                     Ok(self.dataset.read_cells(start..end)?)
