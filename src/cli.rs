@@ -64,6 +64,31 @@ pub(crate) enum Command {
     /// written last, so an interrupted conversion leaves a dataset that verify
     /// reports as incomplete.
     Convert(ConvertArgs),
+    /// Add the cells of .h5ad files to the end of a dataset.
+    ///
+    /// The inputs' cells come after the dataset's last cell, stored as the
+    /// dataset stores its own: its gene order (matched by gene name, so the
+    /// inputs' columns may be in another order, but they must have the same
+    /// genes), tile size, chunks, zstd level and matrix (--matrix to read
+    /// another), and its obs columns (the inputs must have them, of the same
+    /// kinds; new categories go at the end of a column's vocabulary, so stored
+    /// codes keep their meaning). The last tile, when not full, is rewritten
+    /// with the first new cells; no other tile is touched. When a stored obs
+    /// column's type must change (codes that must widen, a vocabulary past
+    /// convert's --max-categories, a wider numeric type), every obs shard is
+    /// rewritten and the command says so. The result is byte for byte what
+    /// `convert` of the original inputs and these, with --gene-order-from
+    /// the dataset, writes (except the manifest's metadata, which records each
+    /// append: inputs, cells, time, version).
+    ///
+    /// A killed or failed append never damages the dataset: every new or
+    /// rewritten file is staged under DATASET/.append/ with a record of the
+    /// append, and only when all are written is manifest.json replaced (the
+    /// staged files are moved into place between removing the old manifest and
+    /// writing the new one). Running the same append again, or `append
+    /// --resume DATASET`, completes an interrupted one to the same bytes.
+    /// Set SOURCE_DATE_EPOCH to fix the time it records.
+    Append(AppendArgs),
     /// Sharded conversion, step 1 of 3: plan a conversion for many workers.
     ///
     /// Takes the same inputs and options as convert. Reads every input's shape,
@@ -251,6 +276,37 @@ pub(crate) struct ConvertArgs {
     /// Add KEY=VALUE to the manifest's metadata (repeatable).
     #[arg(long, value_name = "KEY=VALUE")]
     pub metadata: Vec<String>,
+    /// No progress bar and no summary line.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct AppendArgs {
+    /// The dataset: a local folder, or an s3:// or gs:// prefix.
+    pub dataset: String,
+    /// Input .h5ad files, appended in the order given.
+    #[arg(value_name = "INPUTS")]
+    pub inputs: Vec<String>,
+    /// Read more input paths from FILE, one per line (after those given).
+    #[arg(long, value_name = "FILE")]
+    pub inputs_from: Option<String>,
+    /// The matrix of the inputs to append: X, raw/X or layers/NAME (default:
+    /// the one the dataset was converted from).
+    #[arg(long)]
+    pub matrix: Option<String>,
+    /// Complete the interrupted append whose record is in DATASET/.append/
+    /// (with the inputs it recorded).
+    #[arg(long, conflicts_with_all = ["inputs", "inputs_from", "matrix"])]
+    pub resume: bool,
+    /// Worker threads (default: all cores). The output is the same for any value.
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// No progress bar and no summary line.
     #[arg(long, short)]
     pub quiet: bool,

@@ -22,6 +22,9 @@ pub enum DatasetError {
         "{location}: incomplete dataset: a conversion into it was interrupted before its manifest.json was written"
     )]
     Unfinished { location: String },
+    /// No manifest, and the record of an append whose commit did not finish.
+    #[error("{location}: incomplete dataset: an append into it was interrupted while it replaced files")]
+    AppendUnfinished { location: String },
     /// Nothing at all at the location.
     #[error("{location}: no dataset here (nothing at this location)")]
     Nothing { location: String },
@@ -400,10 +403,11 @@ pub(crate) fn no_manifest(storage: &dyn Storage) -> DatasetError {
     if !storage.can_list() {
         // A plain HTTP server cannot list: look for the files a dataset (or an
         // unfinished conversion) holds besides its manifest.
-        let probes = [PLAN_KEY, format::GENE_ORDER_KEY, format::VAR_NAMES_KEY, &format::tile_key(0)];
+        let probes = [PLAN_KEY, APPEND_KEY, format::GENE_ORDER_KEY, format::VAR_NAMES_KEY, &format::tile_key(0)];
         return match probes.iter().map(|k| storage.size(k).map(|s| (k, s))).find(|r| !matches!(r, Ok((_, None)))) {
             Some(Err(e)) => DatasetError::Storage(e),
             Some(Ok((&k, _))) if k == PLAN_KEY => DatasetError::Unfinished { location },
+            Some(Ok((&k, _))) if k == APPEND_KEY => DatasetError::AppendUnfinished { location },
             Some(Ok(_)) => DatasetError::Incomplete { location },
             None => DatasetError::Nothing { location },
         };
@@ -412,6 +416,7 @@ pub(crate) fn no_manifest(storage: &dyn Storage) -> DatasetError {
         Err(e) => DatasetError::Storage(e),
         Ok(keys) if keys.is_empty() => DatasetError::Nothing { location },
         Ok(keys) if keys.iter().any(|k| k == PLAN_KEY) => DatasetError::Unfinished { location },
+        Ok(keys) if keys.iter().any(|k| k == APPEND_KEY) => DatasetError::AppendUnfinished { location },
         Ok(_) => DatasetError::Incomplete { location },
     }
 }
@@ -419,6 +424,9 @@ pub(crate) fn no_manifest(storage: &dyn Storage) -> DatasetError {
 /// Where a conversion keeps its plan until the manifest is written
 /// (`convert::plan`).
 pub(crate) const PLAN_KEY: &str = ".plan/plan.json";
+
+/// The record of an append, until it is complete (`convert::append`).
+pub(crate) const APPEND_KEY: &str = ".append/append.json";
 
 /// Cumulative sums: `limits[i]` is the first cell after tile i.
 pub(crate) fn cumulative(tile_cells: &[u64]) -> Vec<u64> {

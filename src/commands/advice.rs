@@ -5,7 +5,7 @@
 use deltacells::convert::genes::GeneError;
 use deltacells::convert::input::InputError;
 use deltacells::convert::obs_merge::ObsMergeError;
-use deltacells::convert::ConvertError;
+use deltacells::convert::{AppendError, ConvertError};
 use deltacells::DatasetError;
 
 /// The advice for the first error in `err`'s chain that has one.
@@ -32,6 +32,12 @@ pub(crate) fn advice(err: &anyhow::Error) -> Option<String> {
                     format!("re-run `deltacells shard {root} --shard {shard}/{shards}`")
                 }
             });
+        }
+        if let Some(AppendError::Interrupted { location, .. }) = cause.downcast_ref::<AppendError>() {
+            return Some(format!("complete it with `deltacells append --resume {location}`"));
+        }
+        if let Some(DatasetError::AppendUnfinished { location }) = cause.downcast_ref::<DatasetError>() {
+            return Some(format!("complete it with `deltacells append --resume {location}`"));
         }
         if let Some(DatasetError::Unfinished { location }) = cause.downcast_ref::<DatasetError>() {
             return Some(format!(

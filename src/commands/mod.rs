@@ -12,6 +12,7 @@ use crate::cli::{Cli, Command, StoreArgs};
 pub(crate) use advice::advice;
 
 mod advice;
+mod append;
 mod convert;
 mod export;
 mod info;
@@ -22,6 +23,7 @@ mod verify;
 pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Convert(args) => convert::run(&args),
+        Command::Append(args) => append::run(&args),
         Command::Plan(args) => convert::run_plan(&args),
         Command::Shard(args) => shard::run(&args),
         Command::Finalize(args) => shard::run_finalize(&args),

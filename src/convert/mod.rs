@@ -25,6 +25,7 @@ use input::{to_counts, BadCount, BadValue, InputError, InputSource, RawRows};
 use obs_merge::ObsPlan;
 use obs_shards::{ShardRecord, ShardWriter};
 
+pub mod append;
 pub mod gene_order;
 pub mod genes;
 pub mod input;
@@ -33,6 +34,7 @@ mod obs_shards;
 mod plan;
 mod var_table;
 
+pub use append::{append, resume, AppendError, AppendOptions, AppendSummary};
 pub use gene_order::{GeneOrderError, GivenOrder};
 pub use genes::GeneSet;
 pub use obs_merge::ObsOptions;
@@ -139,6 +141,32 @@ pub struct Input {
     pub n_rows: u64,
     /// The file's size when it was scanned: a shard refuses a file that changed.
     pub bytes: u64,
+    /// Not a file: the cells of this tile of the dataset being appended to,
+    /// read back (its last tile, which the append rewrites); `path` names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_tile: Option<usize>,
+}
+
+/// The cells of a dataset's last tile and their obs rows, decoded, as the
+/// first input of an append.
+pub(crate) struct StoredTail {
+    pub rows: CsrMatrix,
+    /// In the schema the append writes.
+    pub obs: Option<arrow_array::RecordBatch>,
+}
+
+impl StoredTail {
+    /// Rows `range` as an input would give them, with their obs rows.
+    fn read(&self, range: std::ops::Range<u64>) -> (RawRows, Option<arrow_array::RecordBatch>) {
+        let (lo, hi) = (self.rows.indptr[range.start as usize], self.rows.indptr[range.end as usize]);
+        let rows = RawRows {
+            indptr: self.rows.indptr[range.start as usize..=range.end as usize].iter().map(|p| p - lo).collect(),
+            indices: self.rows.indices[lo as usize..hi as usize].to_vec(),
+            values: self.rows.data[lo as usize..hi as usize].iter().map(|&c| f64::from(c)).collect(),
+        };
+        let obs = self.obs.as_ref().map(|b| b.slice(range.start as usize, (range.end - range.start) as usize));
+        (rows, obs)
+    }
 }
 
 /// Cells of one input that belong to one tile.
@@ -255,6 +283,7 @@ fn is_dataset_key(key: &str) -> bool {
     key.starts_with("tiles/")
         || key.starts_with("obs/")
         || key.starts_with(".plan/")
+        || key.starts_with(".append/")
         || key.contains(".deltacells-")
         || [format::MANIFEST_KEY, format::GENE_ORDER_KEY, format::VAR_NAMES_KEY, format::VAR_TABLE_KEY].contains(&key)
 }
@@ -284,7 +313,7 @@ pub(crate) fn scan_inputs(
             Some(s) => s.add(path, &names)?,
         }
         let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-        scanned.push(Input { path: path.clone(), n_rows: source.n_rows(), bytes });
+        scanned.push(Input { path: path.clone(), n_rows: source.n_rows(), bytes, stored_tile: None });
     }
     let source_genes = source_genes.expect("at least one input");
     match source_genes.aligned.as_slice() {
@@ -373,6 +402,14 @@ fn block_totals(raw: &RawRows, n_genes: u32, map: Option<&[u32]>) -> Result<Vec<
 /// The tiles one run writes, and how.
 pub(crate) struct TileJob<'a> {
     pub inputs: &'a [Input],
+    /// The dataset's cell that is the first input's first row (an append's
+    /// inputs come after the cells it keeps).
+    pub first_cell: u64,
+    /// The cells of the input that is a stored tile (an append's).
+    pub tail: Option<&'a StoredTail>,
+    /// The obs rows of the tiles before `tiles.start` in its obs shard (an
+    /// append's, whose first tile may not start a shard), one batch per tile.
+    pub obs_prefix: &'a [arrow_array::RecordBatch],
     pub matrix: &'a str,
     pub tiles: std::ops::Range<usize>,
     /// The dataset's genes in source order (before sorting by counts).
@@ -416,7 +453,7 @@ pub(crate) fn write_tiles(
     let tile_size = job.write.tile_size;
     let n_genes = remap.len() as u32;
     let encoder = TileEncoder::new(job.write.n_chunks, job.write.zstd_level);
-    let n_cells: u64 = inputs.iter().map(|i| i.n_rows).sum();
+    let n_cells: u64 = job.first_cell + inputs.iter().map(|i| i.n_rows).sum::<u64>();
     let cells = (job.tiles.start as u64 * tile_size).min(n_cells)..(job.tiles.end as u64 * tile_size).min(n_cells);
     progress.phase("converting", cells.end - cells.start);
     // A rendezvous channel for one tile in flight: the reader can hand over
@@ -429,6 +466,11 @@ pub(crate) fn write_tiles(
             .map(|p| ShardWriter::starting_at(p.arrow_schema().clone(), per_file, job.tiles.start / per_file as usize));
         let writer_thread = threads.spawn(move || -> Result<TilesWritten, (usize, TileFailure)> {
             let mut dropped_nonzeros = 0u64;
+            if let Some(shards) = &mut shard_writer {
+                for batch in job.obs_prefix {
+                    shards.add_tile(batch, writer.storage()).map_err(|e| (0, TileFailure::Other(e)))?;
+                }
+            }
             for (next, tile) in pending.into_iter().enumerate() {
                 let index = job.tiles.start + next;
                 // A pool task that died without sending is a failure too.
@@ -469,8 +511,34 @@ pub(crate) fn write_tiles(
                 });
                 true
             };
+            // Blocks of rows of input `i` (read by `read`) into tiles; false
+            // once the writer has stopped.
+            type ReadBlock<'r> =
+                dyn FnMut(std::ops::Range<u64>) -> anyhow::Result<(RawRows, Option<arrow_array::RecordBatch>)> + 'r;
+            let mut feed = |i: usize,
+                            rows: std::ops::Range<u64>,
+                            remap: &std::sync::Arc<Vec<u32>>,
+                            read: &mut ReadBlock<'_>|
+             -> anyhow::Result<bool> {
+                let mut row = rows.start;
+                while row < rows.end {
+                    let take = (tile_size - cells_in_tile).min(rows.end - row).min(READ_ROWS);
+                    let (block, obs) = read(row..row + take)?;
+                    parts.push(Part { input: i, first_row: row, rows: block, remap: remap.clone(), obs });
+                    progress.advance(take);
+                    row += take;
+                    cells_in_tile += take;
+                    if cells_in_tile == tile_size {
+                        if !dispatch(std::mem::take(&mut parts), cells_in_tile) {
+                            return Ok(false);
+                        }
+                        cells_in_tile = 0;
+                    }
+                }
+                Ok(true)
+            };
             // Only the inputs that hold the job's cells, and only those rows.
-            let mut offset = 0u64;
+            let mut offset = job.first_cell;
             for (i, input) in inputs.iter().enumerate() {
                 let here = offset..offset + input.n_rows;
                 offset = here.end;
@@ -478,7 +546,17 @@ pub(crate) fn write_tiles(
                 if start >= end {
                     continue;
                 }
+                let rows = start - here.start..end - here.start;
                 progress.file(&input.path);
+                if input.stored_tile.is_some() {
+                    let tail =
+                        job.tail.with_context(|| format!("{}: the stored tile was not read", input.path.display()))?;
+                    let identity = std::sync::Arc::new((0..n_genes).collect::<Vec<u32>>());
+                    if !feed(i, rows, &identity, &mut |r| Ok(tail.read(r)))? {
+                        return Ok(());
+                    }
+                    continue;
+                }
                 // (a file that cannot be read at all fails in open, below)
                 if let Ok(now) = std::fs::metadata(&input.path).map(|m| m.len()) {
                     if now != input.bytes {
@@ -497,25 +575,15 @@ pub(crate) fn write_tiles(
                     None => None,
                 };
                 let input_obs = obs_plan.zip(obs_table.as_deref()).map(|(p, t)| p.for_input(t)).transpose()?;
-                let mut row = start - here.start;
-                let last = end - here.start;
-                while row < last {
-                    let take = (tile_size - cells_in_tile).min(last - row).min(READ_ROWS);
+                let mut read = |r: std::ops::Range<u64>| -> anyhow::Result<_> {
                     let obs = match (obs_plan, &input_obs, obs_table.as_deref()) {
-                        (Some(p), Some(maps), Some(t)) => Some(p.batch(maps, t, row..row + take)?),
+                        (Some(p), Some(maps), Some(t)) => Some(p.batch(maps, t, r.clone())?),
                         _ => None,
                     };
-                    let rows = source.read_rows(row..row + take)?;
-                    parts.push(Part { input: i, first_row: row, rows, remap: input_remap.clone(), obs });
-                    progress.advance(take);
-                    row += take;
-                    cells_in_tile += take;
-                    if cells_in_tile == tile_size {
-                        if !dispatch(std::mem::take(&mut parts), cells_in_tile) {
-                            return Ok(());
-                        }
-                        cells_in_tile = 0;
-                    }
+                    Ok((source.read_rows(r)?, obs))
+                };
+                if !feed(i, rows, &input_remap, &mut read)? {
+                    return Ok(());
                 }
             }
             if cells_in_tile > 0 {

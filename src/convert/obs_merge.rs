@@ -64,10 +64,14 @@ impl Default for ObsOptions {
     }
 }
 
-/// A column as one file has it.
+/// A column as one file has it (or as a dataset stores it, when appending).
 #[derive(Clone, Debug, PartialEq)]
 enum Shape {
-    Category(Categories),
+    /// The vocabulary, each category as its JSON value.
+    Category(Vec<Value>),
+    /// A categorical column that a dataset stores as strings (its vocabulary
+    /// grew past `max_categories`): it takes categorical columns.
+    CategoryAsStrings,
     Numeric(DataType),
     Bool,
     String,
@@ -76,7 +80,7 @@ enum Shape {
 impl Shape {
     fn kind_name(&self) -> &'static str {
         match self {
-            Shape::Category(_) => "categorical",
+            Shape::Category(_) | Shape::CategoryAsStrings => "categorical",
             Shape::Numeric(_) => "numeric",
             Shape::Bool => "bool",
             Shape::String => "string",
@@ -101,6 +105,26 @@ pub struct ObsPlan {
     columns: Vec<PlannedColumn>,
     arrow_schema: SchemaRef,
     schema: ObsSchema,
+    /// Categorical columns stored as strings (more than `max_categories`).
+    categories_as_strings: Vec<String>,
+}
+
+/// A dataset's obs, as an append extends it.
+pub struct StoredObs<'a> {
+    /// The dataset, for messages.
+    pub location: &'a str,
+    pub schema: &'a ObsSchema,
+    /// Its categorical columns stored as strings (as convert recorded them).
+    pub categories_as_strings: &'a [String],
+}
+
+/// A stored column whose type an append changes: every obs shard is rewritten.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Restated {
+    pub column: String,
+    /// "category (int8 codes)", "numeric (int32)".
+    pub was: String,
+    pub now: String,
 }
 
 /// How one input's categorical columns map into the plan, per column: local
@@ -198,7 +222,9 @@ fn common_numeric(a: &DataType, b: &DataType) -> DataType {
 
 fn shape_of(column: FrameColumn) -> Shape {
     match column {
-        FrameColumn::Category { categories, .. } => Shape::Category(categories),
+        FrameColumn::Category { categories, .. } => {
+            Shape::Category((0..categories.len()).map(|i| category_value(&categories, i)).collect())
+        }
         FrameColumn::Numeric(a) => Shape::Numeric(a.data_type().clone()),
         FrameColumn::Bool(_) => Shape::Bool,
         FrameColumn::String(_) => Shape::String,
@@ -209,89 +235,35 @@ impl ObsPlan {
     /// Reads every input's obs columns (their types and vocabularies, not their
     /// values) and merges them. None when no input has an obs table at all.
     pub fn new(inputs: &[&Path], matrix: &str, options: &ObsOptions) -> Result<Option<ObsPlan>, anyhow::Error> {
-        // One pass, each file opened once: which inputs have obs, and the
-        // columns and shapes of those that do.
-        let mut first_with: Option<usize> = None;
-        let mut first_without: Option<usize> = None;
-        let mut names: Vec<String> = Vec::new();
-        // Every obs column of any input, to check the excluded names against.
-        let mut every_name: Vec<String> = Vec::new();
-        // per column: per input, its shape
-        let mut shapes: HashMap<String, Vec<Shape>> = HashMap::new();
-        for (i, path) in inputs.iter().enumerate() {
-            let source = input::open(path, matrix)?;
-            let Some(obs) = source.obs()? else {
-                first_without.get_or_insert(i);
-                continue;
-            };
-            let all_here = obs.columns()?;
-            for n in &all_here {
-                if !every_name.contains(n) {
-                    every_name.push(n.clone());
-                }
-            }
-            let here: Vec<String> = all_here.into_iter().filter(|n| !options.exclude.contains(n)).collect();
-            match first_with {
-                None => {
-                    first_with = Some(i);
-                    names = here.clone();
-                }
-                Some(first) => {
-                    if let Some(n) = names.iter().find(|n| !here.contains(n)) {
-                        return Err(ObsMergeError::Missing {
-                            path: path.display().to_string(),
-                            column: n.clone(),
-                            first: inputs[first].display().to_string(),
-                        }
-                        .into());
-                    }
-                    if let Some(n) = here.iter().find(|n| !names.contains(n)) {
-                        return Err(ObsMergeError::Extra {
-                            path: path.display().to_string(),
-                            column: n.clone(),
-                            first: inputs[first].display().to_string(),
-                        }
-                        .into());
-                    }
-                }
-            }
-            for n in &names {
-                let column = obs.column(n, Some(&(0..0)), true)?;
-                shapes.entry(n.clone()).or_default().push(shape_of(column));
-            }
-        }
-        if let Some(unknown) = options.exclude.iter().find(|n| !every_name.contains(n)) {
-            return Err(ObsMergeError::UnknownExclude {
-                column: unknown.clone(),
-                columns: every_name.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(", "),
-            }
-            .into());
-        }
-        let Some(first) = first_with else { return Ok(None) };
-        if let Some(i) = first_without {
-            return Err(ObsMergeError::NoObs {
-                path: inputs[i].display().to_string(),
-                first: inputs[first].display().to_string(),
-            }
-            .into());
-        }
-        let mut schema_columns = Vec::new();
-        if options.names {
-            schema_columns.push(ObsColumn {
-                name: "obs_names".into(),
-                kind: ObsKind::String,
-                arrow_type: "string".into(),
-                categories: None,
-            });
-        }
-        for name in &names {
-            if options.names && name == "obs_names" {
-                return Err(ObsMergeError::ObsNamesTaken { path: inputs[0].display().to_string() }.into());
-            }
-            schema_columns.push(plan_column(name, &shapes[name], inputs, options.max_categories)?);
-        }
-        let schema = ObsSchema { format: SCHEMA_FORMAT.into(), version: SCHEMA_VERSION, columns: schema_columns };
-        Ok(Some(ObsPlan::from_schema(schema, options.names).map_err(anyhow::Error::msg)?))
+        merge(None, inputs, matrix, options)
+    }
+
+    /// The schema of a dataset's obs extended by more inputs (an append): the
+    /// inputs must have the stored columns, of the same kinds; their
+    /// categories not in a stored vocabulary are added at its end, so stored
+    /// codes keep their meaning. Also returns the stored columns whose type
+    /// changes (codes that must widen, a vocabulary past `max_categories`, a
+    /// numeric type that must widen): their stored rows must be restated.
+    pub fn extend(
+        stored: &StoredObs<'_>,
+        inputs: &[&Path],
+        matrix: &str,
+        options: &ObsOptions,
+    ) -> Result<(ObsPlan, Vec<Restated>), anyhow::Error> {
+        let plan = merge(Some(stored), inputs, matrix, options)?.expect("a stored schema gives a plan");
+        let describe = |c: &ObsColumn| match c.kind {
+            ObsKind::Category => format!("categorical ({} codes)", c.arrow_type),
+            kind => format!("{} ({})", kind.as_str(), c.arrow_type),
+        };
+        let restated = stored
+            .schema
+            .columns
+            .iter()
+            .zip(&plan.schema.columns)
+            .filter(|(old, new)| (old.kind, &old.arrow_type) != (new.kind, &new.arrow_type))
+            .map(|(old, new)| Restated { column: old.name.clone(), was: describe(old), now: describe(new) })
+            .collect();
+        Ok((plan, restated))
     }
 
     /// The plan of an obs/schema.json; `names` says whether its first column is
@@ -318,7 +290,13 @@ impl ObsPlan {
                 .collect();
             columns.push(PlannedColumn { name: c.name.clone(), kind: c.kind, data_type, codes });
         }
-        Ok(ObsPlan { names, columns, arrow_schema: Arc::new(Schema::new(fields)), schema })
+        Ok(ObsPlan {
+            names,
+            columns,
+            arrow_schema: Arc::new(Schema::new(fields)),
+            schema,
+            categories_as_strings: Vec::new(),
+        })
     }
 
     /// Reads an input's categories (from its obs table) and maps them into
@@ -357,6 +335,62 @@ impl ObsPlan {
         &self.schema
     }
 
+    /// Categorical columns the merge stored as strings (for the manifest's
+    /// record, which an append reads back); empty for a plan read from a schema.
+    pub fn categories_as_strings(&self) -> &[String] {
+        &self.categories_as_strings
+    }
+
+    /// Rows stored under schema `old` (one obs shard's row group) as a batch
+    /// of this plan's schema, which [`ObsPlan::extend`] made from `old`: the
+    /// same rows convert would write for those cells.
+    pub fn restate(&self, old: &ObsSchema, batch: &RecordBatch) -> Result<RecordBatch, String> {
+        if old.columns.len() != self.schema.columns.len() || batch.num_columns() != old.columns.len() {
+            return Err(format!(
+                "{} stored columns, {} in the schema, {} planned",
+                batch.num_columns(),
+                old.columns.len(),
+                self.schema.columns.len()
+            ));
+        }
+        let mut arrays = Vec::with_capacity(old.columns.len());
+        for ((was, now), array) in old.columns.iter().zip(&self.schema.columns).zip(batch.columns()) {
+            let to = arrow_type_from_name(&now.arrow_type).ok_or("unknown planned type")?;
+            let restated: ArrayRef = match (was.kind, now.kind) {
+                _ if array.data_type() == &to && was.kind == now.kind => array.clone(),
+                (ObsKind::Category, ObsKind::Category) => {
+                    let codes = numeric_as_i64(array).ok_or_else(|| format!("obs column {:?}: codes", was.name))?;
+                    let codes = codes.into_iter().map(|c| c.unwrap_or(-1));
+                    match to {
+                        DataType::Int8 => Arc::new(codes.map(|c| c as i8).collect::<Int8Array>()),
+                        DataType::Int16 => Arc::new(codes.map(|c| c as i16).collect::<Int16Array>()),
+                        DataType::Int32 => Arc::new(codes.map(|c| c as i32).collect::<Int32Array>()),
+                        _ => Arc::new(codes.map(Some).collect::<Int64Array>()),
+                    }
+                }
+                (ObsKind::Category, ObsKind::String) => {
+                    let codes = numeric_as_i64(array).ok_or_else(|| format!("obs column {:?}: codes", was.name))?;
+                    let vocabulary = was.categories.as_deref().unwrap_or_default();
+                    let text = |v: &Value| match v {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    let strings: Vec<Option<String>> = codes
+                        .into_iter()
+                        .map(|c| c.filter(|&c| c >= 0).and_then(|c| vocabulary.get(c as usize)).map(text))
+                        .collect();
+                    Arc::new(StringArray::from(strings))
+                }
+                (ObsKind::Numeric, ObsKind::Numeric) => widen(array.clone(), &to)?,
+                (a, b) => {
+                    return Err(format!("obs column {:?}: {} cannot become {}", was.name, a.as_str(), b.as_str()))
+                }
+            };
+            arrays.push(restated);
+        }
+        RecordBatch::try_new(self.arrow_schema.clone(), arrays).map_err(|e| e.to_string())
+    }
+
     pub fn arrow_schema(&self) -> &SchemaRef {
         &self.arrow_schema
     }
@@ -391,17 +425,134 @@ impl ObsPlan {
     }
 }
 
+/// The merge of [`ObsPlan::new`] and [`ObsPlan::extend`]: the stored
+/// schema, when there is one, comes first, as the first input would.
+fn merge(
+    stored: Option<&StoredObs<'_>>,
+    inputs: &[&Path],
+    matrix: &str,
+    options: &ObsOptions,
+) -> Result<Option<ObsPlan>, anyhow::Error> {
+    // Who defines the columns (for messages): the dataset, else the first
+    // input with obs.
+    let mut sources: Vec<String> = Vec::new();
+    let mut first: Option<String> = None;
+    let mut first_without: Option<usize> = None;
+    let mut names: Vec<String> = Vec::new();
+    // Every obs column of any input, to check the excluded names against.
+    let mut every_name: Vec<String> = Vec::new();
+    // per column: per source, its shape
+    let mut shapes: HashMap<String, Vec<Shape>> = HashMap::new();
+    if let Some(s) = stored {
+        let skip = usize::from(options.names);
+        for c in s.schema.columns.iter().skip(skip) {
+            let shape = match c.kind {
+                ObsKind::Category => Shape::Category(c.categories.clone().unwrap_or_default()),
+                ObsKind::String if s.categories_as_strings.contains(&c.name) => Shape::CategoryAsStrings,
+                ObsKind::String => Shape::String,
+                ObsKind::Bool => Shape::Bool,
+                ObsKind::Numeric => Shape::Numeric(arrow_type_from_name(&c.arrow_type).unwrap_or(DataType::Float64)),
+            };
+            names.push(c.name.clone());
+            shapes.insert(c.name.clone(), vec![shape]);
+        }
+        every_name = names.clone();
+        first = Some(s.location.to_string());
+        sources.push(s.location.to_string());
+    }
+    // One pass, each file opened once: which inputs have obs, and the
+    // columns and shapes of those that do.
+    for (i, path) in inputs.iter().enumerate() {
+        let source = input::open(path, matrix)?;
+        let Some(obs) = source.obs()? else {
+            first_without.get_or_insert(i);
+            continue;
+        };
+        let all_here = obs.columns()?;
+        for n in &all_here {
+            if !every_name.contains(n) {
+                every_name.push(n.clone());
+            }
+        }
+        let here: Vec<String> = all_here.into_iter().filter(|n| !options.exclude.contains(n)).collect();
+        match &first {
+            None => {
+                first = Some(path.display().to_string());
+                names = here.clone();
+            }
+            Some(first) => {
+                if let Some(n) = names.iter().find(|n| !here.contains(n)) {
+                    return Err(ObsMergeError::Missing {
+                        path: path.display().to_string(),
+                        column: n.clone(),
+                        first: first.clone(),
+                    }
+                    .into());
+                }
+                if let Some(n) = here.iter().find(|n| !names.contains(n)) {
+                    return Err(ObsMergeError::Extra {
+                        path: path.display().to_string(),
+                        column: n.clone(),
+                        first: first.clone(),
+                    }
+                    .into());
+                }
+            }
+        }
+        for n in &names {
+            let column = obs.column(n, Some(&(0..0)), true)?;
+            shapes.entry(n.clone()).or_default().push(shape_of(column));
+        }
+        sources.push(path.display().to_string());
+    }
+    if let Some(unknown) = options.exclude.iter().find(|n| !every_name.contains(n)) {
+        return Err(ObsMergeError::UnknownExclude {
+            column: unknown.clone(),
+            columns: every_name.iter().map(|n| format!("{n:?}")).collect::<Vec<_>>().join(", "),
+        }
+        .into());
+    }
+    let Some(first) = first else { return Ok(None) };
+    if let Some(i) = first_without {
+        return Err(ObsMergeError::NoObs { path: inputs[i].display().to_string(), first }.into());
+    }
+    let mut schema_columns = Vec::new();
+    if options.names {
+        schema_columns.push(ObsColumn {
+            name: "obs_names".into(),
+            kind: ObsKind::String,
+            arrow_type: "string".into(),
+            categories: None,
+        });
+    }
+    let mut categories_as_strings = Vec::new();
+    for name in &names {
+        if options.names && name == "obs_names" {
+            return Err(ObsMergeError::ObsNamesTaken { path: sources[0].clone() }.into());
+        }
+        let column = plan_column(name, &shapes[name], &sources, options.max_categories)?;
+        if column.kind == ObsKind::String && shapes[name][0].kind_name() == "categorical" {
+            categories_as_strings.push(name.clone());
+        }
+        schema_columns.push(column);
+    }
+    let schema = ObsSchema { format: SCHEMA_FORMAT.into(), version: SCHEMA_VERSION, columns: schema_columns };
+    let mut plan = ObsPlan::from_schema(schema, options.names).map_err(anyhow::Error::msg)?;
+    plan.categories_as_strings = categories_as_strings;
+    Ok(Some(plan))
+}
+
 /// The stored kind, type and vocabulary of one column, from its shape in every input.
-fn plan_column(name: &str, shapes: &[Shape], inputs: &[&Path], max_categories: usize) -> anyhow::Result<ObsColumn> {
+fn plan_column(name: &str, shapes: &[Shape], sources: &[String], max_categories: usize) -> anyhow::Result<ObsColumn> {
     let first = &shapes[0];
     for (i, s) in shapes.iter().enumerate().skip(1) {
         if s.kind_name() != first.kind_name() {
             return Err(ObsMergeError::Kinds {
                 column: name.to_string(),
                 kind: first.kind_name(),
-                path: inputs[0].display().to_string(),
+                path: sources[0].clone(),
                 other_kind: s.kind_name(),
-                other: inputs[i].display().to_string(),
+                other: sources[i].clone(),
             }
             .into());
         }
@@ -421,19 +572,24 @@ fn plan_column(name: &str, shapes: &[Shape], inputs: &[&Path], max_categories: u
             }
             (ObsKind::Numeric, dt, None)
         }
+        Shape::CategoryAsStrings => (ObsKind::String, DataType::Utf8, None),
         Shape::Category(_) => {
             let mut vocabulary: Vec<Value> = Vec::new();
             let mut seen: HashMap<String, ()> = HashMap::new();
+            let mut as_strings = false;
             for s in shapes {
-                let Shape::Category(cats) = s else { unreachable!("kinds were checked") };
-                for i in 0..cats.len() {
-                    let value = category_value(cats, i);
-                    if seen.insert(value.to_string(), ()).is_none() {
-                        vocabulary.push(value);
+                match s {
+                    Shape::Category(values) => {
+                        for value in values {
+                            if seen.insert(value.to_string(), ()).is_none() {
+                                vocabulary.push(value.clone());
+                            }
+                        }
                     }
+                    _ => as_strings = true, // CategoryAsStrings: kinds were checked
                 }
             }
-            if vocabulary.len() > max_categories {
+            if as_strings || vocabulary.len() > max_categories {
                 (ObsKind::String, DataType::Utf8, None)
             } else {
                 (ObsKind::Category, code_type(vocabulary.len()), Some(vocabulary))

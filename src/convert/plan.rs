@@ -373,6 +373,18 @@ pub fn plan(
     if let (Some(given), Some(Value::Object(record))) = (&options.gene_order, metadata.get_mut("convert")) {
         record.insert("gene_order_from".into(), json!(given.source()));
     }
+    // What an append needs to merge more inputs' obs as this plan did.
+    if let (Some(o), Some(p), Some(Value::Object(record))) = (&options.obs, &obs_plan, metadata.get_mut("convert")) {
+        record.insert(
+            "obs".into(),
+            json!({
+                "names": o.names,
+                "exclude": o.exclude,
+                "max_categories": o.max_categories,
+                "categories_as_strings": p.categories_as_strings(),
+            }),
+        );
+    }
     metadata.extend(options.metadata.clone());
     let plan = Plan {
         format: PLAN_FORMAT.into(),
@@ -466,6 +478,9 @@ pub fn run_shard(
     let mut writer = DatasetWriter::starting_at(out, plan.write_options(), plan.n_genes as u32, tiles.start);
     let job = TileJob {
         inputs: &plan.inputs,
+        first_cell: 0,
+        tail: None,
+        obs_prefix: &[],
         matrix: &plan.matrix,
         tiles: tiles.clone(),
         source_genes: &source_genes,
@@ -697,7 +712,7 @@ mod tests {
             version: 1,
             id: String::new(),
             matrix: "X".into(),
-            inputs: vec![Input { path: "a.h5ad".into(), n_rows: n_cells, bytes: 0 }],
+            inputs: vec![Input { path: "a.h5ad".into(), n_rows: n_cells, bytes: 0, stored_tile: None }],
             n_cells,
             n_genes: 10,
             tile_size,

@@ -172,6 +172,30 @@ fn first_bad_code(array: &ArrayRef, n_categories: i64) -> Option<(usize, i64)> {
     }
 }
 
+/// Every row group of an obs shard, one batch each (the rows of one tile).
+#[cfg_attr(not(feature = "convert"), allow(dead_code))] // append restates them
+pub(crate) fn row_groups(bytes: Bytes) -> Result<Vec<arrow_array::RecordBatch>, String> {
+    let parquet = |e: parquet::errors::ParquetError| format!("not a readable Parquet file: {e}");
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).map_err(parquet)?;
+    let meta = builder.metadata().clone();
+    let schema = builder.schema().clone();
+    let mut out = Vec::with_capacity(meta.num_row_groups());
+    for g in 0..meta.num_row_groups() {
+        let rows = meta.row_group(g).num_rows().max(1) as usize;
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())
+            .map_err(parquet)?
+            .with_row_groups(vec![g])
+            .with_batch_size(rows)
+            .build()
+            .map_err(parquet)?;
+        let batches = reader.collect::<Result<Vec<_>, _>>().map_err(|e| format!("row group {g}: {e}"))?;
+        let batch =
+            arrow_select::concat::concat_batches(&schema, &batches).map_err(|e| format!("row group {g}: {e}"))?;
+        out.push(batch);
+    }
+    Ok(out)
+}
+
 /// The number of rows of a Parquet file, from its footer.
 pub(crate) fn parquet_rows(bytes: Bytes) -> Result<u64, String> {
     let builder =

@@ -127,6 +127,25 @@ impl Storage for LocalStorage {
         Ok(())
     }
 
+    fn rename(&self, from: &str, to: &str) -> Result<(), StorageError> {
+        let target = self.path(to);
+        std::fs::create_dir_all(target.parent().unwrap_or(Path::new("."))).map_err(|e| self.io_err(to, e))?;
+        std::fs::rename(self.path(from), &target).map_err(|e| self.io_err(from, e))?;
+        // The rename is durable once its folder is.
+        if let Some(dir) = target.parent() {
+            File::open(dir).and_then(|d| d.sync_all()).map_err(|e| self.io_err(to, e))?;
+        }
+        // Folders the move left empty go, as delete's do.
+        let mut dir = self.path(from).parent().map(Path::to_path_buf);
+        while let Some(d) = dir.filter(|d| d.starts_with(&self.root) && *d != self.root) {
+            if std::fs::remove_dir(&d).is_err() {
+                break;
+            }
+            dir = d.parent().map(Path::to_path_buf);
+        }
+        Ok(())
+    }
+
     fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
         let mut out = Vec::new();
         let mut stack = vec![prefix.trim_end_matches('/').to_string()];

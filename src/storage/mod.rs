@@ -91,6 +91,18 @@ pub trait Storage: Send + Sync {
     fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError>;
     /// Removes `key`; absent is fine.
     fn delete(&self, key: &str) -> Result<(), StorageError>;
+    /// Moves `from` to `to`, replacing `to`. Readers of `to` see the old
+    /// object or the whole new one; once it returns, `from` is gone. Not
+    /// atomic as a whole in object stores (a copy, then a delete): a move
+    /// interrupted there leaves both, and moving again completes it.
+    fn rename(&self, from: &str, to: &str) -> Result<(), StorageError> {
+        let data = self.get(from)?.ok_or_else(|| StorageError::Io {
+            location: self.location(from),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        })?;
+        self.put(to, data)?;
+        self.delete(from)
+    }
     /// Every key below `prefix` (a folder, `""` for the root), sorted.
     fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError>;
     /// Every key below `prefix` with its size, sorted.
@@ -109,6 +121,52 @@ pub trait Storage: Send + Sync {
     }
     /// Requests and bytes served so far.
     fn stats(&self) -> &IoStats;
+}
+
+/// The keys of another storage below `prefix`: what a writer writes here lands
+/// at `prefix/key` there (an append stages its files this way).
+pub(crate) struct Within<'a> {
+    inner: &'a dyn Storage,
+    /// Ends with `/`.
+    prefix: String,
+}
+
+impl<'a> Within<'a> {
+    pub(crate) fn new(inner: &'a dyn Storage, prefix: &str) -> Self {
+        Within { inner, prefix: format!("{}/", prefix.trim_end_matches('/')) }
+    }
+
+    fn key(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+}
+
+impl Storage for Within<'_> {
+    fn location(&self, key: &str) -> String {
+        self.inner.location(&self.key(key))
+    }
+    fn size(&self, key: &str) -> Result<Option<u64>, StorageError> {
+        self.inner.size(&self.key(key))
+    }
+    fn get(&self, key: &str) -> Result<Option<Bytes>, StorageError> {
+        self.inner.get(&self.key(key))
+    }
+    fn get_ranges(&self, key: &str, ranges: &[Range<u64>]) -> Result<Option<Vec<Bytes>>, StorageError> {
+        self.inner.get_ranges(&self.key(key), ranges)
+    }
+    fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError> {
+        self.inner.put(&self.key(key), data)
+    }
+    fn delete(&self, key: &str) -> Result<(), StorageError> {
+        self.inner.delete(&self.key(key))
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
+        let keys = self.inner.list(&self.key(prefix))?;
+        Ok(keys.into_iter().filter_map(|k| k.strip_prefix(&self.prefix).map(str::to_string)).collect())
+    }
+    fn stats(&self) -> &IoStats {
+        self.inner.stats()
+    }
 }
 
 /// Where a dataset root is, as the user named it.

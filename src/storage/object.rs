@@ -286,6 +286,11 @@ impl Storage for ObjectStorage {
         }
     }
 
+    fn rename(&self, from: &str, to: &str) -> Result<(), StorageError> {
+        // A server-side copy, then a delete (object_store's rename).
+        runtime().block_on(self.store.rename(&self.path(from), &self.path(to))).map_err(|e| self.err(from, e))
+    }
+
     fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
         Ok(self.list_sizes(prefix)?.into_iter().map(|(k, _)| k).collect())
     }

@@ -1,0 +1,73 @@
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use indicatif::{HumanBytes, HumanCount};
+
+use deltacells::convert::{append, resume, AppendOptions};
+
+use super::convert::{plural, Bar};
+use crate::cli::AppendArgs;
+
+fn inputs(args: &AppendArgs) -> anyhow::Result<Vec<PathBuf>> {
+    let mut inputs: Vec<PathBuf> = args.inputs.iter().map(PathBuf::from).collect();
+    if let Some(list) = &args.inputs_from {
+        let text = std::fs::read_to_string(list).with_context(|| format!("--inputs-from {list}"))?;
+        inputs.extend(text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(PathBuf::from));
+    }
+    Ok(inputs)
+}
+
+pub(crate) fn run(args: &AppendArgs) -> anyhow::Result<ExitCode> {
+    let started = std::time::Instant::now();
+    super::set_threads(args.threads)?;
+    if let deltacells::storage::Location::Http { .. } = deltacells::storage::Location::parse(&args.dataset)? {
+        bail!("{}: an HTTP server is read-only; append to a local folder, s3:// or gs://", args.dataset);
+    }
+    let store = super::open_store(&args.dataset, &args.store)?;
+    let options = AppendOptions { matrix: args.matrix.clone(), ..AppendOptions::default() };
+    let progress = Bar::new(args.quiet);
+    let summary = if args.resume {
+        resume(store.clone(), &options, &progress)
+    } else {
+        let inputs = inputs(args)?;
+        if inputs.is_empty() {
+            bail!("no input files: give DATASET INPUTS..., DATASET --inputs-from FILE, or --resume DATASET");
+        }
+        append(store.clone(), &inputs, &options, &progress)
+    }
+    .context("append")?;
+    progress.bar.finish_and_clear();
+    if args.json {
+        super::print_json(&summary)?;
+    } else if !args.quiet {
+        let ds = &args.dataset;
+        match summary.outcome.as_str() {
+            "appended" => {
+                let rewritten = match summary.tile_rewritten {
+                    Some(t) => format!("rewrote tile {t} and "),
+                    None => String::new(),
+                };
+                println!(
+                    "{ds}: appended {} cells from {} ({} -> {} cells): {rewritten}added {}, {} of tiles written, {} written, in {:.1} s",
+                    HumanCount(summary.cells_added),
+                    plural(summary.inputs.len() as u64, "file", "files"),
+                    HumanCount(summary.cells_before),
+                    HumanCount(summary.n_cells),
+                    plural(summary.tiles_added as u64, "tile", "tiles"),
+                    HumanBytes(summary.tile_bytes_written),
+                    plural(summary.obs_shards_written as u64, "obs shard", "obs shards"),
+                    summary.seconds
+                );
+            }
+            outcome => println!(
+                "{ds}: {outcome}: {} cells from {} ({} cells now)",
+                HumanCount(summary.cells_added),
+                plural(summary.inputs.len() as u64, "file", "files"),
+                HumanCount(summary.n_cells)
+            ),
+        }
+    }
+    super::report_stats(store.as_ref(), &args.store, started, args.json);
+    Ok(ExitCode::SUCCESS)
+}
