@@ -10,14 +10,26 @@ use deltacells::DatasetError;
 
 /// The advice for the first error in `err`'s chain that has one.
 pub(crate) fn advice(err: &anyhow::Error) -> Option<String> {
+    // An append keeps the dataset's obs columns and genes: convert's flags
+    // that choose them are not append's.
+    let appending = err.to_string() == "append";
     err.chain().find_map(|cause| {
         if let Some(e) = cause.downcast_ref::<ObsMergeError>() {
+            if appending {
+                return Some(
+                    "an append keeps the dataset's obs columns: every input must have each of them, of the same kind"
+                        .into(),
+                );
+            }
             return Some(obs_merge(e));
         }
         if let Some(e) = cause.downcast_ref::<InputError>() {
             return input(e);
         }
         if let Some(GeneError::Differ(_)) = cause.downcast_ref::<GeneError>() {
+            if appending {
+                return Some("an append keeps the dataset's genes: every input must have each of them".into());
+            }
             return Some(
                 "every input must have the same genes (keep the genes every input has with --genes \
                  intersection, or all of them with --genes union)"

@@ -65,12 +65,14 @@ struct AppendRecord {
 }
 
 impl AppendRecord {
-    /// Whether `inputs` (paths and sizes) and `matrix` are this append's.
+    /// Whether `inputs` (the same files, by their sizes too) and `matrix`
+    /// are this append's.
     fn is_of(&self, inputs: &[PathBuf], matrix: Option<&str>) -> bool {
-        let files: Vec<(&PathBuf, u64)> =
-            self.inputs.iter().filter(|i| i.stored_tile.is_none()).map(|i| (&i.path, i.bytes)).collect();
-        let asked: Vec<(&PathBuf, u64)> =
-            inputs.iter().map(|p| (p, std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))).collect();
+        let file = |p: &PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+        let files: Vec<(PathBuf, u64)> =
+            self.inputs.iter().filter(|i| i.stored_tile.is_none()).map(|i| (file(&i.path), i.bytes)).collect();
+        let asked: Vec<(PathBuf, u64)> =
+            inputs.iter().map(|p| (file(p), std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))).collect();
         files == asked && matrix.is_none_or(|m| m == self.matrix)
     }
 
@@ -316,7 +318,20 @@ fn summary_of(record: &AppendRecord, after: &Manifest, outcome: &str, started: I
 /// Step 2: removes the manifest, moves every staged file into place, writes
 /// the staged manifest. Running it again after an interruption completes it.
 fn commit(ds: &dyn Storage, staged_manifest: &Bytes) -> anyhow::Result<()> {
+    // The crash tests stop the process here for real (SIGABRT) after this many
+    // moves (-1: before the manifest is removed, -2: before the new one is
+    // written): a kill cannot be timed into a commit of a few renames.
+    let abort_after: Option<i64> =
+        std::env::var("DELTACELLS_TEST_ABORT_COMMIT_AFTER").ok().and_then(|v| v.parse().ok());
+    let stop_here = |moved: i64| {
+        if abort_after == Some(moved) {
+            std::process::abort();
+        }
+    };
+    let mut moved = 0;
+    stop_here(-1);
     ds.delete(format::MANIFEST_KEY)?;
+    stop_here(moved);
     let skip = [RECORD_KEY.to_string(), format!("{APPEND_PREFIX}/{STAGED_MANIFEST}")];
     for key in ds.list(APPEND_PREFIX)? {
         if skip.contains(&key) {
@@ -329,7 +344,10 @@ fn commit(ds: &dyn Storage, staged_manifest: &Bytes) -> anyhow::Result<()> {
         }
         let target = key.strip_prefix(APPEND_PREFIX).and_then(|k| k.strip_prefix('/')).unwrap_or(&key);
         ds.rename(&key, target)?;
+        moved += 1;
+        stop_here(moved);
     }
+    stop_here(-2);
     ds.put(format::MANIFEST_KEY, staged_manifest.clone())?;
     Ok(())
 }

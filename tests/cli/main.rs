@@ -2,6 +2,7 @@
 //! datasets the tests write themselves and on the conformance vectors in
 //! ../shared/golden (skipped, with a note, where ../shared is absent).
 
+mod append;
 mod convert;
 mod dataset;
 mod fuzz_regressions;
