@@ -53,9 +53,10 @@ impl Failure {
 impl From<DatasetError> for Failure {
     fn from(e: DatasetError) -> Failure {
         let kind = match &e {
-            DatasetError::Incomplete { .. } | DatasetError::Unfinished { .. } | DatasetError::Nothing { .. } => {
-                Kind::NotFound
-            }
+            DatasetError::Incomplete { .. }
+            | DatasetError::Unfinished { .. }
+            | DatasetError::AppendUnfinished { .. }
+            | DatasetError::Nothing { .. } => Kind::NotFound,
             DatasetError::Manifest { .. }
             | DatasetError::Missing { .. }
             | DatasetError::Invalid { .. }

@@ -125,12 +125,14 @@ pub trait Storage: Send + Sync {
 
 /// The keys of another storage below `prefix`: what a writer writes here lands
 /// at `prefix/key` there (an append stages its files this way).
+#[cfg(feature = "convert")]
 pub(crate) struct Within<'a> {
     inner: &'a dyn Storage,
     /// Ends with `/`.
     prefix: String,
 }
 
+#[cfg(feature = "convert")]
 impl<'a> Within<'a> {
     pub(crate) fn new(inner: &'a dyn Storage, prefix: &str) -> Self {
         Within { inner, prefix: format!("{}/", prefix.trim_end_matches('/')) }
@@ -141,6 +143,7 @@ impl<'a> Within<'a> {
     }
 }
 
+#[cfg(feature = "convert")]
 impl Storage for Within<'_> {
     fn location(&self, key: &str) -> String {
         self.inner.location(&self.key(key))
