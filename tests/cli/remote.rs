@@ -492,3 +492,34 @@ fn every_server_passes_the_storage_conformance_checks() {
     let Some(gcs) = Server::start("fake-gcs", &[&fixture]) else { return };
     check_read(&gcs_storage(&gcs.url(), "fixture")).unwrap();
 }
+
+#[test]
+fn append_to_a_dataset_in_s3_writes_what_a_local_append_writes() {
+    let Some(s3) = Server::start("s3", &[]) else { return };
+    let t = TestDir::new();
+    let endpoint = s3.url();
+    let input = example();
+    let env = [S3_ENV[0], S3_ENV[1], S3_ENV[2], ("SOURCE_DATE_EPOCH", "1700000000")];
+    // 1,000 cells in tiles of 300: the last tile, partial, is rewritten.
+    let layout = ["--tile-size", "300", "--obs-tiles-per-file", "2", "--level", "3"];
+    t.run(&[&["convert", "-q"][..], &layout, &[input.as_str(), "local"]].concat()).expect_code(0);
+    let args = [&["convert", "-q", "--endpoint", &endpoint][..], &layout, &[input.as_str(), "s3://test/ds"]].concat();
+    t.run_env(&args, &S3_ENV).expect_code(0);
+    t.run_env(&["append", "-q", "local", &input], &env).expect_code(0);
+    t.run_env(&["append", "-q", "--endpoint", &endpoint, "s3://test/ds", &input], &env).expect_code(0);
+    let remote = s3_storage(&endpoint, "ds");
+    let local = LocalStorage::new(t.join("local"));
+    same_objects(&remote, &local);
+    // A commit stopped half-way in the bucket: incomplete, then resumed.
+    t.run_env(&["append", "-q", "local", &input], &env).expect_code(0);
+    let stopped = t.run_env(
+        &["append", "-q", "--endpoint", &endpoint, "s3://test/ds", &input],
+        &[env[0], env[1], env[2], env[3], ("DELTACELLS_TEST_ABORT_COMMIT_AFTER", "2")],
+    );
+    assert_ne!(stopped.code(), 0);
+    let run = t.run_env(&["verify", "-q", "--endpoint", &endpoint, "s3://test/ds"], &S3_ENV).expect_code(2);
+    assert!(run.stderr().contains("an append into it was interrupted"), "{}", run.stderr());
+    t.run_env(&["append", "-q", "--endpoint", &endpoint, "--resume", "s3://test/ds"], &env).expect_code(0);
+    same_objects(&remote, &local);
+    t.run_env(&["verify", "-q", "--endpoint", &endpoint, "s3://test/ds"], &S3_ENV).expect_code(0);
+}
