@@ -200,15 +200,17 @@ pub(crate) struct VerifyArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct ConvertArgs {
-    /// Input .h5ad files, then the output folder (the last argument).
+    /// Input .h5ad files, then the output folder (the last argument; with
+    /// plan --append DATASET, every path is an input).
     #[arg(required = true, value_name = "INPUTS... OUT")]
     pub paths: Vec<String>,
     /// Read more input paths from FILE, one per line (after those given).
     #[arg(long, value_name = "FILE")]
     pub inputs_from: Option<String>,
-    /// The matrix to convert: X, raw/X or layers/NAME.
-    #[arg(long, default_value = "X")]
-    pub matrix: String,
+    /// The matrix to convert: X, raw/X or layers/NAME [default: X; with
+    /// plan --append, the dataset's].
+    #[arg(long)]
+    pub matrix: Option<String>,
     /// Cells per tile.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub tile_size: u64,
@@ -242,6 +244,13 @@ pub(crate) struct ConvertArgs {
     /// options then adds them up instead of reading X itself.
     #[arg(long, value_name = "K/N", conflicts_with_all = ["gene_order_from", "gene_order"])]
     pub totals_shard: Option<String>,
+    /// plan only: plan an append of INPUTS... (every path given is an input)
+    /// to this dataset, for `deltacells shard DATASET --shard K/N` and
+    /// `deltacells finalize DATASET`; the result is what `deltacells append`
+    /// writes. The layout, gene and obs options are the dataset's: only
+    /// --matrix, --inputs-from and the object-store options apply.
+    #[arg(long, value_name = "DATASET", conflicts_with_all = ["gene_order_from", "gene_order", "totals_shard", "overwrite"])]
+    pub append: Option<String>,
     /// Which genes to store when the inputs' genes differ. Inputs with the same
     /// genes in another order are always aligned by name. `same` refuses
     /// inputs whose gene sets differ; `intersection` keeps the genes every

@@ -140,7 +140,7 @@ fn conversion(args: &ConvertArgs) -> anyhow::Result<Conversion> {
     };
     let store = super::open_store(&out, &args.store)?;
     let options = ConvertOptions {
-        matrix: args.matrix.clone(),
+        matrix: args.matrix.clone().unwrap_or_else(|| "X".into()),
         write: WriteOptions { tile_size: args.tile_size, n_chunks: args.chunks as usize, zstd_level: args.level },
         gene_order_files: args.gene_order_files,
         gene_order: given_gene_order(args)?,
@@ -159,6 +159,60 @@ fn conversion(args: &ConvertArgs) -> anyhow::Result<Conversion> {
     Ok(Conversion { inputs, out_path: out_path.to_string(), store, options })
 }
 
+/// `plan --append DATASET INPUTS...`.
+fn plan_append(args: &ConvertArgs, dataset: &str, started: std::time::Instant) -> anyhow::Result<ExitCode> {
+    super::set_threads(args.threads)?;
+    let mut inputs: Vec<PathBuf> = args.paths.iter().map(PathBuf::from).collect();
+    if let Some(list) = &args.inputs_from {
+        let text = std::fs::read_to_string(list).with_context(|| format!("--inputs-from {list}"))?;
+        inputs.extend(text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(PathBuf::from));
+    }
+    let store = super::open_store(dataset, &args.store)?;
+    let options = deltacells::convert::AppendOptions { matrix: args.matrix.clone(), ..Default::default() };
+    let progress = Bar::new(args.quiet);
+    let planned =
+        deltacells::convert::plan_append(store.clone(), &inputs, &options, &progress).context("plan --append")?;
+    progress.bar.finish_and_clear();
+    match planned {
+        deltacells::convert::Planned::Plan(plan) => {
+            let summary = serde_json::json!({
+                "plan": plan.id,
+                "n_cells": plan.n_cells,
+                "n_genes": plan.n_genes,
+                "n_tiles": plan.n_tiles(),
+                "first_tile": plan.first_tile(),
+                "max_useful_shards": plan.n_units(),
+                "seconds": started.elapsed().as_secs_f64(),
+            });
+            if args.json {
+                super::print_json(&summary)?;
+            } else if !args.quiet {
+                println!(
+                    "{dataset}: planned an append of {} cells (tiles {} to {}); up to {} have work. Next: deltacells shard {dataset} --shard K/N (K = 0..N-1), then deltacells finalize {dataset}",
+                    HumanCount(plan.n_cells - plan.first_cell() - plan.inputs.iter().filter(|i| i.stored_tile.is_some()).map(|i| i.n_rows).sum::<u64>()),
+                    plan.first_tile(),
+                    plan.n_tiles() - 1,
+                    plural(plan.n_units() as u64, "shard", "shards")
+                );
+            }
+        }
+        deltacells::convert::Planned::Done(summary) => {
+            if args.json {
+                super::print_json(&summary)?;
+            } else if !args.quiet {
+                println!(
+                    "{dataset}: {}: {} cells ({} cells now)",
+                    summary.outcome,
+                    HumanCount(summary.cells_added),
+                    HumanCount(summary.n_cells)
+                );
+            }
+        }
+    }
+    super::report_stats(store.as_ref(), &args.store, started, args.json);
+    Ok(ExitCode::SUCCESS)
+}
+
 /// A progress bar on a terminal, else nothing.
 pub(crate) fn progress_bar(quiet: bool) -> ProgressBar {
     if super::show_progress(quiet) {
@@ -170,6 +224,9 @@ pub(crate) fn progress_bar(quiet: bool) -> ProgressBar {
 
 pub(crate) fn run_plan(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
     let started = std::time::Instant::now();
+    if let Some(dataset) = &args.append {
+        return plan_append(args, dataset, started);
+    }
     let Conversion { inputs, out_path, store, options } = conversion(args).context("plan")?;
     let progress = Bar::new(args.quiet);
     if let Some(spec) = &args.totals_shard {
@@ -217,6 +274,9 @@ pub(crate) fn run_plan(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
 
 pub(crate) fn run(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
     let started = std::time::Instant::now();
+    if args.append.is_some() {
+        bail!("--append is for `deltacells plan` (a sharded append); to append in one run, use `deltacells append DATASET INPUTS...`");
+    }
     if args.totals_shard.is_some() {
         bail!("--totals-shard is for `deltacells plan` (sharded conversion); convert sums the gene totals itself");
     }

@@ -36,11 +36,11 @@ use serde_json::{json, Map, Value};
 
 use super::obs_merge::{ObsPlan, Restated, StoredObs};
 use super::obs_shards::{ShardRecord, ShardWriter};
-use super::{scan_inputs, write_tiles, ConvertProgress, GeneSet, GivenOrder, Input, ObsOptions, StoredTail, TileJob};
+use super::plan::{finalize_in, shard_in, AppendPlan, Plan, PlanObs, PLAN_KEY};
+use super::{scan_inputs, ConvertProgress, GeneSet, GivenOrder, Input, ObsOptions, StoredTail};
 use crate::dataset::{read_manifest, Dataset};
-use crate::format::{self, fingerprint, Manifest};
+use crate::format::{self, fingerprint, Manifest, TileExpectation};
 use crate::storage::{Storage, Within};
-use crate::writer::{DatasetWriter, WriteOptions};
 
 /// Where an append stages its files, in the dataset.
 pub(crate) const APPEND_PREFIX: &str = ".append";
@@ -169,7 +169,7 @@ fn leftover(ds: &dyn Storage) -> anyhow::Result<Leftover> {
 
 /// Removes `.append/`, its record first (so that what is left is never taken
 /// for an append in progress).
-fn clean_up(ds: &dyn Storage) -> anyhow::Result<()> {
+pub(crate) fn clean_up(ds: &dyn Storage) -> anyhow::Result<()> {
     ds.delete(RECORD_KEY)?;
     for key in ds.list(APPEND_PREFIX)? {
         ds.delete(&key)?;
@@ -194,38 +194,18 @@ pub fn append(
     if inputs.is_empty() {
         bail!("no input files");
     }
-    let mut time = None;
-    match leftover(ds.as_ref())? {
-        Leftover::Clean => {}
-        Leftover::Committing(record, staged) => {
-            if !record.is_of(inputs, options.matrix.as_deref()) {
-                return Err(AppendError::Interrupted { location: ds.location(""), inputs: record.input_list() }.into());
-            }
-            return finish(ds.as_ref(), &record, &staged, started, "completed");
-        }
-        Leftover::Staged(record, staged) if record.is_of(inputs, options.matrix.as_deref()) => {
-            return finish(ds.as_ref(), &record, &staged, started, "completed");
-        }
-        Leftover::Finished(Some(record)) if record.is_of(inputs, options.matrix.as_deref()) => {
-            clean_up(ds.as_ref())?;
-            let manifest = read_manifest(ds.as_ref())?;
-            return Ok(summary_of(&record, &manifest, "already appended", started));
-        }
-        Leftover::Staging(record) if record.is_of(inputs, options.matrix.as_deref()) => {
-            time = Some(record.time.clone());
-            clean_up(ds.as_ref())?;
-        }
-        Leftover::Staging(record) | Leftover::Staged(record, _) => {
-            progress.note(&format!(
-                "discarding the unfinished append of {} (the dataset is as it was before it)",
-                record.input_list()
-            ));
-            clean_up(ds.as_ref())?;
-        }
-        Leftover::Finished(_) => clean_up(ds.as_ref())?,
-    }
-    let staged = stage(ds.clone(), inputs, options, time, progress);
-    let (record, staged, mut summary) = match staged {
+    let time = match settle(ds.as_ref(), inputs, options.matrix.as_deref(), progress, started)? {
+        Settled::Proceed(time) => time,
+        Settled::Done(summary) => return Ok(summary),
+    };
+    let staging = Within::new(ds.as_ref(), APPEND_PREFIX);
+    let run = || -> anyhow::Result<_> {
+        let plan = plan_staged(ds.clone(), inputs, options, time, progress)?;
+        let shard = shard_in(&staging, ds.as_ref(), 0, 1, options.max_in_flight, progress)?;
+        let (_, staged) = finalize_in(&staging, ds.as_ref())?;
+        Ok((plan, shard, staged))
+    };
+    let (plan, shard, staged) = match run() {
         Ok(done) => done,
         Err(e) => {
             // The dataset was not touched: leave it as it was.
@@ -235,9 +215,112 @@ pub fn append(
     };
     commit(ds.as_ref(), &staged)?;
     clean_up(ds.as_ref())?;
-    drop(record);
-    summary.seconds = started.elapsed().as_secs_f64();
-    Ok(summary)
+    let a = plan.append.as_ref().expect("an append's plan");
+    let added: u64 = plan.inputs.iter().filter(|i| i.stored_tile.is_none()).map(|i| i.n_rows).sum();
+    let cells_before = plan.n_cells - added;
+    let tiles_before = cells_before.div_ceil(plan.tile_size) as usize;
+    Ok(AppendSummary {
+        outcome: "appended".into(),
+        inputs: inputs.to_vec(),
+        cells_before,
+        cells_added: added,
+        n_cells: plan.n_cells,
+        tile_rewritten: plan.inputs.iter().find_map(|i| i.stored_tile),
+        tiles_added: plan.n_tiles() - tiles_before,
+        tile_bytes_written: shard.tile_bytes.iter().sum(),
+        obs_shards_written: shard.obs_shard_bytes.len()
+            + if a.restated.is_empty() { 0 } else { a.kept_obs_bytes.len() },
+        obs_restated: a.restated.clone(),
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// What an earlier append left means for this one.
+enum Settled {
+    /// Go on (with the time of an unfinished staging of the same append).
+    Proceed(Option<String>),
+    /// This append was already done, or is now completed.
+    Done(AppendSummary),
+}
+
+/// Completes, discards or refuses what an earlier append left in `ds`, given
+/// the inputs of this one.
+fn settle(
+    ds: &dyn Storage,
+    inputs: &[PathBuf],
+    matrix: Option<&str>,
+    progress: &dyn ConvertProgress,
+    started: Instant,
+) -> anyhow::Result<Settled> {
+    Ok(match leftover(ds)? {
+        Leftover::Clean => Settled::Proceed(None),
+        Leftover::Committing(record, staged) => {
+            if !record.is_of(inputs, matrix) {
+                return Err(AppendError::Interrupted { location: ds.location(""), inputs: record.input_list() }.into());
+            }
+            Settled::Done(finish(ds, &record, &staged, started, "completed")?)
+        }
+        Leftover::Staged(record, staged) if record.is_of(inputs, matrix) => {
+            Settled::Done(finish(ds, &record, &staged, started, "completed")?)
+        }
+        Leftover::Finished(Some(record)) if record.is_of(inputs, matrix) => {
+            clean_up(ds)?;
+            let manifest = read_manifest(ds)?;
+            Settled::Done(summary_of(&record, &manifest, "already appended", started))
+        }
+        Leftover::Staging(record) if record.is_of(inputs, matrix) => {
+            clean_up(ds)?;
+            Settled::Proceed(Some(record.time))
+        }
+        Leftover::Staging(record) | Leftover::Staged(record, _) => {
+            progress.note(&format!(
+                "discarding the unfinished append of {} (the dataset is as it was before it)",
+                record.input_list()
+            ));
+            clean_up(ds)?;
+            Settled::Proceed(None)
+        }
+        Leftover::Finished(_) => {
+            clean_up(ds)?;
+            Settled::Proceed(None)
+        }
+    })
+}
+
+/// What [`plan_append`] did.
+pub enum Planned {
+    /// The plan, under `DATASET/.append/`: run `shard` K of N and `finalize`
+    /// on the dataset, as for a planned conversion.
+    Plan(Box<Plan>),
+    /// The same append had already been done, or was interrupted and is now
+    /// completed.
+    Done(AppendSummary),
+}
+
+/// Plans an append of `inputs` to the dataset in `ds` for many workers: then
+/// [`super::run_shard`] K of N and [`super::finalize`] on `ds` give the bytes
+/// [`append`] gives. The dataset is untouched until finalize.
+pub fn plan_append(
+    ds: Arc<dyn Storage>,
+    inputs: &[PathBuf],
+    options: &AppendOptions,
+    progress: &dyn ConvertProgress,
+) -> anyhow::Result<Planned> {
+    let started = Instant::now();
+    if inputs.is_empty() {
+        bail!("no input files");
+    }
+    let time = match settle(ds.as_ref(), inputs, options.matrix.as_deref(), progress, started)? {
+        Settled::Proceed(time) => time,
+        Settled::Done(summary) => return Ok(Planned::Done(summary)),
+    };
+    match plan_staged(ds.clone(), inputs, options, time, progress) {
+        Ok(plan) => Ok(Planned::Plan(Box::new(plan))),
+        Err(e) => {
+            let _ = clean_up(ds.as_ref());
+            Err(e)
+        }
+    }
 }
 
 /// Completes the append whose files `ds` holds under `.append/` (one that was
@@ -317,7 +400,7 @@ fn summary_of(record: &AppendRecord, after: &Manifest, outcome: &str, started: I
 
 /// Step 2: removes the manifest, moves every staged file into place, writes
 /// the staged manifest. Running it again after an interruption completes it.
-fn commit(ds: &dyn Storage, staged_manifest: &Bytes) -> anyhow::Result<()> {
+pub(crate) fn commit(ds: &dyn Storage, staged_manifest: &Bytes) -> anyhow::Result<()> {
     // The crash tests stop the process here for real (SIGABRT) after this many
     // moves (-1: before the manifest is removed, -2: before the new one is
     // written): a kill cannot be timed into a commit of a few renames.
@@ -332,9 +415,11 @@ fn commit(ds: &dyn Storage, staged_manifest: &Bytes) -> anyhow::Result<()> {
     stop_here(-1);
     ds.delete(format::MANIFEST_KEY)?;
     stop_here(moved);
-    let skip = [RECORD_KEY.to_string(), format!("{APPEND_PREFIX}/{STAGED_MANIFEST}")];
     for key in ds.list(APPEND_PREFIX)? {
-        if skip.contains(&key) {
+        // Only the dataset's files move; the record, the staged manifest and
+        // what is left of the plan go with the clean-up.
+        let target = key.strip_prefix(APPEND_PREFIX).and_then(|k| k.strip_prefix('/')).unwrap_or(&key);
+        if !(target.starts_with("tiles/") || target.starts_with("obs/")) {
             continue;
         }
         // A temporary file of a write that was killed is not a staged file.
@@ -342,7 +427,6 @@ fn commit(ds: &dyn Storage, staged_manifest: &Bytes) -> anyhow::Result<()> {
             ds.delete(&key)?;
             continue;
         }
-        let target = key.strip_prefix(APPEND_PREFIX).and_then(|k| k.strip_prefix('/')).unwrap_or(&key);
         ds.rename(&key, target)?;
         moved += 1;
         stop_here(moved);
@@ -398,15 +482,124 @@ fn now() -> String {
     humantime::format_rfc3339_seconds(at).to_string()
 }
 
-/// Step 1: writes everything the append changes under `.append/`, the new
-/// manifest last.
-fn stage(
+/// The staging folder of `ds` when it holds the plan of an append (and `ds`
+/// no plan of a conversion): where shards and finalize work.
+pub(crate) fn planned_staging(ds: &dyn Storage) -> anyhow::Result<Option<Within<'_>>> {
+    if ds.size(PLAN_KEY)?.is_some() {
+        return Ok(None);
+    }
+    let staging = Within::new(ds, APPEND_PREFIX);
+    Ok(staging.size(PLAN_KEY)?.is_some().then_some(staging))
+}
+
+/// Completes an append whose files are all staged (its finalize, or its
+/// commit, was interrupted); the manifest written, or None when there is none.
+pub(crate) fn finish_interrupted(ds: &dyn Storage) -> anyhow::Result<Option<Manifest>> {
+    match leftover(ds)? {
+        Leftover::Committing(_, staged) | Leftover::Staged(_, staged) => {
+            let manifest = Manifest::parse_checked(&staged)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", Within::new(ds, APPEND_PREFIX).location(STAGED_MANIFEST)))?;
+            commit(ds, &staged)?;
+            clean_up(ds)?;
+            Ok(Some(manifest))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The manifest of the dataset an append extends, checked to be the one it
+/// was planned on.
+pub(crate) fn check_base(base: &dyn Storage, append: &AppendPlan) -> anyhow::Result<Manifest> {
+    let bytes = base.get(format::MANIFEST_KEY)?.ok_or_else(|| crate::dataset::no_manifest(base))?;
+    if fingerprint::sha256_hex(&bytes) != append.base {
+        bail!(
+            "{}: the dataset changed since the append was planned (its manifest is not the one planned on); \
+             plan the append again",
+            base.location(format::MANIFEST_KEY)
+        );
+    }
+    Manifest::parse_checked(&bytes).map_err(|source| {
+        crate::dataset::DatasetError::Manifest { location: base.location(format::MANIFEST_KEY), source }.into()
+    })
+}
+
+/// The obs rows of obs shard `s` of `base`, one batch per tile, restated into
+/// `plan`'s schema.
+fn restated_rows(
+    base: &dyn Storage,
+    s: usize,
+    old: &format::obs_schema::ObsSchema,
+    plan: &ObsPlan,
+) -> anyhow::Result<Vec<arrow_array::RecordBatch>> {
+    let key = format::obs_shard_key(s);
+    let location = base.location(&key);
+    let bytes = base.get(&key)?.with_context(|| format!("{location}: missing (the manifest lists it)"))?;
+    let groups = crate::obs::row_groups(bytes).map_err(|e| anyhow::anyhow!("{location}: {e}"))?;
+    groups.iter().map(|g| plan.restate(old, g).map_err(|e| anyhow::anyhow!("{location}: {e}"))).collect()
+}
+
+/// What an append's first shard keeps of `base`: the cells of its last tile
+/// when the plan rewrites it (decoded, with their obs rows), and the obs rows
+/// of the tiles before it in its obs shard, restated into the plan's schema.
+pub(crate) fn kept_rows(
+    base: &dyn Storage,
+    plan: &Plan,
+    obs_plan: Option<&ObsPlan>,
+) -> anyhow::Result<(Option<StoredTail>, Vec<arrow_array::RecordBatch>)> {
+    let a = plan.append.as_ref().expect("an append's plan");
+    let manifest = check_base(base, a)?;
+    let per = plan.tiles_per_unit();
+    let shard = a.first_tile / per;
+    let tail_tile = plan.inputs.first().and_then(|i| i.stored_tile);
+    let mut prefix = Vec::new();
+    let mut tail_obs = None;
+    if let Some(obs_plan) = obs_plan {
+        if a.first_tile % per != 0 || tail_tile.is_some() {
+            let old = crate::obs::read_schema(base)?;
+            let mut rows = restated_rows(base, shard, &old.schema, obs_plan)?;
+            let in_shard = a.first_tile - shard * per;
+            if tail_tile.is_some() {
+                tail_obs = Some(rows.get(in_shard).cloned().with_context(|| {
+                    format!("{}: no row group for tile {}", base.location(&format::obs_shard_key(shard)), a.first_tile)
+                })?);
+            }
+            rows.truncate(in_shard);
+            prefix = rows;
+        }
+    }
+    let tail = match tail_tile {
+        Some(t) => {
+            let key = format::tile_key(t);
+            let location = base.location(&key);
+            let blob = base.get(&key)?.with_context(|| format!("{location}: missing (tile {t})"))?;
+            if blob.len() as u64 != manifest.tile_bytes[t] {
+                bail!("{location}: tile is {} bytes, the manifest says {}", blob.len(), manifest.tile_bytes[t]);
+            }
+            let expect = TileExpectation {
+                n_cells: manifest.tile_cells[t],
+                nnz: manifest.tile_nnz[t],
+                n_genes: plan.n_genes as u32,
+            };
+            let rows = format::decode_tile(&blob, Some(&expect))
+                .map_err(|source| crate::dataset::DatasetError::Tile { location, tile: t, source })?;
+            Some(StoredTail { rows, obs: tail_obs })
+        }
+        None => None,
+    };
+    Ok((tail, prefix))
+}
+
+/// Checks the dataset and the inputs, and writes the plan of the append under
+/// `.append/` (its record first, its plan last): the obs schema the shards
+/// write, and the obs shards before the first one they write when a column's
+/// type changes.
+fn plan_staged(
     ds: Arc<dyn Storage>,
     inputs: &[PathBuf],
     options: &AppendOptions,
     time: Option<String>,
     progress: &dyn ConvertProgress,
-) -> anyhow::Result<(AppendRecord, Bytes, AppendSummary)> {
+) -> anyhow::Result<Plan> {
     let root = ds.location("");
     let base_bytes = ds.get(format::MANIFEST_KEY)?.ok_or_else(|| crate::dataset::no_manifest(ds.as_ref()))?;
     let dataset = Dataset::from_storage(ds.clone())?;
@@ -414,22 +607,11 @@ fn stage(
     let stored_schema = if manifest.has_obs { Some(crate::obs::read_schema(ds.as_ref())?) } else { None };
     let recorded = recorded(&manifest, stored_schema.as_ref().map(|s| &s.schema));
     let matrix = options.matrix.clone().unwrap_or_else(|| recorded.matrix.clone());
-    let n_genes = manifest.n_genes as u32;
 
     // Genes: matched by name to the stored columns.
     let Some(var_names) = dataset.var_names()? else {
         bail!("{root}: has no var_names.txt, so the inputs' genes cannot be matched to its columns by name");
     };
-    let order: Vec<u32> = match dataset.gene_order()? {
-        Some(order) => order.into_iter().map(|g| g as u32).collect(),
-        None => (0..n_genes).collect(),
-    };
-    let mut source_genes = vec![String::new(); order.len()];
-    let mut remap = vec![0u32; order.len()];
-    for (j, &g) in order.iter().enumerate() {
-        source_genes[g as usize] = var_names[j].clone();
-        remap[g as usize] = j as u32;
-    }
     let (scanned, input_genes) = scan_inputs(inputs, &matrix, GeneSet::Same, progress)?;
     GivenOrder::Names { names: var_names, source: format!("{root} (var_names.txt)") }
         .resolve(&input_genes, &scanned[0].path)?;
@@ -457,15 +639,14 @@ fn stage(
     }
     let obs_plan = obs.as_ref().map(|(p, _)| p);
 
-    // The layout: the tiles kept, the last one when not full rewritten.
+    // The layout: the tiles kept; the last one, when not full, rewritten.
     let n_tiles = manifest.n_tiles();
     let tile_size = manifest.tile_size;
     let tail_tile = (n_tiles > 0 && manifest.tile_cells[n_tiles - 1] < tile_size).then(|| n_tiles - 1);
     let first_tile = tail_tile.unwrap_or(n_tiles);
-    let kept_cells: u64 = manifest.tile_cells[..first_tile].iter().sum();
+    let first_cell: u64 = manifest.tile_cells[..first_tile].iter().sum();
     let per_file = recorded.obs.tiles_per_file.max(1) as usize;
     let first_shard = first_tile / per_file;
-    let old_shards = manifest.obs_shard_bytes.as_ref().map_or(0, Vec::len);
 
     let record = AppendRecord {
         format: RECORD_FORMAT.into(),
@@ -489,105 +670,38 @@ fn stage(
     ds.put(RECORD_KEY, Bytes::from(text))?;
     let staging = Within::new(ds.as_ref(), APPEND_PREFIX);
 
-    // Obs rows kept: those of the first shard's tiles before `first_tile`
-    // (and the tail's), restated into the new schema; every other shard too
-    // when a column's type changes.
-    let shard_rows = |s: usize| -> anyhow::Result<Vec<arrow_array::RecordBatch>> {
-        let (plan, stored) = (obs_plan.expect("obs"), stored_schema.as_ref().expect("obs"));
-        let key = format::obs_shard_key(s);
-        let location = ds.location(&key);
-        let bytes = ds.get(&key)?.with_context(|| format!("{location}: missing (the manifest lists it)"))?;
-        let groups = crate::obs::row_groups(bytes).map_err(|e| anyhow::anyhow!("{location}: {e}"))?;
-        groups.iter().map(|g| plan.restate(&stored.schema, g).map_err(|e| anyhow::anyhow!("{location}: {e}"))).collect()
-    };
-    let mut obs_records: Vec<ShardRecord> = Vec::new();
-    let mut obs_prefix = Vec::new();
-    let mut tail_obs = None;
-    if let Some(plan) = obs_plan {
-        let kept = manifest
-            .obs_shard_bytes
-            .as_deref()
-            .unwrap_or_default()
-            .iter()
-            .zip(manifest.obs_shard_sha256.as_deref().unwrap_or_default());
+    // The obs shards before the first one the shards write: kept, or
+    // restated here when a column's type changes.
+    let mut kept_obs: Vec<ShardRecord> = Vec::new();
+    if let (Some(plan), Some(stored)) = (obs_plan, &stored_schema) {
+        let bytes = manifest.obs_shard_bytes.as_deref().unwrap_or_default();
+        let sha256 = manifest.obs_shard_sha256.as_deref().unwrap_or_default();
         if restated.is_empty() {
-            obs_records.extend(kept.take(first_shard).map(|(&bytes, sha)| ShardRecord { bytes, sha256: sha.clone() }));
+            kept_obs.extend(
+                bytes
+                    .iter()
+                    .zip(sha256)
+                    .take(first_shard)
+                    .map(|(&bytes, sha)| ShardRecord { bytes, sha256: sha.clone() }),
+            );
         } else {
-            progress.phase("rewriting obs", kept_cells);
+            progress.phase("rewriting obs", first_cell);
             for s in 0..first_shard {
                 let mut writer = ShardWriter::starting_at(plan.arrow_schema().clone(), per_file as u64, s);
-                let rows = shard_rows(s)?;
-                for batch in &rows {
+                for batch in &restated_rows(ds.as_ref(), s, &stored.schema, plan)? {
                     writer.add_tile(batch, &staging)?;
                     progress.advance(batch.num_rows() as u64);
                 }
-                obs_records.extend(writer.finish(&staging)?);
+                kept_obs.extend(writer.finish(&staging)?);
             }
         }
-        if first_shard < old_shards {
-            let mut rows = shard_rows(first_shard)?;
-            let in_shard = first_tile - first_shard * per_file;
-            if tail_tile.is_some() {
-                tail_obs = rows.get(in_shard).cloned();
-            }
-            rows.truncate(in_shard);
-            obs_prefix = rows;
-        }
-    }
-    let tail = match tail_tile {
-        Some(t) => Some(StoredTail { rows: dataset.read_tile(t)?, obs: tail_obs }),
-        None => None,
-    };
-    if obs_plan.is_some() && tail.as_ref().is_some_and(|t| t.obs.is_none()) {
-        bail!("{root}: obs shard {first_shard} has no row group for tile {first_tile}");
+        // The shards read the schema they write from here; finalize drops it
+        // again where it did not change.
+        staging.put(format::OBS_SCHEMA_KEY, Bytes::from(plan.schema_text()))?;
     }
 
-    // The tiles.
-    let write =
-        WriteOptions { tile_size, n_chunks: manifest.n_chunks as usize, zstd_level: manifest.zstd_level as i32 };
-    let n_cells = kept_cells + record.inputs.iter().map(|i| i.n_rows).sum::<u64>();
-    let new_n_tiles = n_cells.div_ceil(tile_size) as usize;
-    let mut writer = DatasetWriter::starting_at(&staging, write, n_genes, first_tile);
-    let job = TileJob {
-        inputs: &record.inputs,
-        first_cell: kept_cells,
-        tail: tail.as_ref(),
-        obs_prefix: &obs_prefix,
-        matrix: &matrix,
-        tiles: first_tile..new_n_tiles,
-        source_genes: &source_genes,
-        remap: &remap,
-        obs_plan,
-        obs_tiles_per_file: per_file as u64,
-        write,
-        max_in_flight: options.max_in_flight,
-    };
-    let written = write_tiles(&job, &mut writer, progress)?;
-    let new_obs = written.obs_shards.unwrap_or_default();
-    let obs_shards_written = new_obs.len() + if restated.is_empty() { 0 } else { first_shard };
-    obs_records.extend(new_obs);
-
-    // The manifest: the kept tiles' records, then the new ones.
-    let mut m = manifest.clone();
-    m.tile_cells.truncate(first_tile);
-    m.tile_nnz.truncate(first_tile);
-    m.tile_bytes.truncate(first_tile);
-    for t in writer.tiles() {
-        m.tile_cells.push(t.cells);
-        m.tile_nnz.push(t.nnz);
-        m.tile_bytes.push(t.bytes);
-    }
-    m.n_cells = m.tile_cells.iter().sum();
-    if let (Some(plan), Some(stored)) = (obs_plan, &stored_schema) {
-        let text = plan.schema_text();
-        if text != stored.text {
-            staging.put(format::OBS_SCHEMA_KEY, Bytes::from(text.clone()))?;
-        }
-        let sha256: Vec<String> = obs_records.iter().map(|r| r.sha256.clone()).collect();
-        m.obs_shard_bytes = Some(obs_records.iter().map(|r| r.bytes).collect());
-        m.obs_fingerprint = Some(fingerprint::obs_fingerprint(&text, &m.tile_cells, &sha256));
-        m.obs_shard_sha256 = Some(sha256);
-    }
+    // The manifest's metadata: the dataset's, and a record of this append.
+    let mut metadata = manifest.metadata.clone();
     let mut entry = Map::new();
     entry.insert("inputs".into(), json!(scanned.iter().map(|i| i.path.display().to_string()).collect::<Vec<_>>()));
     entry.insert("matrix".into(), json!(matrix));
@@ -603,30 +717,39 @@ fn stage(
     if !new_as_strings.is_empty() {
         entry.insert("categories_as_strings".into(), json!(new_as_strings));
     }
-    match m.metadata.get_mut("appends") {
+    match metadata.get_mut("appends") {
         Some(Value::Array(list)) => list.push(Value::Object(entry)),
         _ => {
-            m.metadata.insert("appends".into(), json!([entry]));
+            metadata.insert("appends".into(), json!([entry]));
         }
     }
-    if let Some(problem) = m.check().into_iter().next() {
-        bail!("{root}: the appended manifest would be inconsistent ({problem}); nothing was changed");
-    }
-    let staged = Bytes::from(m.to_json());
-    staging.put(STAGED_MANIFEST, staged.clone())?;
 
-    let summary = AppendSummary {
-        outcome: "appended".into(),
-        inputs: scanned.iter().map(|i| i.path.clone()).collect(),
-        cells_before: manifest.n_cells,
-        cells_added: m.n_cells - manifest.n_cells,
-        n_cells: m.n_cells,
-        tile_rewritten: tail_tile,
-        tiles_added: new_n_tiles - n_tiles,
-        tile_bytes_written: writer.tiles().iter().map(|t| t.bytes).sum(),
-        obs_shards_written,
-        obs_restated: restated,
-        seconds: 0.0,
-    };
-    Ok((record, staged, summary))
+    let plan = Plan {
+        format: super::plan::PLAN_FORMAT.into(),
+        version: 1,
+        id: String::new(),
+        matrix,
+        n_cells: first_cell + record.inputs.iter().map(|i| i.n_rows).sum::<u64>(),
+        inputs: record.inputs.clone(),
+        n_genes: manifest.n_genes,
+        tile_size,
+        n_chunks: manifest.n_chunks as usize,
+        zstd_level: manifest.zstd_level as i32,
+        var_table: manifest.has_var_table,
+        obs: obs_plan.map(|_| PlanObs { names: recorded.obs.names, tiles_per_file: per_file as u64 }),
+        metadata,
+        append: Some(AppendPlan {
+            base: record.base.clone(),
+            first_tile,
+            first_cell,
+            kept_obs_bytes: kept_obs.iter().map(|r| r.bytes).collect(),
+            kept_obs_sha256: kept_obs.iter().map(|r| r.sha256.clone()).collect(),
+            restated,
+        }),
+    }
+    .with_id();
+    let mut text = serde_json::to_vec_pretty(&plan)?;
+    text.push(b'\n');
+    staging.put(PLAN_KEY, Bytes::from(text))?;
+    Ok(plan)
 }

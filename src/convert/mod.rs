@@ -34,11 +34,11 @@ mod obs_shards;
 mod plan;
 mod var_table;
 
-pub use append::{append, resume, AppendError, AppendOptions, AppendSummary};
+pub use append::{append, plan_append, resume, AppendError, AppendOptions, AppendSummary, Planned};
 pub use gene_order::{GeneOrderError, GivenOrder};
 pub use genes::GeneSet;
 pub use obs_merge::ObsOptions;
-pub use plan::{finalize, plan, plan_totals_shard, run_shard, Plan, ShardResult, TotalsSummary};
+pub use plan::{finalize, plan, plan_totals_shard, run_shard, AppendPlan, Plan, ShardResult, TotalsSummary};
 
 /// Tiles read but not yet written, by default. Each tile's chunks already use
 /// every core; one tile encoding while the next is read keeps memory at two

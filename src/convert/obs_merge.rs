@@ -119,7 +119,7 @@ pub struct StoredObs<'a> {
 }
 
 /// A stored column whose type an append changes: every obs shard is rewritten.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Restated {
     pub column: String,
     /// "category (int8 codes)", "numeric (int32)".

@@ -36,7 +36,7 @@ use crate::writer::{manifest_of, DatasetWriter, ManifestFlags, TileRecord, Write
 pub(crate) const PLAN_KEY: &str = crate::dataset::PLAN_KEY;
 /// Where shard results are, in the output.
 pub(crate) const RESULTS_PREFIX: &str = ".plan/results";
-const PLAN_FORMAT: &str = "deltacells-plan";
+pub(crate) const PLAN_FORMAT: &str = "deltacells-plan";
 const RESULT_FORMAT: &str = "deltacells-shard-result";
 
 /// The key of shard `k` of `n`'s result record.
@@ -218,11 +218,42 @@ pub struct Plan {
     pub obs: Option<PlanObs>,
     /// The manifest's metadata.
     pub metadata: Map<String, Value>,
+    /// What an append keeps of the dataset it extends; None for a conversion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub append: Option<AppendPlan>,
+}
+
+/// The part of an append's plan that a conversion's does not have: the
+/// dataset's tiles before `first_tile` (and their obs shards) are kept.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct AppendPlan {
+    /// SHA-256 of the manifest appended to: shards and finalize refuse another.
+    pub base: String,
+    /// The first tile the shards write (the dataset's last, when not full).
+    pub first_tile: usize,
+    /// The cells of the tiles before it.
+    pub first_cell: u64,
+    /// The obs shards before `first_tile`'s, as kept (or as the plan restated
+    /// them, under `.append/`).
+    pub kept_obs_bytes: Vec<u64>,
+    pub kept_obs_sha256: Vec<String>,
+    /// Stored obs columns whose type the append changes.
+    pub restated: Vec<super::obs_merge::Restated>,
 }
 
 impl Plan {
     pub fn n_tiles(&self) -> usize {
         self.n_cells.div_ceil(self.tile_size) as usize
+    }
+
+    /// The first tile the shards write: 0, or an append's first.
+    pub fn first_tile(&self) -> usize {
+        self.append.as_ref().map_or(0, |a| a.first_tile)
+    }
+
+    /// The cell that is the first input's first row.
+    pub fn first_cell(&self) -> u64 {
+        self.append.as_ref().map_or(0, |a| a.first_cell)
     }
 
     pub fn tile_cells(&self, tile: usize) -> u64 {
@@ -237,22 +268,33 @@ impl Plan {
 
     /// Units of work: more shards than this leave some with nothing to do.
     pub fn n_units(&self) -> usize {
-        self.n_tiles().div_ceil(self.tiles_per_unit())
+        self.n_tiles().div_ceil(self.tiles_per_unit()) - self.first_tile() / self.tiles_per_unit()
     }
 
-    /// The tiles of shard `k` of `n`: a contiguous range of whole units, the
-    /// units spread as evenly as they go.
+    /// The tiles of shard `k` of `n`: a contiguous range of whole units (an
+    /// append's first unit starts at its first tile), the units spread as
+    /// evenly as they go.
     pub fn shard_tiles(&self, k: usize, n: usize) -> Range<usize> {
         let (units, per) = (self.n_units(), self.tiles_per_unit());
-        let unit = |k: usize| (k * units / n * per).min(self.n_tiles());
+        let first_unit = self.first_tile() / per;
+        let unit = |k: usize| ((first_unit + k * units / n) * per).clamp(self.first_tile(), self.n_tiles());
         unit(k)..unit(k + 1)
+    }
+
+    /// The obs shards that tiles `tiles` fall in.
+    fn obs_shards_of(&self, tiles: &Range<usize>) -> Range<usize> {
+        let per = self.tiles_per_unit();
+        if tiles.is_empty() {
+            return tiles.start / per..tiles.start / per;
+        }
+        tiles.start / per..tiles.end.div_ceil(per)
     }
 
     fn write_options(&self) -> WriteOptions {
         WriteOptions { tile_size: self.tile_size, n_chunks: self.n_chunks, zstd_level: self.zstd_level }
     }
 
-    fn with_id(mut self) -> Plan {
+    pub(crate) fn with_id(mut self) -> Plan {
         self.id = String::new();
         let text = serde_json::to_vec(&self).expect("a plan serializes");
         self.id = fingerprint::sha256_hex(&text)[..24].to_string();
@@ -403,6 +445,7 @@ pub fn plan(
             .zip(options.obs.as_ref())
             .map(|(_, o)| PlanObs { names: o.names, tiles_per_file: o.tiles_per_file.max(1) }),
         metadata,
+        append: None,
     }
     .with_id();
     let mut text = serde_json::to_vec_pretty(&plan)?;
@@ -424,7 +467,7 @@ pub(crate) fn read_plan(out: &dyn Storage) -> anyhow::Result<Plan> {
     if plan.format != PLAN_FORMAT || plan.version != 1 {
         bail!("{location}: not a plan of this version (format {:?}, version {})", plan.format, plan.version);
     }
-    if plan.tile_size == 0 || plan.inputs.iter().map(|i| i.n_rows).sum::<u64>() != plan.n_cells {
+    if plan.tile_size == 0 || plan.first_cell() + plan.inputs.iter().map(|i| i.n_rows).sum::<u64>() != plan.n_cells {
         bail!("{location}: inconsistent plan (tile size or cell count)");
     }
     if plan.clone().with_id().id != plan.id {
@@ -434,7 +477,8 @@ pub(crate) fn read_plan(out: &dyn Storage) -> anyhow::Result<Plan> {
 }
 
 /// Step 2: encodes shard `k` of `n` (0-based): its tiles, its obs shards, and
-/// its result record, last.
+/// its result record, last. `out` is the output of [`plan()`], or a dataset
+/// that `plan --append` planned an append to.
 pub fn run_shard(
     out: &dyn Storage,
     k: usize,
@@ -445,20 +489,41 @@ pub fn run_shard(
     if n == 0 || k >= n {
         bail!("shard {k}/{n}: the index must be below the number of shards (0-based: 0..{n})");
     }
+    match super::append::planned_staging(out)? {
+        Some(staging) => shard_in(&staging, out, k, n, max_in_flight, progress),
+        None => shard_in(out, out, k, n, max_in_flight, progress),
+    }
+}
+
+/// Shard `k` of `n` of the plan in `out`, reading the gene tables (and what
+/// an append keeps) from `base`: `out` itself, or the dataset whose append
+/// `out` stages.
+pub(crate) fn shard_in(
+    out: &dyn Storage,
+    base: &dyn Storage,
+    k: usize,
+    n: usize,
+    max_in_flight: usize,
+    progress: &dyn ConvertProgress,
+) -> anyhow::Result<ShardResult> {
     let plan = read_plan(out)?;
     let tiles = plan.shard_tiles(k, n);
 
-    let order_location = out.location(format::GENE_ORDER_KEY);
-    let order_bytes = out.get(format::GENE_ORDER_KEY)?.with_context(|| format!("{order_location}: missing"))?;
-    let order = npy::read_i32(&order_bytes).map_err(|e| anyhow::anyhow!("{order_location}: {e}"))?;
+    let order_location = base.location(format::GENE_ORDER_KEY);
+    let order = match base.get(format::GENE_ORDER_KEY)? {
+        Some(bytes) => npy::read_i32(&bytes).map_err(|e| anyhow::anyhow!("{order_location}: {e}"))?,
+        // An append to a dataset stored in source order.
+        None if plan.append.is_some() => (0..plan.n_genes as i32).collect(),
+        None => bail!("{order_location}: missing"),
+    };
     npy::check_permutation(&order, plan.n_genes).map_err(|e| anyhow::anyhow!("{order_location}: {e}"))?;
     let mut remap = vec![0u32; order.len()];
     for (j, &g) in order.iter().enumerate() {
         remap[g as usize] = j as u32;
     }
     // The genes in source order, to map each input's columns by name.
-    let names_location = out.location(format::VAR_NAMES_KEY);
-    let names_bytes = out.get(format::VAR_NAMES_KEY)?.with_context(|| format!("{names_location}: missing"))?;
+    let names_location = base.location(format::VAR_NAMES_KEY);
+    let names_bytes = base.get(format::VAR_NAMES_KEY)?.with_context(|| format!("{names_location}: missing"))?;
     let mut stored_names = crate::dataset::parse_var_names(&names_bytes, plan.n_genes)
         .map_err(|e| anyhow::anyhow!("{names_location}: {e}"))?;
     let mut source_genes = vec![String::new(); order.len()];
@@ -475,12 +540,24 @@ pub fn run_shard(
         }
     };
 
+    // An append's first shard starts with what it keeps of the dataset's
+    // last tile and obs shard.
+    let (tail, obs_prefix) = match &plan.append {
+        Some(a) if !tiles.is_empty() && tiles.start == a.first_tile => {
+            super::append::kept_rows(base, &plan, obs_plan.as_ref())?
+        }
+        Some(a) => {
+            super::append::check_base(base, a)?;
+            (None, Vec::new())
+        }
+        None => (None, Vec::new()),
+    };
     let mut writer = DatasetWriter::starting_at(out, plan.write_options(), plan.n_genes as u32, tiles.start);
     let job = TileJob {
         inputs: &plan.inputs,
-        first_cell: 0,
-        tail: None,
-        obs_prefix: &[],
+        first_cell: plan.first_cell(),
+        tail: tail.as_ref(),
+        obs_prefix: &obs_prefix,
         matrix: &plan.matrix,
         tiles: tiles.clone(),
         source_genes: &source_genes,
@@ -503,7 +580,7 @@ pub fn run_shard(
         tile_nnz: writer.tiles().iter().map(|t| t.nnz).collect(),
         tile_bytes: writer.tiles().iter().map(|t| t.bytes).collect(),
         tile_sha256: writer.tile_sha256().to_vec(),
-        first_obs_shard: tiles.start / plan.tiles_per_unit(),
+        first_obs_shard: plan.obs_shards_of(&tiles).start,
         obs_shard_bytes: shards.iter().map(|s| s.bytes).collect(),
         obs_shard_sha256: shards.iter().map(|s| s.sha256.clone()).collect(),
         dropped_nonzeros,
@@ -553,8 +630,8 @@ fn check_result(out: &dyn Storage, plan: &Plan, key: &str, k: usize, n: usize) -
     let bytes = out.get(key)?.with_context(|| format!("{location}: vanished while finalizing"))?;
     let r: ShardResult = serde_json::from_slice(&bytes).map_err(|e| failed(format!("corrupt shard result ({e})")))?;
     let expected = plan.shard_tiles(k, n);
-    let per = plan.tiles_per_unit();
-    let n_obs = if plan.obs.is_some() { expected.len().div_ceil(per) } else { 0 };
+    let expected_obs = plan.obs_shards_of(&expected);
+    let n_obs = if plan.obs.is_some() { expected_obs.len() } else { 0 };
     let problem = if r.format != RESULT_FORMAT {
         Some(format!("format {:?} is not {RESULT_FORMAT:?}", r.format))
     } else if r.plan != plan.id {
@@ -567,11 +644,11 @@ fn check_result(out: &dyn Storage, plan: &Plan, key: &str, k: usize, n: usize) -
         Some(format!("it does not hold tiles {}..{}", expected.start, expected.end))
     } else if let Some(t) = expected.clone().find(|&t| r.tile_cells[t - expected.start] != plan.tile_cells(t)) {
         Some(format!("tile {t} has {} cells, the plan says {}", r.tile_cells[t - expected.start], plan.tile_cells(t)))
-    } else if r.first_obs_shard != expected.start / per
+    } else if r.first_obs_shard != expected_obs.start
         || r.obs_shard_bytes.len() != n_obs
         || r.obs_shard_sha256.len() != n_obs
     {
-        Some(format!("it does not hold obs shards {}..{}", expected.start / per, expected.start / per + n_obs))
+        Some(format!("it does not hold obs shards {}..{}", expected_obs.start, expected_obs.start + n_obs))
     } else {
         None
     };
@@ -583,12 +660,60 @@ fn check_result(out: &dyn Storage, plan: &Plan, key: &str, k: usize, n: usize) -
 
 /// Step 3: checks every shard's result and writes manifest.json, last; then
 /// removes the plan.
+///
+/// For an append (`out` is the dataset), the manifest is staged, and then
+/// the staged files are moved into place and the manifest replaced; a
+/// finalize that was interrupted then completes when run again.
 pub fn finalize(out: &dyn Storage) -> anyhow::Result<ConvertSummary> {
+    let started = std::time::Instant::now();
+    if let Some(manifest) = super::append::finish_interrupted(out)? {
+        return Ok(summary_of_manifest(&manifest, 0, started));
+    }
+    match super::append::planned_staging(out)? {
+        Some(staging) => {
+            let (summary, staged) = finalize_in(&staging, out)?;
+            super::append::commit(out, &staged)?;
+            super::append::clean_up(out)?;
+            Ok(summary)
+        }
+        None => finalize_in(out, out).map(|(summary, _)| summary),
+    }
+}
+
+/// What a finished dataset's manifest says of it.
+fn summary_of_manifest(
+    m: &crate::format::Manifest,
+    dropped_nonzeros: u64,
+    started: std::time::Instant,
+) -> ConvertSummary {
+    let nnz: u64 = m.tile_nnz.iter().sum();
+    let tile_bytes: u64 = m.tile_bytes.iter().sum();
+    ConvertSummary {
+        n_cells: m.n_cells,
+        n_genes: m.n_genes,
+        n_tiles: m.n_tiles(),
+        nnz,
+        tile_bytes,
+        bytes_per_nonzero: if nnz == 0 { 0.0 } else { tile_bytes as f64 / nnz as f64 },
+        dropped_nonzeros,
+        seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+/// Finalize's checks and manifest, in `out` (which holds the plan and the
+/// shards' results), with `base` the dataset an append extends (else `out`).
+/// Returns the manifest written.
+pub(crate) fn finalize_in(out: &dyn Storage, base: &dyn Storage) -> anyhow::Result<(ConvertSummary, Bytes)> {
     let started = std::time::Instant::now();
     let plan = read_plan(out)?;
     let n_tiles = plan.n_tiles();
-    let per = plan.tiles_per_unit();
-    let n_obs_shards = if plan.obs.is_some() { n_tiles.div_ceil(per) } else { 0 };
+    let first_tile = plan.first_tile();
+    let written_obs = plan.obs_shards_of(&(first_tile..n_tiles));
+    let n_obs_shards = if plan.obs.is_some() { written_obs.end } else { 0 };
+    let base_manifest = match &plan.append {
+        Some(a) => Some(super::append::check_base(base, a)?),
+        None => None,
+    };
 
     let mut tiles: BTreeMap<usize, Entry> = BTreeMap::new();
     let mut obs: BTreeMap<usize, Entry> = BTreeMap::new();
@@ -612,7 +737,7 @@ pub fn finalize(out: &dyn Storage) -> anyhow::Result<ConvertSummary> {
     }
     let dropped_nonzeros: u64 = dropped.values().sum();
 
-    let missing_tiles: Vec<usize> = (0..n_tiles).filter(|t| !tiles.contains_key(t)).collect();
+    let missing_tiles: Vec<usize> = (first_tile..n_tiles).filter(|t| !tiles.contains_key(t)).collect();
     if !missing_tiles.is_empty() {
         let mut counts: Vec<usize> = seen.iter().map(|s| s.1).collect();
         counts.sort_unstable();
@@ -650,20 +775,32 @@ pub fn finalize(out: &dyn Storage) -> anyhow::Result<ConvertSummary> {
     for (&t, ((bytes, _, _), by)) in &tiles {
         check_size(format::tile_key(t), *bytes, *by)?;
     }
-    for s in 0..n_obs_shards {
+    for s in written_obs.start.min(n_obs_shards)..n_obs_shards {
         let Some(((bytes, _, _), by)) = obs.get(&s) else {
             bail!("{}: cannot finalize: no result holds obs shard {s}", out.location(""));
         };
         check_size(format::obs_shard_key(s), *bytes, *by)?;
     }
 
-    let records: Vec<TileRecord> = tiles
-        .iter()
-        .map(|(&t, ((bytes, _, nnz), _))| TileRecord { cells: plan.tile_cells(t), nnz: *nnz, bytes: *bytes })
+    // The kept tiles as the dataset's manifest has them, then the new ones.
+    let kept = base_manifest.iter().flat_map(|m| {
+        (0..first_tile).map(|t| TileRecord { cells: m.tile_cells[t], nnz: m.tile_nnz[t], bytes: m.tile_bytes[t] })
+    });
+    let records: Vec<TileRecord> = kept
+        .chain(tiles.iter().map(|(&t, ((bytes, _, nnz), _))| TileRecord {
+            cells: plan.tile_cells(t),
+            nnz: *nnz,
+            bytes: *bytes,
+        }))
         .collect();
-    let flags = ManifestFlags { gene_order: true, var_names: true, var_table: plan.var_table };
+    let flags = match &base_manifest {
+        Some(m) => {
+            ManifestFlags { gene_order: m.has_gene_order, var_names: m.has_var_names, var_table: m.has_var_table }
+        }
+        None => ManifestFlags { gene_order: true, var_names: true, var_table: plan.var_table },
+    };
     let mut metadata = plan.metadata.clone();
-    if let Some(Value::Object(convert)) = metadata.get_mut("convert") {
+    if let (None, Some(Value::Object(convert))) = (&plan.append, metadata.get_mut("convert")) {
         if convert.get("genes").is_some_and(|g| g == "intersection") {
             convert.insert("dropped_nonzeros".into(), json!(dropped_nonzeros));
         }
@@ -671,35 +808,40 @@ pub fn finalize(out: &dyn Storage) -> anyhow::Result<ConvertSummary> {
     let mut m = manifest_of(plan.write_options(), plan.n_genes as u32, &records, flags, metadata);
     if let Some(o) = &plan.obs {
         let text = crate::obs::read_schema(out)?.text;
-        let sha256: Vec<String> = (0..n_obs_shards).map(|s| obs[&s].0 .1.clone()).collect();
+        let (mut sizes, mut sha256) = match &plan.append {
+            Some(a) => (a.kept_obs_bytes.clone(), a.kept_obs_sha256.clone()),
+            None => (Vec::new(), Vec::new()),
+        };
+        for s in sizes.len()..n_obs_shards {
+            sizes.push(obs[&s].0 .0);
+            sha256.push(obs[&s].0 .1.clone());
+        }
         m.has_obs = true;
         m.obs_tiles_per_file = Some(o.tiles_per_file);
-        m.obs_shard_bytes = Some((0..n_obs_shards).map(|s| obs[&s].0 .0).collect());
+        m.obs_shard_bytes = Some(sizes);
         m.obs_fingerprint = Some(fingerprint::obs_fingerprint(&text, &m.tile_cells, &sha256));
         m.obs_shard_sha256 = Some(sha256);
+        // An append stages the schema for its shards; where it did not
+        // change, the dataset's stays as it is.
+        if plan.append.is_some() && crate::obs::read_schema(base)?.text == text {
+            out.delete(format::OBS_SCHEMA_KEY)?;
+        }
     }
     // Temporary files of killed shard runs (their re-runs wrote the objects).
     for key in stored.keys().filter(|k| k.contains("/.deltacells-")) {
         out.delete(key)?;
     }
-    out.put(format::MANIFEST_KEY, Bytes::from(m.to_json()))?;
-    // The dataset is complete; the plan's files are no longer needed.
+    if let Some(problem) = m.check().into_iter().next() {
+        bail!("{}: the manifest would be inconsistent ({problem}); nothing was changed", out.location(""));
+    }
+    let text = Bytes::from(m.to_json());
+    out.put(format::MANIFEST_KEY, text.clone())?;
+    // The dataset is complete (an append's is staged); the plan's files are
+    // no longer needed.
     for key in out.list(".plan")? {
         out.delete(&key)?;
     }
-
-    let nnz: u64 = m.tile_nnz.iter().sum();
-    let tile_bytes: u64 = m.tile_bytes.iter().sum();
-    Ok(ConvertSummary {
-        n_cells: m.n_cells,
-        n_genes: m.n_genes,
-        n_tiles,
-        nnz,
-        tile_bytes,
-        bytes_per_nonzero: if nnz == 0 { 0.0 } else { tile_bytes as f64 / nnz as f64 },
-        dropped_nonzeros,
-        seconds: started.elapsed().as_secs_f64(),
-    })
+    Ok((summary_of_manifest(&m, dropped_nonzeros, started), text))
 }
 
 #[cfg(test)]
@@ -721,6 +863,7 @@ mod tests {
             var_table: true,
             obs: obs_tiles.map(|t| PlanObs { names: true, tiles_per_file: t }),
             metadata: Map::new(),
+            append: None,
         }
     }
 

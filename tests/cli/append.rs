@@ -422,3 +422,51 @@ fn an_append_that_fills_the_disk_fails_clearly_and_leaves_the_dataset_as_it_was(
     assert_eq!(after, made, "the dataset is as it was, with nothing staged left");
     assert_eq!(verify.code(), 0, "{}", verify.stdout());
 }
+
+#[test]
+fn a_planned_append_in_shards_equals_one_append() {
+    let t = TestDir::new();
+    let genes = h5::genes(30);
+    let tb = vec!["T".to_string(), "B".to_string()];
+    input(&t.join("a.h5ad"), 23, 1, &genes, &tb, Score::Int8);
+    input(&t.join("b.h5ad"), 17, 2, &genes, &["NK".to_string()], Score::Int8);
+    // c widens the codes and the scores: the plan restates the kept obs shards.
+    input(&t.join("c.h5ad"), 40, 3, &genes, &names("c", 140), Score::Float32);
+    let convert = |out: &str| {
+        t.run_env(&[&["convert", "-q"][..], &LAYOUT, &["a.h5ad", out]].concat(), &EPOCH).expect_code(0);
+    };
+    convert("one");
+    t.run_env(&["append", "-q", "one", "b.h5ad", "c.h5ad"], &EPOCH).expect_code(0);
+
+    for n in [1usize, 3, 7] {
+        let ds = format!("sharded{n}");
+        convert(&ds);
+        let before = files(&t.join(&ds));
+        let run = t.run_env(&["plan", "--append", &ds, "b.h5ad", "c.h5ad"], &EPOCH).expect_code(0);
+        assert!(
+            run.stdout().contains("planned an append of 57 cells (tiles 3 to 11); up to 5 shards have work"),
+            "{}",
+            run.stdout()
+        );
+        // Until finalize, the dataset is as it was (and reads as such).
+        let outside: Vec<_> = files(&t.join(&ds)).into_iter().filter(|(k, _)| !k.starts_with(".append/")).collect();
+        assert_eq!(outside, before);
+        t.run(&["verify", "-q", &ds]).expect_code(0);
+        for k in (0..n).rev() {
+            t.run(&["shard", "-q", &ds, "--shard", &format!("{k}/{n}")]).expect_code(0);
+        }
+        t.run(&["finalize", "-q", &ds]).expect_code(0);
+        assert!(!t.join(&ds).join(".append").exists());
+        t.run(&["verify", "-q", &ds]).expect_code(0);
+        assert_eq!(files(&t.join(&ds)), files(&t.join("one")), "{n} shards");
+    }
+    // A shard of a plan whose dataset changed since is refused.
+    convert("changed");
+    t.run_env(&["plan", "--append", "changed", "b.h5ad"], &EPOCH).expect_code(0);
+    let run = t.run(&["append", "-q", "nothing_here", "b.h5ad"]).expect_code(2);
+    assert!(run.stderr().contains("nothing_here: no dataset here"), "{}", run.stderr());
+    let text = std::fs::read_to_string(t.join("changed/manifest.json")).unwrap();
+    std::fs::write(t.join("changed/manifest.json"), text.replace("\"deltacells ", "\"deltacells  ")).unwrap();
+    let run = t.run(&["shard", "-q", "changed", "--shard", "0/1"]).expect_code(2);
+    assert!(run.stderr().contains("the dataset changed since the append was planned"), "{}", run.stderr());
+}
