@@ -1,4 +1,3 @@
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
@@ -8,15 +7,6 @@ use deltacells::convert::{append, resume, AppendOptions};
 
 use super::convert::{plural, Bar};
 use crate::cli::AppendArgs;
-
-fn inputs(args: &AppendArgs) -> anyhow::Result<Vec<PathBuf>> {
-    let mut inputs: Vec<PathBuf> = args.inputs.iter().map(PathBuf::from).collect();
-    if let Some(list) = &args.inputs_from {
-        let text = std::fs::read_to_string(list).with_context(|| format!("--inputs-from {list}"))?;
-        inputs.extend(text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(PathBuf::from));
-    }
-    Ok(inputs)
-}
 
 pub(crate) fn run(args: &AppendArgs) -> anyhow::Result<ExitCode> {
     let started = std::time::Instant::now();
@@ -30,7 +20,7 @@ pub(crate) fn run(args: &AppendArgs) -> anyhow::Result<ExitCode> {
     let summary = if args.resume {
         resume(store.clone(), &options, &progress)
     } else {
-        let inputs = inputs(args)?;
+        let inputs = super::input_paths(&args.inputs, args.inputs_from.as_deref())?;
         if inputs.is_empty() {
             bail!("no input files: give DATASET INPUTS..., DATASET --inputs-from FILE, or --resume DATASET");
         }

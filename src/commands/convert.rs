@@ -81,11 +81,7 @@ fn spinner_style() -> ProgressStyle {
 
 fn inputs_and_output(args: &ConvertArgs) -> anyhow::Result<(Vec<PathBuf>, String)> {
     let (out, given) = args.paths.split_last().expect("clap requires at least one path");
-    let mut inputs: Vec<PathBuf> = given.iter().map(PathBuf::from).collect();
-    if let Some(list) = &args.inputs_from {
-        let text = std::fs::read_to_string(list).with_context(|| format!("--inputs-from {list}"))?;
-        inputs.extend(text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(PathBuf::from));
-    }
+    let inputs = super::input_paths(given, args.inputs_from.as_deref())?;
     if inputs.is_empty() {
         bail!("no input files: give INPUTS... OUT, or --inputs-from FILE OUT");
     }
@@ -159,14 +155,23 @@ fn conversion(args: &ConvertArgs) -> anyhow::Result<Conversion> {
     Ok(Conversion { inputs, out_path: out_path.to_string(), store, options })
 }
 
+/// What `plan --json` prints.
+fn plan_summary(plan: &deltacells::convert::Plan, started: std::time::Instant) -> Value {
+    serde_json::json!({
+        "plan": plan.id,
+        "n_cells": plan.n_cells,
+        "n_genes": plan.n_genes,
+        "n_tiles": plan.n_tiles(),
+        "first_tile": plan.first_tile(),
+        "max_useful_shards": plan.n_units(),
+        "seconds": started.elapsed().as_secs_f64(),
+    })
+}
+
 /// `plan --append DATASET INPUTS...`.
 fn plan_append(args: &ConvertArgs, dataset: &str, started: std::time::Instant) -> anyhow::Result<ExitCode> {
     super::set_threads(args.threads)?;
-    let mut inputs: Vec<PathBuf> = args.paths.iter().map(PathBuf::from).collect();
-    if let Some(list) = &args.inputs_from {
-        let text = std::fs::read_to_string(list).with_context(|| format!("--inputs-from {list}"))?;
-        inputs.extend(text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(PathBuf::from));
-    }
+    let inputs = super::input_paths(&args.paths, args.inputs_from.as_deref())?;
     let store = super::open_store(dataset, &args.store)?;
     let options = deltacells::convert::AppendOptions { matrix: args.matrix.clone(), ..Default::default() };
     let progress = Bar::new(args.quiet);
@@ -175,17 +180,8 @@ fn plan_append(args: &ConvertArgs, dataset: &str, started: std::time::Instant) -
     progress.bar.finish_and_clear();
     match planned {
         deltacells::convert::Planned::Plan(plan) => {
-            let summary = serde_json::json!({
-                "plan": plan.id,
-                "n_cells": plan.n_cells,
-                "n_genes": plan.n_genes,
-                "n_tiles": plan.n_tiles(),
-                "first_tile": plan.first_tile(),
-                "max_useful_shards": plan.n_units(),
-                "seconds": started.elapsed().as_secs_f64(),
-            });
             if args.json {
-                super::print_json(&summary)?;
+                super::print_json(&plan_summary(&plan, started))?;
             } else if !args.quiet {
                 println!(
                     "{dataset}: planned an append of {} cells (tiles {} to {}); up to {} have work. Next: deltacells shard {dataset} --shard K/N (K = 0..N-1), then deltacells finalize {dataset}",
@@ -249,16 +245,8 @@ pub(crate) fn run_plan(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
     }
     let plan = deltacells::convert::plan(&inputs, store.as_ref(), &options, &progress).context("plan")?;
     progress.bar.finish_and_clear();
-    let summary = serde_json::json!({
-        "plan": plan.id,
-        "n_cells": plan.n_cells,
-        "n_genes": plan.n_genes,
-        "n_tiles": plan.n_tiles(),
-        "max_useful_shards": plan.n_units(),
-        "seconds": started.elapsed().as_secs_f64(),
-    });
     if args.json {
-        super::print_json(&summary)?;
+        super::print_json(&plan_summary(&plan, started))?;
     } else if !args.quiet {
         println!(
             "{out_path}: planned {} cells x {} genes in {}; up to {} have work. Next: deltacells shard {out_path} --shard K/N (K = 0..N-1), then deltacells finalize {out_path}",

@@ -34,6 +34,19 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `given` paths, then those `--inputs-from FILE` lists one per line (blank
+/// lines and `#` comments skipped).
+pub(crate) fn input_paths(given: &[String], inputs_from: Option<&str>) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    use anyhow::Context;
+    let mut inputs: Vec<std::path::PathBuf> = given.iter().map(std::path::PathBuf::from).collect();
+    if let Some(list) = inputs_from {
+        let text = std::fs::read_to_string(list).with_context(|| format!("--inputs-from {list}"))?;
+        let lines = text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#'));
+        inputs.extend(lines.map(std::path::PathBuf::from));
+    }
+    Ok(inputs)
+}
+
 /// Sets the number of rayon worker threads, when asked.
 pub(crate) fn set_threads(threads: Option<usize>) -> anyhow::Result<()> {
     if let Some(n) = threads {

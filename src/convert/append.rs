@@ -554,7 +554,7 @@ pub(crate) fn kept_rows(
     let mut prefix = Vec::new();
     let mut tail_obs = None;
     if let Some(obs_plan) = obs_plan {
-        if a.first_tile % per != 0 || tail_tile.is_some() {
+        if !a.first_tile.is_multiple_of(per) || tail_tile.is_some() {
             let old = crate::obs::read_schema(base)?;
             let mut rows = restated_rows(base, shard, &old.schema, obs_plan)?;
             let in_shard = a.first_tile - shard * per;

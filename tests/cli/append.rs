@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::h5::{self, Layout, Rows};
+use crate::hardening::files;
 use crate::util::{listing, TestDir};
 
 /// Small tiles and obs shards, so that tiles and shards end mid-input.
@@ -75,16 +76,6 @@ fn content(dir: &Path) -> Vec<(String, Vec<u8>)> {
             bytes = serde_json::to_vec_pretty(&m).unwrap();
         }
         out.push((rel, bytes));
-    }
-    out
-}
-
-/// Every file of a dataset with its bytes, the manifest whole.
-fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut out = Vec::new();
-    for line in listing(dir).lines() {
-        let rel = line.rsplit_once(" (").unwrap().0.to_string();
-        out.push((rel.clone(), std::fs::read(dir.join(&rel)).unwrap()));
     }
     out
 }

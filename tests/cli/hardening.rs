@@ -34,7 +34,8 @@ fn convert_cmd(input: &str, out: &Path, overwrite: bool) -> Command {
     c
 }
 
-fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+/// Every file of a dataset with its bytes.
+pub(crate) fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
     for line in listing(dir).lines() {
         let rel = line.rsplit_once(" (").unwrap().0.to_string();
