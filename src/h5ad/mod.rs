@@ -11,6 +11,7 @@
 
 pub mod export;
 pub(crate) mod frame;
+pub mod remote;
 mod source;
 mod strings;
 pub mod write;
@@ -38,6 +39,8 @@ pub enum Layout {
 pub struct H5adFile {
     path: PathBuf,
     file: hdf5::File,
+    /// The object's reader, for a file at a URL.
+    ranged: Option<std::sync::Arc<remote::RangedFile>>,
 }
 
 /// A matrix of an open file, read by rows.
@@ -60,6 +63,15 @@ fn h5err(e: hdf5::Error) -> String {
 impl H5adFile {
     /// Opens `path` read-only.
     pub fn open(path: &Path) -> Result<H5adFile, H5adError> {
+        if remote::is_url(path) {
+            let url = path.to_string_lossy();
+            let (file, ranged) = remote::open_hdf5(&url).map_err(|message| H5adError::Open {
+                format: "HDF5",
+                path: path.to_path_buf(),
+                message,
+            })?;
+            return Ok(H5adFile { path: path.to_path_buf(), file, ranged: Some(ranged) });
+        }
         if !path.is_file() {
             let message = if path.exists() { "not a file" } else { "no such file" };
             return Err(H5adError::Open { path: path.to_path_buf(), format: "HDF5", message: message.into() });
@@ -69,7 +81,12 @@ impl H5adFile {
             path: path.to_path_buf(),
             message: format!("{} (not an HDF5 file, or truncated)", first_line(&h5err(e))),
         })?;
-        Ok(H5adFile { path: path.to_path_buf(), file })
+        Ok(H5adFile { path: path.to_path_buf(), file, ranged: None })
+    }
+
+    /// Why the last read of a file at a URL failed (HDF5 says only that it did).
+    pub(crate) fn read_failure(&self) -> Option<String> {
+        self.ranged.as_ref().and_then(|r| r.failure())
     }
 
     pub fn path(&self) -> &Path {

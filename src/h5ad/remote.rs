@@ -1,0 +1,552 @@
+//! `.h5ad` inputs in buckets and on HTTP servers, read by byte ranges: an HDF5
+//! virtual file driver whose reads go through the storage layer
+//! ([`crate::storage`]), so that a worker fetches only the HDF5 metadata and
+//! the parts of X and obs that hold its cells.
+//!
+//! The driver keeps the object in blocks of [`BLOCK`] bytes. A read fetches
+//! the blocks it lacks (contiguous ones in one request), and a read that
+//! continues where an earlier one ended (HDF5 reads a dataset's chunks in
+//! address order) also starts fetching the blocks after it in the background,
+//! a window that doubles with each block the stream enters, up to
+//! [`MAX_WINDOW`] blocks: latency is hidden behind decoding and compression,
+//! and the bytes read past a worker's share are at most one window per
+//! stream. At most [`CACHE_BLOCKS`] blocks are kept per file.
+//!
+//! HDF5 serializes every call behind one lock, so the driver's callbacks run
+//! one at a time; the background fetches only fill the block cache.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::ffi::{c_char, c_int, c_uint, c_ulong, c_void, CString};
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+
+use bytes::Bytes;
+use hdf5_sys::h5::{haddr_t, herr_t, hsize_t};
+use hdf5_sys::h5i::hid_t;
+
+use crate::storage::{self, IoStats, Storage, StoreOptions};
+
+/// Bytes per block of the cache.
+pub const BLOCK: u64 = 1 << 20;
+/// The most blocks fetched ahead of one sequential stream.
+pub const MAX_WINDOW: u64 = 16;
+/// The most blocks kept per open file.
+pub const CACHE_BLOCKS: usize = 96;
+/// Sequential streams tracked per file (X's data and indices, obs columns).
+const STREAMS: usize = 8;
+
+/// Whether `path` names an object in a bucket or on a server rather than a
+/// local file.
+pub fn is_url(path: &Path) -> bool {
+    path.to_str().is_some_and(|s| s.contains("://") && !s.starts_with("file://"))
+}
+
+/// How inputs at URLs are reached (credentials, endpoint), for the whole
+/// process: the commands set it from their object-store options.
+static OPTIONS: Mutex<Option<StoreOptions>> = Mutex::new(None);
+
+/// Sets how inputs at URLs are reached (else [`StoreOptions::default`]).
+pub fn set_input_store_options(options: StoreOptions) {
+    *OPTIONS.lock().unwrap_or_else(|e| e.into_inner()) = Some(options);
+}
+
+/// Requests and bytes fetched for inputs at URLs, by every file of the process.
+pub fn input_stats() -> &'static IoStats {
+    static STATS: OnceLock<IoStats> = OnceLock::new();
+    STATS.get_or_init(IoStats::default)
+}
+
+/// The storage holding the object at `url`, and its key there.
+pub(crate) fn storage_of(url: &str) -> Result<(Arc<dyn Storage>, String), storage::StorageError> {
+    let (parent, key) = url.rsplit_once('/').unwrap_or(("", url));
+    let options = OPTIONS.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default();
+    Ok((storage::open_with(parent, &options)?, key.to_string()))
+}
+
+/// The size of the object at `url`, or why it cannot be had.
+pub(crate) fn object_size(url: &str) -> Result<u64, String> {
+    let (store, key) = storage_of(url).map_err(|e| e.to_string())?;
+    match store.size(&key) {
+        Ok(Some(size)) => Ok(size),
+        Ok(None) => Err("no such object".into()),
+        Err(e) => Err(crate::error_chain(&e)),
+    }
+}
+
+/// A sequential stream of reads: the block it reached and how far ahead it fetches.
+#[derive(Clone, Copy)]
+struct Stream {
+    block: u64,
+    window: u64,
+}
+
+#[derive(Default)]
+struct Cache {
+    blocks: HashMap<u64, Bytes>,
+    /// Blocks in the order they arrived, for eviction.
+    order: VecDeque<u64>,
+    /// Blocks being fetched.
+    pending: HashSet<u64>,
+    /// Most recent first.
+    streams: VecDeque<Stream>,
+}
+
+/// One object read by ranges, with its block cache.
+pub(crate) struct RangedFile {
+    storage: Arc<dyn Storage>,
+    key: String,
+    size: u64,
+    cache: Mutex<Cache>,
+    arrived: Condvar,
+    /// The first failure of a read, for the error message (HDF5 reports only
+    /// that a read failed).
+    failure: Mutex<Option<String>>,
+}
+
+impl RangedFile {
+    pub(crate) fn open(url: &str) -> Result<Arc<RangedFile>, String> {
+        let (storage, key) = storage_of(url).map_err(|e| e.to_string())?;
+        let size = match storage.size(&key) {
+            Ok(Some(size)) => size,
+            Ok(None) => return Err("no such object".into()),
+            Err(e) => return Err(crate::error_chain(&e)),
+        };
+        Ok(Arc::new(RangedFile {
+            storage,
+            key,
+            size,
+            cache: Mutex::new(Cache::default()),
+            arrived: Condvar::new(),
+            failure: Mutex::new(None),
+        }))
+    }
+
+    /// Why the last read failed, if one did.
+    pub(crate) fn failure(&self) -> Option<String> {
+        self.failure.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn n_blocks(&self) -> u64 {
+        self.size.div_ceil(BLOCK)
+    }
+
+    fn block_range(&self, b: u64) -> std::ops::Range<u64> {
+        b * BLOCK..((b + 1) * BLOCK).min(self.size)
+    }
+
+    /// Fetches `blocks` (sorted), contiguous runs in one request each.
+    fn fetch(&self, blocks: &[u64]) -> Result<Vec<(u64, Bytes)>, String> {
+        let mut runs: Vec<(u64, u64)> = Vec::new(); // (first block, count)
+        for &b in blocks {
+            match runs.last_mut() {
+                Some((first, count)) if *first + *count == b => *count += 1,
+                _ => runs.push((b, 1)),
+            }
+        }
+        let ranges: Vec<std::ops::Range<u64>> =
+            runs.iter().map(|&(first, count)| first * BLOCK..((first + count) * BLOCK).min(self.size)).collect();
+        let fetched = match self.storage.get_ranges(&self.key, &ranges) {
+            Ok(Some(parts)) => parts,
+            Ok(None) => return Err(format!("{}: vanished while being read", self.storage.location(&self.key))),
+            Err(e) => return Err(crate::error_chain(&e)),
+        };
+        let stats = input_stats();
+        let mut out = Vec::with_capacity(blocks.len());
+        for ((first, count), (range, bytes)) in runs.iter().zip(ranges.iter().zip(fetched)) {
+            stats.record(bytes.len() as u64);
+            if bytes.len() as u64 != range.end - range.start {
+                return Err(format!(
+                    "{}: asked for bytes {}..{}, got {}",
+                    self.storage.location(&self.key),
+                    range.start,
+                    range.end,
+                    bytes.len()
+                ));
+            }
+            for b in *first..first + count {
+                let r = self.block_range(b);
+                out.push((b, bytes.slice((r.start - range.start) as usize..(r.end - range.start) as usize)));
+            }
+        }
+        Ok(out)
+    }
+
+    fn insert(&self, cache: &mut Cache, fetched: Vec<(u64, Bytes)>) {
+        for (b, bytes) in fetched {
+            cache.pending.remove(&b);
+            if cache.blocks.insert(b, bytes).is_none() {
+                cache.order.push_back(b);
+            }
+        }
+        while cache.blocks.len() > CACHE_BLOCKS {
+            let Some(old) = cache.order.pop_front() else { break };
+            cache.blocks.remove(&old);
+        }
+    }
+
+    /// Fills `buf` with the bytes at `addr` (zeros past the end of the object).
+    fn read(self: &Arc<Self>, addr: u64, buf: &mut [u8]) -> Result<(), String> {
+        buf.fill(0);
+        let end = (addr + buf.len() as u64).min(self.size);
+        if addr >= end {
+            return Ok(());
+        }
+        let (first, last) = (addr / BLOCK, (end - 1) / BLOCK);
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        // Wait for blocks already on their way; fetch the others now.
+        loop {
+            let missing: Vec<u64> = (first..=last).filter(|b| !cache.blocks.contains_key(b)).collect();
+            if missing.is_empty() {
+                break;
+            }
+            let now: Vec<u64> = missing.into_iter().filter(|b| !cache.pending.contains(b)).collect();
+            if now.is_empty() {
+                cache = self.arrived.wait(cache).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            cache.pending.extend(&now);
+            drop(cache);
+            let fetched = self.fetch(&now);
+            cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            match fetched {
+                Ok(blocks) => self.insert(&mut cache, blocks),
+                Err(e) => {
+                    for b in &now {
+                        cache.pending.remove(b);
+                    }
+                    self.arrived.notify_all();
+                    return Err(e);
+                }
+            }
+            self.arrived.notify_all();
+        }
+        for b in first..=last {
+            let block = &cache.blocks[&b];
+            let r = self.block_range(b);
+            let (from, to) = (addr.max(r.start), end.min(r.end));
+            buf[(from - addr) as usize..(to - addr) as usize]
+                .copy_from_slice(&block[(from - r.start) as usize..(to - r.start) as usize]);
+        }
+        self.read_ahead(&mut cache, first, last);
+        Ok(())
+    }
+
+    /// Continues the stream that reached block `first` (or starts one), and
+    /// fetches its window of blocks after `last` in the background.
+    fn read_ahead(self: &Arc<Self>, cache: &mut Cache, first: u64, last: u64) {
+        let found = cache.streams.iter().position(|s| s.block == first || s.block + 1 == first);
+        let mut stream = match found {
+            Some(i) => cache.streams.remove(i).expect("found"),
+            None => Stream { block: first, window: 0 },
+        };
+        if found.is_some() && last > stream.block {
+            stream.window = (stream.window * 2).clamp(1, MAX_WINDOW);
+        }
+        stream.block = last;
+        cache.streams.push_front(stream);
+        cache.streams.truncate(STREAMS);
+        let ahead: Vec<u64> = (last + 1..=last + stream.window)
+            .filter(|b| *b < self.n_blocks() && !cache.blocks.contains_key(b) && !cache.pending.contains(b))
+            .collect();
+        if ahead.is_empty() {
+            return;
+        }
+        cache.pending.extend(&ahead);
+        let file = self.clone();
+        std::thread::spawn(move || {
+            let fetched = file.fetch(&ahead);
+            let mut cache = file.cache.lock().unwrap_or_else(|e| e.into_inner());
+            match fetched {
+                Ok(blocks) => file.insert(&mut cache, blocks),
+                // A reader that needs these blocks fetches them itself, and
+                // meets the error there.
+                Err(_) => {
+                    for b in &ahead {
+                        cache.pending.remove(b);
+                    }
+                }
+            }
+            file.arrived.notify_all();
+        });
+    }
+}
+
+// ---- The HDF5 driver. Its structs follow H5FDdevelop.h of the HDF5 that
+// hdf5-metno-src builds (2.x): the crate's own bindings of them are older.
+
+/// `H5FD_t`: the fields HDF5 keeps in every open file of a driver.
+#[repr(C)]
+struct FileBase {
+    driver_id: hid_t,
+    cls: *const DriverClass,
+    fileno: c_ulong,
+    access_flags: c_uint,
+    feature_flags: c_ulong,
+    maxaddr: haddr_t,
+    base_addr: haddr_t,
+    threshold: hsize_t,
+    alignment: hsize_t,
+    paged_aggr: bool,
+}
+
+/// An open file of this driver: HDF5's part first.
+#[repr(C)]
+struct DriverFile {
+    base: FileBase,
+    file: *const RangedFile,
+    eoa: haddr_t,
+}
+
+type Unused = Option<unsafe extern "C" fn()>;
+
+/// `H5FD_class_t`.
+#[repr(C)]
+struct DriverClass {
+    version: c_uint,
+    value: c_int,
+    name: *const c_char,
+    maxaddr: haddr_t,
+    fc_degree: c_int,
+    terminate: Unused,
+    sb_size: Unused,
+    sb_encode: Unused,
+    sb_decode: Unused,
+    fapl_size: usize,
+    fapl_get: Unused,
+    fapl_copy: Unused,
+    fapl_free: Unused,
+    dxpl_size: usize,
+    dxpl_copy: Unused,
+    dxpl_free: Unused,
+    open: Option<unsafe extern "C" fn(*const c_char, c_uint, hid_t, haddr_t) -> *mut DriverFile>,
+    close: Option<unsafe extern "C" fn(*mut DriverFile) -> herr_t>,
+    cmp: Unused,
+    query: Option<unsafe extern "C" fn(*const DriverFile, *mut c_ulong) -> herr_t>,
+    get_type_map: Unused,
+    alloc: Unused,
+    free: Unused,
+    get_eoa: Option<unsafe extern "C" fn(*const DriverFile, c_int) -> haddr_t>,
+    set_eoa: Option<unsafe extern "C" fn(*mut DriverFile, c_int, haddr_t) -> herr_t>,
+    get_eof: Option<unsafe extern "C" fn(*const DriverFile, c_int) -> haddr_t>,
+    get_handle: Unused,
+    read: Option<unsafe extern "C" fn(*mut DriverFile, c_int, hid_t, haddr_t, usize, *mut c_void) -> herr_t>,
+    write: Option<unsafe extern "C" fn(*mut DriverFile, c_int, hid_t, haddr_t, usize, *const c_void) -> herr_t>,
+    read_vector: Unused,
+    write_vector: Unused,
+    read_selection: Unused,
+    write_selection: Unused,
+    flush: Unused,
+    truncate: Unused,
+    lock: Unused,
+    unlock: Unused,
+    del: Unused,
+    ctl: Unused,
+    fl_map: [c_int; 7],
+}
+
+// The class is immutable and only read by HDF5.
+unsafe impl Sync for DriverClass {}
+
+const H5FD_MEM_SUPER: c_int = 1;
+const H5FD_MEM_DRAW: c_int = 3;
+
+static CLASS: DriverClass = DriverClass {
+    version: 1,
+    value: 512 + 0x6463, // a driver of our own: above H5_VFD_RESERVED
+    name: c"deltacells_ranged".as_ptr(),
+    maxaddr: i64::MAX as haddr_t,
+    fc_degree: 1, // H5F_CLOSE_WEAK
+    terminate: None,
+    sb_size: None,
+    sb_encode: None,
+    sb_decode: None,
+    fapl_size: 0,
+    fapl_get: None,
+    fapl_copy: None,
+    fapl_free: None,
+    dxpl_size: 0,
+    dxpl_copy: None,
+    dxpl_free: None,
+    open: Some(driver_open),
+    close: Some(driver_close),
+    cmp: None,
+    query: Some(driver_query),
+    get_type_map: None,
+    alloc: None,
+    free: None,
+    get_eoa: Some(driver_get_eoa),
+    set_eoa: Some(driver_set_eoa),
+    get_eof: Some(driver_get_eof),
+    get_handle: None,
+    read: Some(driver_read),
+    write: Some(driver_write),
+    read_vector: None,
+    write_vector: None,
+    read_selection: None,
+    write_selection: None,
+    flush: None,
+    truncate: None,
+    lock: None,
+    unlock: None,
+    del: None,
+    ctl: None,
+    // H5FD_FLMAP_DICHOTOMY
+    fl_map: [
+        H5FD_MEM_SUPER,
+        H5FD_MEM_SUPER,
+        H5FD_MEM_SUPER,
+        H5FD_MEM_DRAW,
+        H5FD_MEM_DRAW,
+        H5FD_MEM_SUPER,
+        H5FD_MEM_SUPER,
+    ],
+};
+
+/// The file being opened: H5Fopen calls the driver's open on this thread,
+/// under HDF5's lock, before it returns.
+static OPENING: Mutex<Option<Arc<RangedFile>>> = Mutex::new(None);
+
+unsafe extern "C" fn driver_open(_name: *const c_char, _flags: c_uint, _fapl: hid_t, _maxaddr: haddr_t) -> *mut DriverFile {
+    let Some(file) = OPENING.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+        return std::ptr::null_mut();
+    };
+    let base = FileBase {
+        driver_id: 0,
+        cls: std::ptr::null(),
+        fileno: 0,
+        access_flags: 0,
+        feature_flags: 0,
+        maxaddr: 0,
+        base_addr: 0,
+        threshold: 0,
+        alignment: 0,
+        paged_aggr: false,
+    };
+    Box::into_raw(Box::new(DriverFile { base, file: Arc::into_raw(file), eoa: 0 }))
+}
+
+unsafe extern "C" fn driver_close(f: *mut DriverFile) -> herr_t {
+    if f.is_null() {
+        return -1;
+    }
+    // SAFETY: `f` is a DriverFile that driver_open made, closed once by HDF5.
+    let f = unsafe { Box::from_raw(f) };
+    // SAFETY: the Arc that driver_open leaked into it.
+    drop(unsafe { Arc::from_raw(f.file) });
+    0
+}
+
+unsafe extern "C" fn driver_query(_f: *const DriverFile, flags: *mut c_ulong) -> herr_t {
+    if !flags.is_null() {
+        // SAFETY: HDF5 passes a valid pointer to write the flags to.
+        unsafe { *flags = 0 };
+    }
+    0
+}
+
+unsafe extern "C" fn driver_get_eoa(f: *const DriverFile, _kind: c_int) -> haddr_t {
+    // SAFETY: `f` is an open DriverFile.
+    unsafe { (*f).eoa }
+}
+
+unsafe extern "C" fn driver_set_eoa(f: *mut DriverFile, _kind: c_int, addr: haddr_t) -> herr_t {
+    // SAFETY: `f` is an open DriverFile.
+    unsafe { (*f).eoa = addr };
+    0
+}
+
+unsafe extern "C" fn driver_get_eof(f: *const DriverFile, _kind: c_int) -> haddr_t {
+    // SAFETY: `f` is an open DriverFile whose RangedFile lives as long as it.
+    unsafe { (*(*f).file).size }
+}
+
+unsafe extern "C" fn driver_read(
+    f: *mut DriverFile,
+    _kind: c_int,
+    _dxpl: hid_t,
+    addr: haddr_t,
+    size: usize,
+    buf: *mut c_void,
+) -> herr_t {
+    if f.is_null() || (buf.is_null() && size > 0) || addr.checked_add(size as u64).is_none() {
+        return -1;
+    }
+    // SAFETY: `f` is an open DriverFile; its RangedFile lives as long as it.
+    let file = unsafe { &*(*f).file };
+    // SAFETY: HDF5 passes a buffer of `size` writable bytes.
+    let out = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), size) };
+    // A clone of the Arc the file holds, for the background fetches.
+    // SAFETY: the pointer came from Arc::into_raw and the Arc is alive.
+    let arc = unsafe {
+        Arc::increment_strong_count((*f).file);
+        Arc::from_raw((*f).file)
+    };
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| arc.read(addr, out)));
+    match result {
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) => {
+            file.failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+            -1
+        }
+        Err(_) => {
+            file.failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert("a read panicked".into());
+            -1
+        }
+    }
+}
+
+unsafe extern "C" fn driver_write(
+    _f: *mut DriverFile,
+    _kind: c_int,
+    _dxpl: hid_t,
+    _addr: haddr_t,
+    _size: usize,
+    _buf: *const c_void,
+) -> herr_t {
+    -1 // read-only
+}
+
+/// The driver's id, registered once.
+fn driver_id() -> Result<hid_t, String> {
+    static ID: OnceLock<hid_t> = OnceLock::new();
+    let id = *ID.get_or_init(|| {
+        hdf5::sync::sync(|| {
+            // SAFETY: CLASS is a valid, 'static driver class.
+            unsafe { hdf5_sys::h5fd::H5FDregister((&raw const CLASS).cast()) }
+        })
+    });
+    if id < 0 {
+        return Err("cannot register deltacells' ranged-read HDF5 driver".into());
+    }
+    Ok(id)
+}
+
+/// Opens the HDF5 file at `url` read-only, through the ranged-read driver.
+pub(crate) fn open_hdf5(url: &str) -> Result<(hdf5::File, Arc<RangedFile>), String> {
+    let file = RangedFile::open(url)?;
+    let driver = driver_id()?;
+    let name = CString::new(url).map_err(|_| "a NUL in the URL".to_string())?;
+    let id = hdf5::sync::sync(|| {
+        *OPENING.lock().unwrap_or_else(|e| e.into_inner()) = Some(file.clone());
+        // SAFETY: plain HDF5 calls on a property list this function owns.
+        let id = unsafe {
+            let fapl = hdf5_sys::h5p::H5Pcreate(*hdf5::globals::H5P_FILE_ACCESS);
+            let mut id = -1;
+            if fapl >= 0 {
+                if hdf5_sys::h5p::H5Pset_driver(fapl, driver, std::ptr::null()) >= 0 {
+                    id = hdf5_sys::h5f::H5Fopen(name.as_ptr(), hdf5_sys::h5f::H5F_ACC_RDONLY, fapl);
+                }
+                hdf5_sys::h5p::H5Pclose(fapl);
+            }
+            id
+        };
+        *OPENING.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        id
+    });
+    if id < 0 {
+        return Err(file.failure().unwrap_or_else(|| "not an HDF5 file, or truncated".into()));
+    }
+    // SAFETY: `id` is a file id H5Fopen just returned, owned by nothing else.
+    let h5 = unsafe { hdf5::from_id::<hdf5::File>(id) }.map_err(|e| e.to_string())?;
+    Ok((h5, file))
+}
