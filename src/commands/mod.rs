@@ -69,9 +69,11 @@ pub(crate) fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Opens a dataset root as `--anonymous` and `--endpoint` say.
+/// Opens a dataset root as `--anonymous` and `--endpoint` say; inputs at
+/// URLs are reached the same way.
 pub(crate) fn open_store(dataset: &str, args: &StoreArgs) -> anyhow::Result<Arc<dyn Storage>> {
     let options = StoreOptions { anonymous: args.anonymous, endpoint: args.endpoint.clone() };
+    deltacells::h5ad::remote::set_input_store_options(options.clone());
     Ok(storage::open_with(dataset, &options)?)
 }
 
@@ -82,6 +84,9 @@ struct IoReport {
     bytes: u64,
     uploads: u64,
     bytes_uploaded: u64,
+    /// Of inputs at URLs (read by ranges).
+    input_requests: u64,
+    input_bytes: u64,
     seconds: f64,
 }
 
@@ -93,10 +98,26 @@ pub(crate) fn report_stats(store: &dyn Storage, args: &StoreArgs, started: Insta
     }
     let (requests, bytes) = store.stats().snapshot();
     let (uploads, bytes_uploaded) = store.stats().uploads();
-    let report = IoReport { requests, bytes, uploads, bytes_uploaded, seconds: started.elapsed().as_secs_f64() };
+    let (input_requests, input_bytes) = deltacells::h5ad::remote::input_stats().snapshot();
+    let report = IoReport {
+        requests,
+        bytes,
+        uploads,
+        bytes_uploaded,
+        input_requests,
+        input_bytes,
+        seconds: started.elapsed().as_secs_f64(),
+    };
     if json {
         eprintln!("{}", serde_json::json!({ "io": report }));
     } else {
+        if report.input_requests > 0 {
+            eprintln!(
+                "io: inputs at URLs: {} requests, {} fetched",
+                report.input_requests,
+                indicatif::HumanBytes(report.input_bytes)
+            );
+        }
         let written = if report.uploads > 0 {
             format!("; {} objects written, {}", report.uploads, indicatif::HumanBytes(report.bytes_uploaded))
         } else {

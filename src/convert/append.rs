@@ -68,11 +68,17 @@ impl AppendRecord {
     /// Whether `inputs` (the same files, by their sizes too) and `matrix`
     /// are this append's.
     fn is_of(&self, inputs: &[PathBuf], matrix: Option<&str>) -> bool {
-        let file = |p: &PathBuf| std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+        let file = |p: &PathBuf| {
+            if crate::h5ad::remote::is_url(p) {
+                p.clone()
+            } else {
+                std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())
+            }
+        };
         let files: Vec<(PathBuf, u64)> =
             self.inputs.iter().filter(|i| i.stored_tile.is_none()).map(|i| (file(&i.path), i.bytes)).collect();
         let asked: Vec<(PathBuf, u64)> =
-            inputs.iter().map(|p| (file(p), std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))).collect();
+            inputs.iter().map(|p| (file(p), super::input::input_size(p).unwrap_or(0))).collect();
         files == asked && matrix.is_none_or(|m| m == self.matrix)
     }
 

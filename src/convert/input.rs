@@ -178,7 +178,17 @@ pub trait InputSource: Send + Sync {
     }
 }
 
-/// Opens `path` for conversion of its matrix `matrix` (`X`, `raw/X`,
+/// The size of an input: a local file's, or an object's at a URL (None when
+/// it cannot be had: opening the input then says why).
+pub fn input_size(path: &Path) -> Option<u64> {
+    if crate::h5ad::remote::is_url(path) {
+        return crate::h5ad::remote::object_size(&path.to_string_lossy()).ok();
+    }
+    std::fs::metadata(path).map(|m| m.len()).ok()
+}
+
+/// Opens `path` (a local file, or an s3://, gs:// or http(s):// URL, read by
+/// ranges) for conversion of its matrix `matrix` (`X`, `raw/X`,
 /// `layers/NAME`). Every input is an .h5ad file today.
 pub fn open(path: &Path, matrix: &str) -> Result<Box<dyn InputSource>, InputError> {
     Ok(Box::new(crate::h5ad::H5adSource::open(path, matrix)?))

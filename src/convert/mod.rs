@@ -312,7 +312,7 @@ pub(crate) fn scan_inputs(
             None => source_genes = Some(genes::SourceGenes::new(genes, path, names)),
             Some(s) => s.add(path, &names)?,
         }
-        let bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        let bytes = input::input_size(path).unwrap_or(0);
         scanned.push(Input { path: path.clone(), n_rows: source.n_rows(), bytes, stored_tile: None });
     }
     let source_genes = source_genes.expect("at least one input");
@@ -558,7 +558,7 @@ pub(crate) fn write_tiles(
                     continue;
                 }
                 // (a file that cannot be read at all fails in open, below)
-                if let Ok(now) = std::fs::metadata(&input.path).map(|m| m.len()) {
+                if let Some(now) = input::input_size(&input.path) {
                     if now != input.bytes {
                         return Err(InputError::Changed { path: input.path.clone(), was: input.bytes, now }.into());
                     }

@@ -84,9 +84,17 @@ impl H5adFile {
         Ok(H5adFile { path: path.to_path_buf(), file, ranged: None })
     }
 
-    /// Why the last read of a file at a URL failed (HDF5 says only that it did).
-    pub(crate) fn read_failure(&self) -> Option<String> {
-        self.ranged.as_ref().and_then(|r| r.failure())
+    /// `e`, with why the read of a file at a URL failed, when one did (HDF5
+    /// says only that it did).
+    pub(crate) fn with_read_failure(&self, e: H5adError) -> H5adError {
+        match (self.ranged.as_ref().and_then(|r| r.failure()), e) {
+            (Some(cause), H5adError::Invalid { path, object, message }) => H5adError::Invalid {
+                path,
+                object,
+                message: format!("{} (reading the object failed: {cause})", first_line(&message)),
+            },
+            (_, e) => e,
+        }
     }
 
     pub fn path(&self) -> &Path {

@@ -27,11 +27,11 @@ use hdf5_sys::h5i::hid_t;
 use crate::storage::{self, IoStats, Storage, StoreOptions};
 
 /// Bytes per block of the cache.
-pub const BLOCK: u64 = 1 << 20;
+pub const BLOCK: u64 = 1 << 18;
 /// The most blocks fetched ahead of one sequential stream.
 pub const MAX_WINDOW: u64 = 16;
 /// The most blocks kept per open file.
-pub const CACHE_BLOCKS: usize = 96;
+pub const CACHE_BLOCKS: usize = 384;
 /// Sequential streams tracked per file (X's data and indices, obs columns).
 const STREAMS: usize = 8;
 
@@ -406,7 +406,12 @@ static CLASS: DriverClass = DriverClass {
 /// under HDF5's lock, before it returns.
 static OPENING: Mutex<Option<Arc<RangedFile>>> = Mutex::new(None);
 
-unsafe extern "C" fn driver_open(_name: *const c_char, _flags: c_uint, _fapl: hid_t, _maxaddr: haddr_t) -> *mut DriverFile {
+unsafe extern "C" fn driver_open(
+    _name: *const c_char,
+    _flags: c_uint,
+    _fapl: hid_t,
+    _maxaddr: haddr_t,
+) -> *mut DriverFile {
     let Some(file) = OPENING.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
         return std::ptr::null_mut();
     };

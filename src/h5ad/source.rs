@@ -88,7 +88,7 @@ impl InputSource for H5adSource {
     }
 
     fn read_rows(&self, rows: Range<u64>) -> Result<RawRows, InputError> {
-        self.matrix.read_rows(rows)
+        self.matrix.read_rows(rows).map_err(|e| self.file.with_read_failure(e))
     }
 
     fn var(&self) -> Result<Box<dyn Table + '_>, InputError> {

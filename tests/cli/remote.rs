@@ -523,3 +523,132 @@ fn append_to_a_dataset_in_s3_writes_what_a_local_append_writes() {
     same_objects(&remote, &local);
     t.run_env(&["verify", "-q", "--endpoint", &endpoint, "s3://test/ds"], &S3_ENV).expect_code(0);
 }
+
+/// Every file of a dataset with its bytes; the manifest without its metadata
+/// (which names the inputs as they were given).
+fn dataset_content(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    crate::hardening::files(dir)
+        .into_iter()
+        .map(|(name, bytes)| {
+            if name != "manifest.json" {
+                return (name, bytes);
+            }
+            let mut m: Value = serde_json::from_slice(&bytes).unwrap();
+            m.as_object_mut().unwrap().remove("metadata");
+            (name, serde_json::to_vec(&m).unwrap())
+        })
+        .collect()
+}
+
+/// The `--stats --json` line's bytes fetched for inputs at URLs.
+fn input_bytes(stderr: &str) -> u64 {
+    let line = stderr.lines().rev().find(|l| l.starts_with("{\"io\"")).expect("an io line on stderr");
+    serde_json::from_str::<Value>(line).unwrap()["io"]["input_bytes"].as_u64().unwrap()
+}
+
+#[test]
+fn real_h5ad_inputs_in_s3_and_on_http_convert_as_the_local_files() {
+    let Some((ctrl, stim)) = crate::util::pbmc() else { return };
+    let Some(s3) = Server::start("s3", &[]) else { return };
+    let dir = ctrl.parent().unwrap().to_str().unwrap().to_string();
+    let Some(http) = Server::start("http", &[&dir]) else { return };
+    let t = TestDir::new();
+    let endpoint = s3.url();
+    let bucket = s3_storage(&endpoint, "inputs");
+    for file in [&ctrl, &stim] {
+        let name = file.file_name().unwrap().to_str().unwrap();
+        bucket.put(name, Bytes::from(std::fs::read(file).unwrap())).unwrap();
+    }
+    let layout = ["--tile-size", "1500", "--obs-tiles-per-file", "1", "--level", "3"];
+    let local = [ctrl.to_str().unwrap(), stim.to_str().unwrap()];
+    t.run(&[&["convert", "-q"][..], &layout, &local, &["local"]].concat()).expect_code(0);
+    let in_s3 = ["s3://test/inputs/pbmc_ctrl.h5ad".to_string(), "s3://test/inputs/pbmc_stim.h5ad".to_string()];
+    let args = [&["convert", "-q", "--stats", "--json", "--endpoint", &endpoint][..], &layout];
+    let run = t.run_env(&[&args.concat()[..], &[in_s3[0].as_str(), in_s3[1].as_str(), "from_s3"]].concat(), &S3_ENV);
+    run.expect_code(0);
+    assert_eq!(dataset_content(&t.join("from_s3")), dataset_content(&t.join("local")), "from S3");
+    let on_http = [format!("{}/pbmc_ctrl.h5ad", http.url()), format!("{}/pbmc_stim.h5ad", http.url())];
+    t.run(&[&["convert", "-q"][..], &layout, &[on_http[0].as_str(), on_http[1].as_str(), "from_http"]].concat())
+        .expect_code(0);
+    assert_eq!(dataset_content(&t.join("from_http")), dataset_content(&t.join("local")), "from HTTP");
+    let ds = Dataset::open(t.join("from_http").to_str().unwrap()).unwrap();
+    assert_eq!(ds.manifest().metadata["convert"]["inputs"][1], on_http[1].as_str());
+
+    // Sharded: each shard fetches about its share of the input bytes.
+    let total: u64 = [&ctrl, &stim].iter().map(|f| std::fs::metadata(f).unwrap().len()).sum();
+    t.run(&[&["plan", "-q"][..], &layout, &[on_http[0].as_str(), on_http[1].as_str(), "sharded"]].concat())
+        .expect_code(0);
+    let n = 4;
+    let plan: deltacells::convert::Plan =
+        serde_json::from_slice(&std::fs::read(t.join("sharded/.plan/plan.json")).unwrap()).unwrap();
+    let mut fetched = Vec::new();
+    for k in 0..n {
+        let run =
+            t.run(&["shard", "-q", "sharded", "--shard", &format!("{k}/{n}"), "--stats", "--json"]).expect_code(0);
+        fetched.push(input_bytes(&run.stderr()));
+    }
+    t.run(&["finalize", "-q", "sharded"]).expect_code(0);
+    assert_eq!(dataset_content(&t.join("sharded")), dataset_content(&t.join("local")), "sharded from HTTP");
+    // Each shard's share of each file, by its cells; beyond it, a shard may
+    // fetch the window read ahead of each of a file's two streams (X's data
+    // and indices) and the HDF5 metadata.
+    let window = deltacells::h5ad::remote::BLOCK * deltacells::h5ad::remote::MAX_WINDOW;
+    let mut report = Vec::new();
+    for (k, &got) in fetched.iter().enumerate() {
+        let tiles = plan.shard_tiles(k, n);
+        let cells = tiles.start as u64 * plan.tile_size..(tiles.end as u64 * plan.tile_size).min(plan.n_cells);
+        let (mut share, mut files, mut first) = (0u64, 0u64, 0u64);
+        for input in &plan.inputs {
+            let here = first..first + input.n_rows;
+            first = here.end;
+            let rows = cells.end.min(here.end).saturating_sub(cells.start.max(here.start));
+            if rows > 0 {
+                share += input.bytes * rows / input.n_rows;
+                files += 1;
+            }
+        }
+        report.push(format!("shard {k}/{n}: {got} bytes fetched for a share of {share}"));
+        assert!(got <= share + files * (2 * window + (2 << 20)), "{}", report.join("; "));
+    }
+    eprintln!("inputs of {total} bytes: {}", report.join("; "));
+
+    // A file that changes between plan and shard is refused, naming it.
+    let plan = [&["plan", "-q", "--endpoint", &endpoint][..], &layout, &[in_s3[0].as_str(), "changing"]].concat();
+    t.run_env(&plan, &S3_ENV).expect_code(0);
+    bucket.put("pbmc_ctrl.h5ad", Bytes::from(std::fs::read(&stim).unwrap())).unwrap();
+    let run =
+        t.run_env(&["shard", "-q", "changing", "--shard", "0/1", "--endpoint", &endpoint], &S3_ENV).expect_code(2);
+    assert!(
+        run.stderr().contains("s3://test/inputs/pbmc_ctrl.h5ad: the file changed since it was planned"),
+        "{}",
+        run.stderr()
+    );
+}
+
+#[test]
+fn an_input_server_that_fails_mid_read_is_a_clear_error_and_leaves_no_manifest() {
+    let Some((_, stim)) = crate::util::pbmc() else { return };
+    let dir = stim.parent().unwrap().to_str().unwrap().to_string();
+    let Some(mut http) = Server::start("http", &[&dir]) else { return };
+    let t = TestDir::new();
+    let url = format!("{}/pbmc_stim.h5ad", http.url());
+    let child = Command::new(env!("CARGO_BIN_EXE_deltacells"))
+        .args(["convert", "-q", "--tile-size", "300", "--level", "19", "--threads", "1", &url, "out"])
+        .env("HDF5_USE_FILE_LOCKING", "FALSE")
+        .current_dir(t.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while std::fs::read_dir(t.join("out/tiles")).map_or(0, |d| d.count()) < 1 {
+        assert!(started.elapsed() < Duration::from_secs(60), "no tile was written");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = http.child.kill();
+    let _ = http.child.wait();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(&url), "the error names the URL: {stderr}");
+    assert!(!t.join("out/manifest.json").exists());
+}
