@@ -297,6 +297,10 @@ pub(crate) fn scan_inputs(
     progress: &dyn ConvertProgress,
 ) -> anyhow::Result<(Vec<Input>, Vec<String>)> {
     progress.phase("scanning", 0);
+    let urls: Vec<&str> = inputs.iter().filter(|p| crate::h5ad::remote::is_url(p)).filter_map(|p| p.to_str()).collect();
+    if !urls.is_empty() {
+        crate::h5ad::remote::open_ahead(&urls);
+    }
     let mut scanned = Vec::with_capacity(inputs.len());
     let mut source_genes: Option<genes::SourceGenes> = None;
     for path in inputs {

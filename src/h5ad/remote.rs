@@ -8,9 +8,13 @@
 //! continues where an earlier one ended (HDF5 reads a dataset's chunks in
 //! address order) also starts fetching the blocks after it in the background,
 //! a window that doubles with each block the stream enters, up to
-//! [`MAX_WINDOW`] blocks: latency is hidden behind decoding and compression,
+//! [`max_window`] blocks: latency is hidden behind decoding and compression,
 //! and the bytes read past a worker's share are at most one window per
-//! stream. At most [`CACHE_BLOCKS`] blocks are kept per file.
+//! stream. The blocks of the files opened lately stay cached, up to
+//! [`cache_budget`] bytes in all (512 MiB, or `DELTACELLS_INPUT_CACHE_MIB`):
+//! a conversion reads the sampled inputs' X for the gene order, then again
+//! for the tiles, and small inputs are then fetched once, as the page cache
+//! serves local files the second time.
 //!
 //! HDF5 serializes every call behind one lock, so the driver's callbacks run
 //! one at a time; the background fetches only fill the block cache.
@@ -26,12 +30,36 @@ use hdf5_sys::h5i::hid_t;
 
 use crate::storage::{self, IoStats, Storage, StoreOptions};
 
-/// Bytes per block of the cache.
+/// Bytes per block of the cache: what a read of HDF5 metadata fetches.
 pub const BLOCK: u64 = 1 << 18;
-/// The most blocks fetched ahead of one sequential stream.
-pub const MAX_WINDOW: u64 = 16;
-/// The most blocks kept per open file.
-pub const CACHE_BLOCKS: usize = 384;
+
+/// The most blocks fetched ahead of one sequential stream: 32 MiB, or
+/// `DELTACELLS_INPUT_READAHEAD_MIB` MiB. At 50 ms per request and 100 MB/s,
+/// a window must hold several megabytes for the link, not the latency, to
+/// bound a stream; a shard may fetch up to one window past its share of each
+/// stream (X's data and indices).
+pub fn max_window() -> u64 {
+    static WINDOW: OnceLock<u64> = OnceLock::new();
+    *WINDOW.get_or_init(|| {
+        let mib = std::env::var("DELTACELLS_INPUT_READAHEAD_MIB").ok().and_then(|v| v.trim().parse::<u64>().ok());
+        ((mib.unwrap_or(32) << 20) / BLOCK).max(1)
+    })
+}
+
+/// The bytes of blocks kept, over every file of the process: 512 MiB, or
+/// `DELTACELLS_INPUT_CACHE_MIB` MiB.
+pub fn cache_budget() -> u64 {
+    static BUDGET: OnceLock<u64> = OnceLock::new();
+    *BUDGET.get_or_init(|| {
+        let mib = std::env::var("DELTACELLS_INPUT_CACHE_MIB").ok().and_then(|v| v.trim().parse::<u64>().ok());
+        mib.unwrap_or(512).max(8 * BLOCK / (1 << 20)) << 20
+    })
+}
+
+/// Bytes of blocks cached now, over every file.
+static CACHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Blocks fetched at each end of a file when it is opened (1 MiB).
+const HEAD_BLOCKS: u64 = 4;
 /// Sequential streams tracked per file (X's data and indices, obs columns).
 const STREAMS: usize = 8;
 
@@ -61,6 +89,25 @@ pub(crate) fn storage_of(url: &str) -> Result<(Arc<dyn Storage>, String), storag
     let (parent, key) = url.rsplit_once('/').unwrap_or(("", url));
     let options = OPTIONS.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default();
     Ok((storage::open_with(parent, &options)?, key.to_string()))
+}
+
+/// Opens the objects at `urls` at once (their sizes and first blocks), so
+/// that reading them one after another does not wait a round trip per
+/// file; failures are left for the opening that needs the file.
+pub fn open_ahead(urls: &[&str]) {
+    let fresh: Vec<String> = {
+        let recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
+        urls.iter().filter(|u| !recent.iter().any(|(r, _)| r == *u)).map(|u| u.to_string()).collect()
+    };
+    std::thread::scope(|threads| {
+        for chunk in fresh.chunks(fresh.len().div_ceil(8).max(1)) {
+            threads.spawn(move || {
+                for url in chunk {
+                    let _ = RangedFile::open(url);
+                }
+            });
+        }
+    });
 }
 
 /// The size of the object at `url`, or why it cannot be had.
@@ -103,22 +150,60 @@ pub(crate) struct RangedFile {
     failure: Mutex<Option<String>>,
 }
 
+/// Files opened lately, most recent last: a conversion opens each input
+/// several times (scan, obs, gene totals, tiles), and their HDF5 metadata and
+/// the blocks still cached are not fetched again.
+static RECENT: Mutex<Vec<(String, Arc<RangedFile>)>> = Mutex::new(Vec::new());
+/// How many files [`RECENT`] keeps.
+const RECENT_FILES: usize = 32;
+
 impl RangedFile {
+    /// The object at `url`, with the blocks of a recent opening of it.
     pub(crate) fn open(url: &str) -> Result<Arc<RangedFile>, String> {
+        let mut recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = recent.iter().position(|(u, _)| u == url) {
+            let entry = recent.remove(i);
+            let file = entry.1.clone();
+            recent.push(entry);
+            return Ok(file);
+        }
+        drop(recent);
+        let file = Self::open_new(url)?;
+        let mut recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
+        recent.push((url.to_string(), file.clone()));
+        if recent.len() > RECENT_FILES {
+            recent.remove(0);
+        }
+        Ok(file)
+    }
+
+    fn open_new(url: &str) -> Result<Arc<RangedFile>, String> {
         let (storage, key) = storage_of(url).map_err(|e| e.to_string())?;
         let size = match storage.size(&key) {
             Ok(Some(size)) => size,
             Ok(None) => return Err("no such object".into()),
             Err(e) => return Err(crate::error_chain(&e)),
         };
-        Ok(Arc::new(RangedFile {
+        let file = Arc::new(RangedFile {
             storage,
             key,
             size,
             cache: Mutex::new(Cache::default()),
             arrived: Condvar::new(),
             failure: Mutex::new(None),
-        }))
+        });
+        // The start of an HDF5 file holds its superblock and the headers of
+        // what was written first (X, as anndata writes it); its end, those of
+        // what was written last (obs, var): two requests at once instead of a
+        // round trip for each header.
+        let n = file.n_blocks();
+        let mut ends: Vec<u64> = (0..n.min(HEAD_BLOCKS)).chain(n.saturating_sub(HEAD_BLOCKS)..n).collect();
+        ends.dedup();
+        let fetched = file.fetch(&ends)?;
+        let mut cache = file.cache.lock().unwrap_or_else(|e| e.into_inner());
+        file.insert(&mut cache, fetched);
+        drop(cache);
+        Ok(file)
     }
 
     /// Why the last read failed, if one did.
@@ -174,13 +259,29 @@ impl RangedFile {
     fn insert(&self, cache: &mut Cache, fetched: Vec<(u64, Bytes)>) {
         for (b, bytes) in fetched {
             cache.pending.remove(&b);
-            if cache.blocks.insert(b, bytes).is_none() {
-                cache.order.push_back(b);
+            let len = bytes.len() as u64;
+            match cache.blocks.insert(b, bytes) {
+                None => {
+                    cache.order.push_back(b);
+                    CACHED.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+                }
+                Some(old) => {
+                    CACHED.fetch_sub(old.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    CACHED.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+                }
             }
         }
-        while cache.blocks.len() > CACHE_BLOCKS {
+        // Over the budget: this file's oldest blocks go first, then those of
+        // the files opened longest ago (never the blocks of this read).
+        use std::sync::atomic::Ordering::Relaxed;
+        while CACHED.load(Relaxed) > cache_budget() && cache.order.len() as u64 > max_window() * 2 {
             let Some(old) = cache.order.pop_front() else { break };
-            cache.blocks.remove(&old);
+            if let Some(bytes) = cache.blocks.remove(&old) {
+                CACHED.fetch_sub(bytes.len() as u64, Relaxed);
+            }
+        }
+        if CACHED.load(Relaxed) > cache_budget() {
+            evict_other_files(self);
         }
     }
 
@@ -237,10 +338,10 @@ impl RangedFile {
         let found = cache.streams.iter().position(|s| s.block == first || s.block + 1 == first);
         let mut stream = match found {
             Some(i) => cache.streams.remove(i).expect("found"),
-            None => Stream { block: first, window: 0 },
+            None => Stream { block: first, window: 4 },
         };
         if found.is_some() && last > stream.block {
-            stream.window = (stream.window * 2).clamp(1, MAX_WINDOW);
+            stream.window = (stream.window * 2).clamp(1, max_window());
         }
         stream.block = last;
         cache.streams.push_front(stream);
@@ -268,6 +369,35 @@ impl RangedFile {
             }
             file.arrived.notify_all();
         });
+    }
+}
+
+impl Drop for RangedFile {
+    fn drop(&mut self) {
+        let cache = self.cache.get_mut().unwrap_or_else(|e| e.into_inner());
+        let bytes: u64 = cache.blocks.values().map(|b| b.len() as u64).sum();
+        CACHED.fetch_sub(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Frees the cached blocks of the files opened longest ago (not `keep`'s)
+/// until the cache is within its budget.
+fn evict_other_files(keep: &RangedFile) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let files: Vec<Arc<RangedFile>> =
+        RECENT.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(_, f)| f.clone()).collect();
+    for file in files.iter().filter(|f| !std::ptr::eq(Arc::as_ptr(f), keep)) {
+        if CACHED.load(Relaxed) <= cache_budget() {
+            return;
+        }
+        // try_lock: a file whose reader holds its lock is being read now.
+        let Ok(mut cache) = file.cache.try_lock() else { continue };
+        while CACHED.load(Relaxed) > cache_budget() {
+            let Some(old) = cache.order.pop_front() else { break };
+            if let Some(bytes) = cache.blocks.remove(&old) {
+                CACHED.fetch_sub(bytes.len() as u64, Relaxed);
+            }
+        }
     }
 }
 

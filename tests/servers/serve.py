@@ -12,7 +12,9 @@ until stdin closes (the test that started it ended) or it is killed.
 
 The HTTP server answers 403 for any path containing "forbidden", and with
 --fail-first N answers 503 to the first N requests (to exercise retries). It
-counts requests; GET /__requests returns the count.
+counts requests; GET /__requests returns the count. With --latency-ms and
+--mbps it is a slow store: every request waits that long before its answer,
+and the bodies share one link of that many megabytes (10^6 bytes) per second.
 """
 
 import argparse
@@ -46,6 +48,20 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
     fail_left = 0
     requests = 0
     lock = threading.Lock()
+    latency = 0.0
+    bytes_per_second = 0.0
+    link_free_at = 0.0
+
+    def throttle(self, n_bytes):
+        """Waits the latency, then for this body's turn on the shared link."""
+        if RangeHandler.latency:
+            time.sleep(RangeHandler.latency)
+        if RangeHandler.bytes_per_second:
+            with RangeHandler.lock:
+                start = max(time.monotonic(), RangeHandler.link_free_at)
+                RangeHandler.link_free_at = start + n_bytes / RangeHandler.bytes_per_second
+                done = RangeHandler.link_free_at
+            time.sleep(max(0.0, done - time.monotonic()))
 
     def log_message(self, *args):
         pass
@@ -64,6 +80,7 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
 
     def do_HEAD(self):
         if not self.refuse():
+            self.throttle(0)
             super().do_HEAD()
 
     def do_GET(self):
@@ -99,6 +116,7 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
         with open(path, "rb") as f:
             f.seek(start)
             body = f.read(end - start + 1)
+        self.throttle(len(body))
         self.send_response(206)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Accept-Ranges", "bytes")
@@ -132,6 +150,8 @@ def main():
     parser.add_argument("kind", choices=["s3", "gcs", "fake-gcs", "http"])
     parser.add_argument("root", nargs="?")
     parser.add_argument("--fail-first", type=int, default=0)
+    parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument("--mbps", type=float, default=0.0)
     args = parser.parse_args()
     port = free_port()
     import logging
@@ -191,6 +211,8 @@ def main():
             upload_tree(port, args.root)
     else:
         RangeHandler.fail_left = args.fail_first
+        RangeHandler.latency = args.latency_ms / 1000.0
+        RangeHandler.bytes_per_second = args.mbps * 1e6
         handler = lambda *a, **k: RangeHandler(*a, directory=args.root, **k)  # noqa: E731
         server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
