@@ -285,6 +285,16 @@ pub(crate) struct ConvertArgs {
     /// Add KEY=VALUE to the manifest's metadata (repeatable).
     #[arg(long, value_name = "KEY=VALUE")]
     pub metadata: Vec<String>,
+    /// Download inputs at URLs whole before reading them, into --download-dir
+    /// (default: a temporary folder removed when the command ends), instead
+    /// of reading the byte ranges they need: a fallback for servers that do
+    /// not answer ranged reads. Needs the inputs' size in free disk, which the
+    /// command states first.
+    #[arg(long)]
+    pub download_inputs: bool,
+    /// Where --download-inputs puts the inputs (kept there afterwards).
+    #[arg(long, value_name = "DIR", requires = "download_inputs")]
+    pub download_dir: Option<PathBuf>,
     /// No progress bar and no summary line.
     #[arg(long, short)]
     pub quiet: bool,
@@ -313,6 +323,16 @@ pub(crate) struct AppendArgs {
     /// (with the inputs it recorded).
     #[arg(long, conflicts_with_all = ["inputs", "inputs_from", "matrix"])]
     pub resume: bool,
+    /// Download inputs at URLs whole before reading them, into --download-dir
+    /// (default: a temporary folder removed when the command ends), instead
+    /// of reading the byte ranges they need: a fallback for servers that do
+    /// not answer ranged reads. Needs the inputs' size in free disk, which the
+    /// command states first.
+    #[arg(long)]
+    pub download_inputs: bool,
+    /// Where --download-inputs puts the inputs (kept there afterwards).
+    #[arg(long, value_name = "DIR", requires = "download_inputs")]
+    pub download_dir: Option<PathBuf>,
     /// Worker threads (default: all cores). The output is the same for any value.
     #[arg(long)]
     pub threads: Option<usize>,
@@ -343,6 +363,16 @@ pub(crate) struct ShardArgs {
     /// N, the number of shards, with --shard-from-env.
     #[arg(long, value_name = "N")]
     pub shards: Option<usize>,
+    /// Download inputs at URLs whole before reading them, into --download-dir
+    /// (default: a temporary folder removed when the command ends), instead
+    /// of reading the byte ranges they need: a fallback for servers that do
+    /// not answer ranged reads. Needs the inputs' size in free disk, which the
+    /// command states first.
+    #[arg(long)]
+    pub download_inputs: bool,
+    /// Where --download-inputs puts the inputs (kept there afterwards).
+    #[arg(long, value_name = "DIR", requires = "download_inputs")]
+    pub download_dir: Option<PathBuf>,
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,

@@ -117,6 +117,8 @@ fn given_gene_order(args: &ConvertArgs) -> anyhow::Result<Option<GivenOrder>> {
 /// What the arguments of convert and plan ask for.
 struct Conversion {
     inputs: Vec<PathBuf>,
+    /// The folder of --download-inputs, removed at the end.
+    _downloads: Option<tempfile::TempDir>,
     out_path: String,
     store: Arc<dyn Storage>,
     options: ConvertOptions,
@@ -126,6 +128,7 @@ struct Conversion {
 fn conversion(args: &ConvertArgs) -> anyhow::Result<Conversion> {
     super::set_threads(args.threads)?;
     let (inputs, out) = inputs_and_output(args)?;
+    let downloads = super::download_inputs(args.download_inputs, args.download_dir.as_deref(), &inputs, false)?;
     let out_path = match storage::Location::parse(&out)? {
         storage::Location::Http { .. } => {
             bail!("{out}: an HTTP server is read-only; write to a local folder, s3:// or gs://")
@@ -152,7 +155,7 @@ fn conversion(args: &ConvertArgs) -> anyhow::Result<Conversion> {
         metadata: parse_metadata(&args.metadata)?,
         ..ConvertOptions::default()
     };
-    Ok(Conversion { inputs, out_path: out_path.to_string(), store, options })
+    Ok(Conversion { inputs, _downloads: downloads, out_path: out_path.to_string(), store, options })
 }
 
 /// What `plan --json` prints.
@@ -173,6 +176,7 @@ fn plan_append(args: &ConvertArgs, dataset: &str, started: std::time::Instant) -
     super::set_threads(args.threads)?;
     let inputs = super::input_paths(&args.paths, args.inputs_from.as_deref())?;
     let store = super::open_store(dataset, &args.store)?;
+    let _downloads = super::download_inputs(args.download_inputs, args.download_dir.as_deref(), &inputs, false)?;
     let options = deltacells::convert::AppendOptions { matrix: args.matrix.clone(), ..Default::default() };
     let progress = Bar::new(args.quiet);
     let planned =
@@ -223,7 +227,7 @@ pub(crate) fn run_plan(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
     if let Some(dataset) = &args.append {
         return plan_append(args, dataset, started);
     }
-    let Conversion { inputs, out_path, store, options } = conversion(args).context("plan")?;
+    let Conversion { inputs, out_path, store, options, _downloads } = conversion(args).context("plan")?;
     let progress = Bar::new(args.quiet);
     if let Some(spec) = &args.totals_shard {
         let (k, n) = super::shard::parse_k_of_n("--totals-shard", spec)?;
@@ -268,7 +272,7 @@ pub(crate) fn run(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
     if args.totals_shard.is_some() {
         bail!("--totals-shard is for `deltacells plan` (sharded conversion); convert sums the gene totals itself");
     }
-    let Conversion { inputs, out_path, store, options } = conversion(args).context("convert")?;
+    let Conversion { inputs, out_path, store, options, _downloads } = conversion(args).context("convert")?;
     let progress = Bar::new(args.quiet);
     let summary = convert(&inputs, store.as_ref(), &options, &progress).context("convert")?;
     progress.bar.finish_and_clear();

@@ -47,6 +47,39 @@ pub(crate) fn input_paths(given: &[String], inputs_from: Option<&str>) -> anyhow
     Ok(inputs)
 }
 
+/// With `--download-inputs`, makes inputs at URLs download whole into `dir`
+/// (else a temporary folder, returned to be removed when the command ends)
+/// and says how much disk that needs; `urls` are the inputs that may be
+/// read (all of a plan's, for a shard: hence "up to").
+pub(crate) fn download_inputs(
+    enabled: bool,
+    dir: Option<&std::path::Path>,
+    urls: &[std::path::PathBuf],
+    up_to: bool,
+) -> anyhow::Result<Option<tempfile::TempDir>> {
+    if !enabled {
+        return Ok(None);
+    }
+    let (dir, temp) = match dir {
+        Some(dir) => (dir.to_path_buf(), None),
+        None => {
+            let temp = tempfile::Builder::new().prefix("deltacells-inputs-").tempdir()?;
+            (temp.path().to_path_buf(), Some(temp))
+        }
+    };
+    let urls: Vec<&std::path::PathBuf> = urls.iter().filter(|p| deltacells::h5ad::remote::is_url(p)).collect();
+    let bytes: u64 = urls.iter().filter_map(|p| deltacells::convert::input::input_size(p)).sum();
+    eprintln!(
+        "deltacells: note: --download-inputs: {} inputs at URLs are downloaded whole into {} before they are read: {}{} of free disk needed there",
+        urls.len(),
+        dir.display(),
+        if up_to { "up to " } else { "" },
+        indicatif::HumanBytes(bytes)
+    );
+    deltacells::h5ad::remote::set_download_dir(Some(dir));
+    Ok(temp)
+}
+
 /// Sets the number of rayon worker threads, when asked.
 pub(crate) fn set_threads(threads: Option<usize>) -> anyhow::Result<()> {
     if let Some(n) = threads {

@@ -98,6 +98,18 @@ pub(crate) fn run(args: &ShardArgs) -> anyhow::Result<ExitCode> {
     };
     let label = format!("shard {k}/{n}");
     let store = super::open_store(&args.out, &args.store)?;
+    let _downloads = if args.download_inputs {
+        // The plan's inputs (of a conversion, or of an append to a dataset).
+        let plan = [".plan/plan.json", ".append/.plan/plan.json"]
+            .iter()
+            .find_map(|key| store.get(key).ok().flatten())
+            .and_then(|bytes| serde_json::from_slice::<deltacells::convert::Plan>(&bytes).ok());
+        let inputs: Vec<std::path::PathBuf> =
+            plan.map(|p| p.inputs.into_iter().map(|i| i.path).collect()).unwrap_or_default();
+        super::download_inputs(true, args.download_dir.as_deref(), &inputs, true)?
+    } else {
+        None
+    };
     let in_flight = MAX_IN_FLIGHT;
     let result = if super::show_progress(args.quiet) {
         let progress = Bar::new(false);

@@ -65,6 +65,15 @@ impl H5adFile {
     pub fn open(path: &Path) -> Result<H5adFile, H5adError> {
         if remote::is_url(path) {
             let url = path.to_string_lossy();
+            let open_error = |message: String| H5adError::Open { format: "HDF5", path: path.to_path_buf(), message };
+            if let Some(local) = remote::downloaded(&url).map_err(open_error)? {
+                let file = hdf5::File::open(&local).map_err(|e| H5adError::Open {
+                    format: "HDF5",
+                    path: path.to_path_buf(),
+                    message: format!("{} (not an HDF5 file, or truncated)", first_line(&h5err(e))),
+                })?;
+                return Ok(H5adFile { path: path.to_path_buf(), file, ranged: None });
+            }
             let (file, ranged) = remote::open_hdf5(&url).map_err(|message| H5adError::Open {
                 format: "HDF5",
                 path: path.to_path_buf(),

@@ -78,6 +78,51 @@ pub fn set_input_store_options(options: StoreOptions) {
     *OPTIONS.lock().unwrap_or_else(|e| e.into_inner()) = Some(options);
 }
 
+/// Where inputs at URLs are downloaded whole first (`--download-inputs`), if
+/// they are.
+static DOWNLOAD_DIR: Mutex<Option<std::path::PathBuf>> = Mutex::new(None);
+
+/// Downloads inputs at URLs whole into `dir` before reading them (a fallback
+/// for stores where ranged reads do not serve), or not (None).
+pub fn set_download_dir(dir: Option<std::path::PathBuf>) {
+    *DOWNLOAD_DIR.lock().unwrap_or_else(|e| e.into_inner()) = dir;
+}
+
+/// The local copy of the object at `url` when inputs are downloaded: made on
+/// first use (in pieces of 64 MiB, under a temporary name), then reused.
+pub(crate) fn downloaded(url: &str) -> Result<Option<std::path::PathBuf>, String> {
+    let Some(dir) = DOWNLOAD_DIR.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return Ok(None) };
+    let name = url.rsplit('/').next().unwrap_or("input.h5ad");
+    let digest = crate::format::fingerprint::sha256_hex(url.as_bytes());
+    let path = dir.join(format!("{}-{name}", &digest[..12]));
+    if path.is_file() {
+        return Ok(Some(path));
+    }
+    let (store, key) = storage_of(url).map_err(|e| e.to_string())?;
+    let size = match store.size(&key) {
+        Ok(Some(size)) => size,
+        Ok(None) => return Err("no such object".into()),
+        Err(e) => return Err(crate::error_chain(&e)),
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut tmp = crate::storage::temp_file_in(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    const PIECE: u64 = 64 << 20;
+    let mut at = 0;
+    while at < size {
+        let range = at..(at + PIECE).min(size);
+        let bytes = match store.get_ranges(&key, std::slice::from_ref(&range)) {
+            Ok(Some(mut parts)) => parts.remove(0),
+            Ok(None) => return Err("vanished while being downloaded".into()),
+            Err(e) => return Err(crate::error_chain(&e)),
+        };
+        input_stats().record(bytes.len() as u64);
+        std::io::Write::write_all(&mut tmp, &bytes).map_err(|e| format!("{}: {e}", dir.display()))?;
+        at = range.end;
+    }
+    tmp.persist(&path).map_err(|e| format!("{}: {}", path.display(), e.error))?;
+    Ok(Some(path))
+}
+
 /// Requests and bytes fetched for inputs at URLs, by every file of the process.
 pub fn input_stats() -> &'static IoStats {
     static STATS: OnceLock<IoStats> = OnceLock::new();
@@ -95,6 +140,9 @@ pub(crate) fn storage_of(url: &str) -> Result<(Arc<dyn Storage>, String), storag
 /// that reading them one after another does not wait a round trip per
 /// file; failures are left for the opening that needs the file.
 pub fn open_ahead(urls: &[&str]) {
+    if DOWNLOAD_DIR.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+        return; // they are downloaded whole instead
+    }
     let fresh: Vec<String> = {
         let recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
         urls.iter().filter(|u| !recent.iter().any(|(r, _)| r == *u)).map(|u| u.to_string()).collect()

@@ -658,3 +658,29 @@ fn an_input_server_that_fails_mid_read_is_a_clear_error_and_leaves_no_manifest()
     assert!(stderr.contains(&url), "the error names the URL: {stderr}");
     assert!(!t.join("out/manifest.json").exists());
 }
+
+#[test]
+fn download_inputs_fetches_whole_files_first_and_converts_the_same() {
+    let input = example();
+    let dir = Path::new(&input).parent().unwrap().to_str().unwrap().to_string();
+    let Some(http) = Server::start("http", &[&dir]) else { return };
+    let t = TestDir::new();
+    convert_local(&t, "local");
+    let url = format!("{}/pbmc_1k.h5ad", http.url());
+    let args = [&["convert", "-q", "--stats", "--json", "--download-inputs", "--download-dir", "dl"][..], &LAYOUT];
+    let run = t.run(&[&args.concat()[..], &[url.as_str(), "remote"]].concat()).expect_code(0);
+    let size = std::fs::metadata(&input).unwrap().len();
+    assert!(run.stderr().contains("1 inputs at URLs are downloaded whole into dl"), "{}", run.stderr());
+    assert!(run.stderr().contains(&indicatif_bytes(size)), "the disk needed is stated: {}", run.stderr());
+    assert_eq!(input_bytes(&run.stderr()), size, "each input fetched once, whole");
+    let kept: Vec<_> = std::fs::read_dir(t.join("dl")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(std::fs::read(&kept[0]).unwrap(), std::fs::read(&input).unwrap());
+    assert_eq!(dataset_content(&t.join("remote")), dataset_content(&t.join("local")));
+}
+
+/// A size as indicatif's HumanBytes prints it (what the notes use).
+fn indicatif_bytes(n: u64) -> String {
+    let mib = n as f64 / (1u64 << 20) as f64;
+    format!("{mib:.2} MiB")
+}
