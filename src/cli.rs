@@ -164,6 +164,21 @@ pub(crate) struct StoreArgs {
     pub stats: bool,
 }
 
+/// How inputs at URLs are read: by ranges, or downloaded whole first.
+#[derive(Debug, Args, Clone, Default)]
+pub(crate) struct DownloadArgs {
+    /// Download inputs at URLs whole before reading them, into --download-dir
+    /// (default: a temporary folder removed when the command ends), instead
+    /// of reading the byte ranges they need: a fallback for servers that do
+    /// not answer ranged reads. Needs the inputs' size in free disk, which the
+    /// command states first.
+    #[arg(long, help_heading = "Object stores")]
+    pub download_inputs: bool,
+    /// Where --download-inputs puts the inputs (kept there afterwards).
+    #[arg(long, value_name = "DIR", requires = "download_inputs", help_heading = "Object stores")]
+    pub download_dir: Option<PathBuf>,
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct InfoArgs {
     /// The dataset: a local folder, file://, s3://, gs://, http:// or https:// URL.
@@ -285,16 +300,8 @@ pub(crate) struct ConvertArgs {
     /// Add KEY=VALUE to the manifest's metadata (repeatable).
     #[arg(long, value_name = "KEY=VALUE")]
     pub metadata: Vec<String>,
-    /// Download inputs at URLs whole before reading them, into --download-dir
-    /// (default: a temporary folder removed when the command ends), instead
-    /// of reading the byte ranges they need: a fallback for servers that do
-    /// not answer ranged reads. Needs the inputs' size in free disk, which the
-    /// command states first.
-    #[arg(long)]
-    pub download_inputs: bool,
-    /// Where --download-inputs puts the inputs (kept there afterwards).
-    #[arg(long, value_name = "DIR", requires = "download_inputs")]
-    pub download_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub download: DownloadArgs,
     /// No progress bar and no summary line.
     #[arg(long, short)]
     pub quiet: bool,
@@ -323,16 +330,8 @@ pub(crate) struct AppendArgs {
     /// (with the inputs it recorded).
     #[arg(long, conflicts_with_all = ["inputs", "inputs_from", "matrix"])]
     pub resume: bool,
-    /// Download inputs at URLs whole before reading them, into --download-dir
-    /// (default: a temporary folder removed when the command ends), instead
-    /// of reading the byte ranges they need: a fallback for servers that do
-    /// not answer ranged reads. Needs the inputs' size in free disk, which the
-    /// command states first.
-    #[arg(long)]
-    pub download_inputs: bool,
-    /// Where --download-inputs puts the inputs (kept there afterwards).
-    #[arg(long, value_name = "DIR", requires = "download_inputs")]
-    pub download_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub download: DownloadArgs,
     /// Worker threads (default: all cores). The output is the same for any value.
     #[arg(long)]
     pub threads: Option<usize>,
@@ -363,16 +362,8 @@ pub(crate) struct ShardArgs {
     /// N, the number of shards, with --shard-from-env.
     #[arg(long, value_name = "N")]
     pub shards: Option<usize>,
-    /// Download inputs at URLs whole before reading them, into --download-dir
-    /// (default: a temporary folder removed when the command ends), instead
-    /// of reading the byte ranges they need: a fallback for servers that do
-    /// not answer ranged reads. Needs the inputs' size in free disk, which the
-    /// command states first.
-    #[arg(long)]
-    pub download_inputs: bool,
-    /// Where --download-inputs puts the inputs (kept there afterwards).
-    #[arg(long, value_name = "DIR", requires = "download_inputs")]
-    pub download_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub download: DownloadArgs,
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,

@@ -21,7 +21,7 @@ pub(crate) fn run(args: &AppendArgs) -> anyhow::Result<ExitCode> {
         resume(store.clone(), &options, &progress)
     } else {
         let inputs = super::input_paths(&args.inputs, args.inputs_from.as_deref())?;
-        let _downloads = super::download_inputs(args.download_inputs, args.download_dir.as_deref(), &inputs, false)?;
+        let _downloads = super::download_inputs(&args.download, &inputs, false)?;
         if inputs.is_empty() {
             bail!("no input files: give DATASET INPUTS..., DATASET --inputs-from FILE, or --resume DATASET");
         }

@@ -128,7 +128,7 @@ struct Conversion {
 fn conversion(args: &ConvertArgs) -> anyhow::Result<Conversion> {
     super::set_threads(args.threads)?;
     let (inputs, out) = inputs_and_output(args)?;
-    let downloads = super::download_inputs(args.download_inputs, args.download_dir.as_deref(), &inputs, false)?;
+    let downloads = super::download_inputs(&args.download, &inputs, false)?;
     let out_path = match storage::Location::parse(&out)? {
         storage::Location::Http { .. } => {
             bail!("{out}: an HTTP server is read-only; write to a local folder, s3:// or gs://")
@@ -176,7 +176,7 @@ fn plan_append(args: &ConvertArgs, dataset: &str, started: std::time::Instant) -
     super::set_threads(args.threads)?;
     let inputs = super::input_paths(&args.paths, args.inputs_from.as_deref())?;
     let store = super::open_store(dataset, &args.store)?;
-    let _downloads = super::download_inputs(args.download_inputs, args.download_dir.as_deref(), &inputs, false)?;
+    let _downloads = super::download_inputs(&args.download, &inputs, false)?;
     let options = deltacells::convert::AppendOptions { matrix: args.matrix.clone(), ..Default::default() };
     let progress = Bar::new(args.quiet);
     let planned =

@@ -52,15 +52,14 @@ pub(crate) fn input_paths(given: &[String], inputs_from: Option<&str>) -> anyhow
 /// and says how much disk that needs; `urls` are the inputs that may be
 /// read (all of a plan's, for a shard: hence "up to").
 pub(crate) fn download_inputs(
-    enabled: bool,
-    dir: Option<&std::path::Path>,
+    args: &crate::cli::DownloadArgs,
     urls: &[std::path::PathBuf],
     up_to: bool,
 ) -> anyhow::Result<Option<tempfile::TempDir>> {
-    if !enabled {
+    if !args.download_inputs {
         return Ok(None);
     }
-    let (dir, temp) = match dir {
+    let (dir, temp) = match args.download_dir.as_deref() {
         Some(dir) => (dir.to_path_buf(), None),
         None => {
             let temp = tempfile::Builder::new().prefix("deltacells-inputs-").tempdir()?;

@@ -98,7 +98,7 @@ pub(crate) fn run(args: &ShardArgs) -> anyhow::Result<ExitCode> {
     };
     let label = format!("shard {k}/{n}");
     let store = super::open_store(&args.out, &args.store)?;
-    let _downloads = if args.download_inputs {
+    let _downloads = if args.download.download_inputs {
         // The plan's inputs (of a conversion, or of an append to a dataset).
         let plan = [".plan/plan.json", ".append/.plan/plan.json"]
             .iter()
@@ -106,7 +106,7 @@ pub(crate) fn run(args: &ShardArgs) -> anyhow::Result<ExitCode> {
             .and_then(|bytes| serde_json::from_slice::<deltacells::convert::Plan>(&bytes).ok());
         let inputs: Vec<std::path::PathBuf> =
             plan.map(|p| p.inputs.into_iter().map(|i| i.path).collect()).unwrap_or_default();
-        super::download_inputs(true, args.download_dir.as_deref(), &inputs, true)?
+        super::download_inputs(&args.download, &inputs, true)?
     } else {
         None
     };
