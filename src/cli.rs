@@ -172,10 +172,10 @@ pub(crate) struct DownloadArgs {
     /// of reading the byte ranges they need: a fallback for servers that do
     /// not answer ranged reads. Needs the inputs' size in free disk, which the
     /// command states first.
-    #[arg(long, help_heading = "Object stores")]
+    #[arg(long, help_heading = "Inputs at URLs")]
     pub download_inputs: bool,
     /// Where --download-inputs puts the inputs (kept there afterwards).
-    #[arg(long, value_name = "DIR", requires = "download_inputs", help_heading = "Object stores")]
+    #[arg(long, value_name = "DIR", requires = "download_inputs", help_heading = "Inputs at URLs")]
     pub download_dir: Option<PathBuf>,
 }
 
