@@ -99,11 +99,9 @@ pub(crate) fn run(args: &ShardArgs) -> anyhow::Result<ExitCode> {
     let label = format!("shard {k}/{n}");
     let store = super::open_store(&args.out, &args.store)?;
     let _downloads = if args.download.download_inputs {
-        // The plan's inputs (of a conversion, or of an append to a dataset).
-        let plan = [".plan/plan.json", ".append/.plan/plan.json"]
-            .iter()
-            .find_map(|key| store.get(key).ok().flatten())
-            .and_then(|bytes| serde_json::from_slice::<deltacells::convert::Plan>(&bytes).ok());
+        // The plan's inputs (of a conversion, or of an append to a dataset);
+        // without a plan, run_shard says so below.
+        let plan = deltacells::convert::read_planned(store.as_ref()).ok();
         let inputs: Vec<std::path::PathBuf> =
             plan.map(|p| p.inputs.into_iter().map(|i| i.path).collect()).unwrap_or_default();
         super::download_inputs(&args.download, &inputs, true)?

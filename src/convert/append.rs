@@ -64,6 +64,11 @@ struct AppendRecord {
     time: String,
 }
 
+/// The inputs that are files (not the dataset's own last tile).
+fn new_inputs(inputs: &[Input]) -> impl Iterator<Item = &Input> {
+    inputs.iter().filter(|i| i.stored_tile.is_none())
+}
+
 impl AppendRecord {
     /// Whether `inputs` (the same files, by their sizes too) and `matrix`
     /// are this append's.
@@ -75,16 +80,14 @@ impl AppendRecord {
                 std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())
             }
         };
-        let files: Vec<(PathBuf, u64)> =
-            self.inputs.iter().filter(|i| i.stored_tile.is_none()).map(|i| (file(&i.path), i.bytes)).collect();
+        let files: Vec<(PathBuf, u64)> = new_inputs(&self.inputs).map(|i| (file(&i.path), i.bytes)).collect();
         let asked: Vec<(PathBuf, u64)> =
             inputs.iter().map(|p| (file(p), super::input::input_size(p).unwrap_or(0))).collect();
         files == asked && matrix.is_none_or(|m| m == self.matrix)
     }
 
     fn input_list(&self) -> String {
-        let names: Vec<String> =
-            self.inputs.iter().filter(|i| i.stored_tile.is_none()).map(|i| i.path.display().to_string()).collect();
+        let names: Vec<String> = new_inputs(&self.inputs).map(|i| i.path.display().to_string()).collect();
         names.join(", ")
     }
 }
@@ -222,7 +225,7 @@ pub fn append(
     commit(ds.as_ref(), &staged)?;
     clean_up(ds.as_ref())?;
     let a = plan.append.as_ref().expect("an append's plan");
-    let added: u64 = plan.inputs.iter().filter(|i| i.stored_tile.is_none()).map(|i| i.n_rows).sum();
+    let added: u64 = new_inputs(&plan.inputs).map(|i| i.n_rows).sum();
     let cells_before = plan.n_cells - added;
     let tiles_before = cells_before.div_ceil(plan.tile_size) as usize;
     Ok(AppendSummary {
@@ -379,19 +382,25 @@ fn finish(
     started: Instant,
     outcome: &str,
 ) -> anyhow::Result<AppendSummary> {
+    let manifest = commit_staged(ds, staged)?;
+    Ok(summary_of(record, &manifest, outcome, started))
+}
+
+/// Checks the staged manifest, commits and cleans up; the manifest written.
+fn commit_staged(ds: &dyn Storage, staged: &Bytes) -> anyhow::Result<Manifest> {
     let manifest = Manifest::parse_checked(staged)
         .map_err(|e| anyhow::anyhow!("{}: {e}", Within::new(ds, APPEND_PREFIX).location(STAGED_MANIFEST)))?;
     commit(ds, staged)?;
     clean_up(ds)?;
-    Ok(summary_of(record, &manifest, outcome, started))
+    Ok(manifest)
 }
 
 /// What the manifest after `record`'s append says of it.
 fn summary_of(record: &AppendRecord, after: &Manifest, outcome: &str, started: Instant) -> AppendSummary {
-    let added: u64 = record.inputs.iter().filter(|i| i.stored_tile.is_none()).map(|i| i.n_rows).sum();
+    let added: u64 = new_inputs(&record.inputs).map(|i| i.n_rows).sum();
     AppendSummary {
         outcome: outcome.into(),
-        inputs: record.inputs.iter().filter(|i| i.stored_tile.is_none()).map(|i| i.path.clone()).collect(),
+        inputs: new_inputs(&record.inputs).map(|i| i.path.clone()).collect(),
         cells_before: after.n_cells - added,
         cells_added: added,
         n_cells: after.n_cells,
@@ -502,13 +511,7 @@ pub(crate) fn planned_staging(ds: &dyn Storage) -> anyhow::Result<Option<Within<
 /// commit, was interrupted); the manifest written, or None when there is none.
 pub(crate) fn finish_interrupted(ds: &dyn Storage) -> anyhow::Result<Option<Manifest>> {
     match leftover(ds)? {
-        Leftover::Committing(_, staged) | Leftover::Staged(_, staged) => {
-            let manifest = Manifest::parse_checked(&staged)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", Within::new(ds, APPEND_PREFIX).location(STAGED_MANIFEST)))?;
-            commit(ds, &staged)?;
-            clean_up(ds)?;
-            Ok(Some(manifest))
-        }
+        Leftover::Committing(_, staged) | Leftover::Staged(_, staged) => Ok(Some(commit_staged(ds, &staged)?)),
         _ => Ok(None),
     }
 }

@@ -38,7 +38,9 @@ pub use append::{append, plan_append, resume, AppendError, AppendOptions, Append
 pub use gene_order::{GeneOrderError, GivenOrder};
 pub use genes::GeneSet;
 pub use obs_merge::ObsOptions;
-pub use plan::{finalize, plan, plan_totals_shard, run_shard, AppendPlan, Plan, ShardResult, TotalsSummary};
+pub use plan::{
+    finalize, plan, plan_totals_shard, read_planned, run_shard, AppendPlan, Plan, ShardResult, TotalsSummary,
+};
 
 /// Tiles read but not yet written, by default. Each tile's chunks already use
 /// every core; one tile encoding while the next is read keeps memory at two

@@ -454,6 +454,15 @@ pub fn plan(
     Ok(plan)
 }
 
+/// The plan in `out`: of a conversion into it, or of an append to the
+/// dataset in it (`plan --append`).
+pub fn read_planned(out: &dyn Storage) -> anyhow::Result<Plan> {
+    match super::append::planned_staging(out)? {
+        Some(staging) => read_plan(&staging),
+        None => read_plan(out),
+    }
+}
+
 /// Reads the plan of the conversion into `out`.
 pub(crate) fn read_plan(out: &dyn Storage) -> anyhow::Result<Plan> {
     let location = out.location(PLAN_KEY);

@@ -98,12 +98,7 @@ pub(crate) fn downloaded(url: &str) -> Result<Option<std::path::PathBuf>, String
     if path.is_file() {
         return Ok(Some(path));
     }
-    let (store, key) = storage_of(url).map_err(|e| e.to_string())?;
-    let size = match store.size(&key) {
-        Ok(Some(size)) => size,
-        Ok(None) => return Err("no such object".into()),
-        Err(e) => return Err(crate::error_chain(&e)),
-    };
+    let (store, key, size) = sized_object(url)?;
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut tmp = crate::storage::temp_file_in(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     const PIECE: u64 = 64 << 20;
@@ -160,9 +155,14 @@ pub fn open_ahead(urls: &[&str]) {
 
 /// The size of the object at `url`, or why it cannot be had.
 pub(crate) fn object_size(url: &str) -> Result<u64, String> {
+    sized_object(url).map(|(_, _, size)| size)
+}
+
+/// The storage and key of the object at `url`, and its size.
+fn sized_object(url: &str) -> Result<(Arc<dyn Storage>, String, u64), String> {
     let (store, key) = storage_of(url).map_err(|e| e.to_string())?;
     match store.size(&key) {
-        Ok(Some(size)) => Ok(size),
+        Ok(Some(size)) => Ok((store, key, size)),
         Ok(None) => Err("no such object".into()),
         Err(e) => Err(crate::error_chain(&e)),
     }
@@ -226,12 +226,7 @@ impl RangedFile {
     }
 
     fn open_new(url: &str) -> Result<Arc<RangedFile>, String> {
-        let (storage, key) = storage_of(url).map_err(|e| e.to_string())?;
-        let size = match storage.size(&key) {
-            Ok(Some(size)) => size,
-            Ok(None) => return Err("no such object".into()),
-            Err(e) => return Err(crate::error_chain(&e)),
-        };
+        let (storage, key, size) = sized_object(url)?;
         let file = Arc::new(RangedFile {
             storage,
             key,
@@ -654,17 +649,15 @@ unsafe extern "C" fn driver_read(
     if f.is_null() || (buf.is_null() && size > 0) || addr.checked_add(size as u64).is_none() {
         return -1;
     }
-    // SAFETY: `f` is an open DriverFile; its RangedFile lives as long as it.
-    let file = unsafe { &*(*f).file };
     // SAFETY: HDF5 passes a buffer of `size` writable bytes.
     let out = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), size) };
-    // A clone of the Arc the file holds, for the background fetches.
-    // SAFETY: the pointer came from Arc::into_raw and the Arc is alive.
-    let arc = unsafe {
+    // A clone of the Arc the open file holds, for the background fetches.
+    // SAFETY: the pointer came from Arc::into_raw and the file keeps it alive.
+    let file = unsafe {
         Arc::increment_strong_count((*f).file);
         Arc::from_raw((*f).file)
     };
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| arc.read(addr, out)));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| file.read(addr, out)));
     match result {
         Ok(Ok(())) => 0,
         Ok(Err(e)) => {
