@@ -355,7 +355,7 @@ pub fn resume(
             }
         }
         Leftover::Staging(record) => {
-            let inputs: Vec<PathBuf> = record.inputs.iter().map(|i| i.path.clone()).collect();
+            let inputs: Vec<PathBuf> = new_inputs(&record.inputs).map(|i| i.path.clone()).collect();
             let options = AppendOptions { matrix: Some(record.matrix.clone()), ..options.clone() };
             let mut summary = append(ds, &inputs, &options, progress)?;
             summary.outcome = "completed".into();
