@@ -35,6 +35,7 @@ impl ConvertProgress for Bar {
         }
     }
     fn phase(&self, name: &str, total_cells: u64) {
+        super::phase_started(name);
         // A phase of unknown length (scanning) spins instead of showing a full bar at 0/0.
         self.bar.set_style(if total_cells == 0 { spinner_style() } else { bar_style() });
         self.bar.set_length(total_cells);

@@ -109,6 +109,30 @@ pub(crate) fn open_store(dataset: &str, args: &StoreArgs) -> anyhow::Result<Arc<
     Ok(storage::open_with(dataset, &options)?)
 }
 
+/// The phases of the command so far (scanning, gene order, converting), with
+/// the time each began, for `--stats`.
+static PHASES: std::sync::Mutex<Vec<(String, Instant)>> = std::sync::Mutex::new(Vec::new());
+
+/// Notes that the phase `name` begins now.
+pub(crate) fn phase_started(name: &str) {
+    PHASES.lock().unwrap_or_else(|e| e.into_inner()).push((name.to_string(), Instant::now()));
+}
+
+/// Seconds spent in each phase, in order (a phase entered twice counts once
+/// per entry), up to now.
+fn phase_seconds() -> Vec<(String, f64)> {
+    let phases = PHASES.lock().unwrap_or_else(|e| e.into_inner());
+    let now = Instant::now();
+    phases
+        .iter()
+        .enumerate()
+        .map(|(i, (name, began))| {
+            let ended = phases.get(i + 1).map_or(now, |(_, next)| *next);
+            (name.clone(), ended.duration_since(*began).as_secs_f64())
+        })
+        .collect()
+}
+
 /// What `--stats` prints: requests, bytes and seconds of the whole command.
 #[derive(serde::Serialize)]
 struct IoReport {
@@ -120,6 +144,8 @@ struct IoReport {
     input_requests: u64,
     input_bytes: u64,
     seconds: f64,
+    /// Seconds per phase of a conversion, in order.
+    phases: Vec<(String, f64)>,
 }
 
 /// Prints the storage's request count, bytes (read and written) and the elapsed time to stderr
@@ -139,6 +165,7 @@ pub(crate) fn report_stats(store: &dyn Storage, args: &StoreArgs, started: Insta
         input_requests,
         input_bytes,
         seconds: started.elapsed().as_secs_f64(),
+        phases: phase_seconds(),
     };
     if json {
         eprintln!("{}", serde_json::json!({ "io": report }));
@@ -161,5 +188,9 @@ pub(crate) fn report_stats(store: &dyn Storage, args: &StoreArgs, started: Insta
             indicatif::HumanBytes(report.bytes),
             report.seconds
         );
+        if !report.phases.is_empty() {
+            let phases: Vec<String> = report.phases.iter().map(|(name, s)| format!("{name} {s:.2} s")).collect();
+            eprintln!("phases: {}", phases.join(", "));
+        }
     }
 }

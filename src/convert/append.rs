@@ -36,7 +36,7 @@ use serde_json::{json, Map, Value};
 
 use super::obs_merge::{ObsPlan, Restated, StoredObs};
 use super::obs_shards::{ShardRecord, ShardWriter};
-use super::plan::{finalize_in, shard_in, AppendPlan, Plan, PlanObs, PLAN_KEY};
+use super::plan::{finalize_in, shard_in, AppendPlan, Plan, PlanObs, Then, PLAN_KEY};
 use super::{scan_inputs, ConvertProgress, GeneSet, GivenOrder, Input, ObsOptions, StoredTail};
 use crate::dataset::{read_manifest, Dataset};
 use crate::format::{self, fingerprint, Manifest, TileExpectation};
@@ -209,7 +209,7 @@ pub fn append(
     };
     let staging = Within::new(ds.as_ref(), APPEND_PREFIX);
     let run = || -> anyhow::Result<_> {
-        let plan = plan_staged(ds.clone(), inputs, options, time, progress)?;
+        let plan = plan_staged(ds.clone(), inputs, options, time, Then::Tiles, progress)?;
         let shard = shard_in(&staging, ds.as_ref(), 0, 1, options.max_in_flight, progress)?;
         let (_, staged) = finalize_in(&staging, ds.as_ref())?;
         Ok((plan, shard, staged))
@@ -323,7 +323,7 @@ pub fn plan_append(
         Settled::Proceed(time) => time,
         Settled::Done(summary) => return Ok(Planned::Done(summary)),
     };
-    match plan_staged(ds.clone(), inputs, options, time, progress) {
+    match plan_staged(ds.clone(), inputs, options, time, Then::Nothing, progress) {
         Ok(plan) => Ok(Planned::Plan(Box::new(plan))),
         Err(e) => {
             let _ = clean_up(ds.as_ref());
@@ -607,6 +607,7 @@ fn plan_staged(
     inputs: &[PathBuf],
     options: &AppendOptions,
     time: Option<String>,
+    then: Then,
     progress: &dyn ConvertProgress,
 ) -> anyhow::Result<Plan> {
     let root = ds.location("");
@@ -621,7 +622,9 @@ fn plan_staged(
     let Some(var_names) = dataset.var_names()? else {
         bail!("{root}: has no var_names.txt, so the inputs' genes cannot be matched to its columns by name");
     };
-    let (scanned, input_genes) = scan_inputs(inputs, &matrix, GeneSet::Same, progress)?;
+    // An append in one process reads its inputs whole for the tiles.
+    let read_whole: Vec<usize> = if then == Then::Tiles { (0..inputs.len()).collect() } else { Vec::new() };
+    let (scanned, input_genes) = scan_inputs(inputs, &matrix, GeneSet::Same, &read_whole, progress)?;
     GivenOrder::Names { names: var_names, source: format!("{root} (var_names.txt)") }
         .resolve(&input_genes, &scanned[0].path)?;
 
@@ -666,6 +669,7 @@ fn plan_staged(
                 path: ds.location(&format::tile_key(t)).into(),
                 n_rows: manifest.tile_cells[t],
                 bytes: 0,
+                etag: None,
                 stored_tile: Some(t),
             })
             .into_iter()

@@ -31,8 +31,8 @@ pub enum InputError {
     ColumnType { path: PathBuf, table: String, column: String, what: String },
     #[error("{0}")]
     BadCount(Box<BadCount>),
-    #[error("{path}: the file changed since it was planned ({was} bytes then, {now} now); plan again")]
-    Changed { path: PathBuf, was: u64, now: u64 },
+    #[error("{path}: the file changed since it was planned ({was} then, {now} now); plan again", path = path.display())]
+    Changed { path: PathBuf, was: String, now: String },
 }
 
 /// A value that is not a count, with everything needed to find it.
@@ -162,6 +162,10 @@ pub trait InputSource: Send + Sync {
     /// Another matrix of the file whose first rows are counts, for the message
     /// about a matrix that is not (`raw/X holds counts`).
     fn counts_elsewhere(&self) -> Option<String>;
+    /// Says that the whole matrix is going to be read, after the inputs that
+    /// said so before: an input fetched over a network starts fetching it
+    /// ahead of the reads. Nothing for local files.
+    fn will_read_whole(&self) {}
 
     /// The gene names, checked to be one per column.
     fn gene_names(&self) -> Result<Vec<String>, InputError> {
@@ -178,13 +182,27 @@ pub trait InputSource: Send + Sync {
     }
 }
 
-/// The size of an input: a local file's, or an object's at a URL (None when
-/// it cannot be had: opening the input then says why).
+/// The size of an input in bytes (of the object, for a URL), if it can be had.
 pub fn input_size(path: &Path) -> Option<u64> {
+    input_version(path).map(|v| v.size)
+}
+
+/// The size of an input and, for an object at a URL, its entity tag: what a
+/// shard compares with the plan's record to refuse a file that changed.
+pub fn input_version(path: &Path) -> Option<crate::storage::Version> {
     if crate::h5ad::remote::is_url(path) {
-        return crate::h5ad::remote::object_size(&path.to_string_lossy()).ok();
+        return crate::h5ad::remote::object_version(&path.to_string_lossy()).ok();
     }
-    std::fs::metadata(path).map(|m| m.len()).ok()
+    std::fs::metadata(path).map(|m| crate::storage::Version { size: m.len(), etag: None }).ok()
+}
+
+/// How a version reads in a message: `37393704 bytes`, `, ETag "..."` after
+/// it when there is one.
+pub(crate) fn describe_version(version: &crate::storage::Version) -> String {
+    match &version.etag {
+        Some(tag) => format!("{} bytes, ETag {tag}", version.size),
+        None => format!("{} bytes", version.size),
+    }
 }
 
 /// Opens `path` (a local file, or an s3://, gs:// or http(s):// URL, read by

@@ -143,6 +143,11 @@ pub struct Input {
     pub n_rows: u64,
     /// The file's size when it was scanned: a shard refuses a file that changed.
     pub bytes: u64,
+    /// The entity tag of an object at a URL when it was scanned, if its
+    /// store gives one: a shard refuses an object replaced by one of the
+    /// same size, too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
     /// Not a file: the cells of this tile of the dataset being appended to,
     /// read back (its last tile, which the append rewrites); `path` names it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -260,7 +265,7 @@ pub fn convert(
     progress: &dyn ConvertProgress,
 ) -> anyhow::Result<ConvertSummary> {
     let started = Instant::now();
-    plan::plan(inputs, out, options, progress)?;
+    plan::plan_then(inputs, out, options, plan::Then::Tiles, progress)?;
     let done = plan::run_shard(out, 0, 1, options.max_in_flight, progress).and_then(|_| plan::finalize(out));
     match done {
         Ok(mut summary) => {
@@ -291,11 +296,14 @@ fn is_dataset_key(key: &str) -> bool {
 }
 
 /// Opens every input: the matrix's shape, its tables' lengths, and its genes,
-/// from which the source genes are chosen as `genes` says.
+/// from which the source genes are chosen as `genes` says. The inputs
+/// `read_whole` (indices) are going to be read whole next: those at URLs
+/// start being fetched as soon as each is scanned.
 pub(crate) fn scan_inputs(
     inputs: &[PathBuf],
     matrix: &str,
     genes: GeneSet,
+    read_whole: &[usize],
     progress: &dyn ConvertProgress,
 ) -> anyhow::Result<(Vec<Input>, Vec<String>)> {
     progress.phase("scanning", 0);
@@ -305,9 +313,12 @@ pub(crate) fn scan_inputs(
     }
     let mut scanned = Vec::with_capacity(inputs.len());
     let mut source_genes: Option<genes::SourceGenes> = None;
-    for path in inputs {
+    for (i, path) in inputs.iter().enumerate() {
         progress.file(path);
         let source = input::open(path, matrix)?;
+        if read_whole.contains(&i) {
+            source.will_read_whole();
+        }
         let names = source.gene_names()?;
         // One row per cell in obs, one per gene in var, as anndata requires.
         if let Some(obs) = source.obs()? {
@@ -318,8 +329,14 @@ pub(crate) fn scan_inputs(
             None => source_genes = Some(genes::SourceGenes::new(genes, path, names)),
             Some(s) => s.add(path, &names)?,
         }
-        let bytes = input::input_size(path).unwrap_or(0);
-        scanned.push(Input { path: path.clone(), n_rows: source.n_rows(), bytes, stored_tile: None });
+        let version = input::input_version(path);
+        scanned.push(Input {
+            path: path.clone(),
+            n_rows: source.n_rows(),
+            bytes: version.as_ref().map_or(0, |v| v.size),
+            etag: version.and_then(|v| v.etag),
+            stored_tile: None,
+        });
     }
     let source_genes = source_genes.expect("at least one input");
     match source_genes.aligned.as_slice() {
@@ -362,6 +379,7 @@ pub(crate) fn gene_totals(
         let input = &scanned[i];
         progress.file(&input.path);
         let source = input::open(&input.path, matrix)?;
+        source.will_read_whole();
         // The input's column -> source gene (None: the same by position).
         let map = genes::column_map(source.path(), &source.gene_names()?, source_genes)?;
         // Reading (this thread) overlaps checking and summing the block read
@@ -564,12 +582,24 @@ pub(crate) fn write_tiles(
                     continue;
                 }
                 // (a file that cannot be read at all fails in open, below)
-                if let Some(now) = input::input_size(&input.path) {
-                    if now != input.bytes {
-                        return Err(InputError::Changed { path: input.path.clone(), was: input.bytes, now }.into());
+                if let Some(now) = input::input_version(&input.path) {
+                    let was = crate::storage::Version { size: input.bytes, etag: input.etag.clone() };
+                    // (tags are compared when both sides have one: a plan
+                    // made before they were recorded has none)
+                    let retagged = matches!((&was.etag, &now.etag), (Some(a), Some(b)) if a != b);
+                    if now.size != was.size || retagged {
+                        return Err(InputError::Changed {
+                            path: input.path.clone(),
+                            was: input::describe_version(&was),
+                            now: input::describe_version(&now),
+                        }
+                        .into());
                     }
                 }
                 let source = input::open(&input.path, matrix)?;
+                if rows.start == 0 && rows.end == input.n_rows {
+                    source.will_read_whole();
+                }
                 let input_remap = match input_remap(source.as_ref(), source_genes, remap)? {
                     Some(r) => std::sync::Arc::new(r),
                     None => shared_remap.clone(),

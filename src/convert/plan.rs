@@ -117,13 +117,13 @@ pub fn plan_totals_shard(
     if inputs.is_empty() {
         bail!("no input files");
     }
-    let (scanned, var_names) = scan_inputs(inputs, &options.matrix, options.genes, progress)?;
+    let sampled = sampled_inputs(inputs.len(), options.gene_order_files);
+    let mine: Vec<usize> = sampled[totals_share(sampled.len(), k, n)].to_vec();
+    let (scanned, var_names) = scan_inputs(inputs, &options.matrix, options.genes, &mine, progress)?;
     let keys = out.list("").with_context(|| format!("cannot list the output {}", out.location("")))?;
     if keys.iter().any(|key| !key.starts_with(TOTALS_PREFIX)) {
         return Err(super::ConvertError::NotEmpty { location: out.location("") }.into());
     }
-    let sampled = sampled_inputs(scanned.len(), options.gene_order_files);
-    let mine: Vec<usize> = sampled[totals_share(sampled.len(), k, n)].to_vec();
     let totals = gene_totals(&scanned, &mine, &options.matrix, &var_names, progress)?;
     let record = TotalsShard {
         format: TOTALS_FORMAT.into(),
@@ -144,6 +144,12 @@ pub fn plan_totals_shard(
         cells: record.cells,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Whether `out` holds gene totals of `plan --totals-shard` (checked by
+/// [`stored_totals`] once the inputs are scanned).
+fn has_stored_totals(out: &dyn Storage) -> bool {
+    out.list(TOTALS_PREFIX).is_ok_and(|keys| !keys.is_empty())
 }
 
 /// The gene totals `plan --totals-shard` stored in `out`, summed, when there
@@ -330,13 +336,45 @@ pub fn plan(
     options: &ConvertOptions,
     progress: &dyn ConvertProgress,
 ) -> anyhow::Result<Plan> {
+    plan_then(inputs, out, options, Then::Nothing, progress)
+}
+
+/// What the process does after a plan: the inputs it reads whole, fetched
+/// ahead while they are scanned when they are at URLs.
+#[derive(Clone, Copy, PartialEq)]
+pub(crate) enum Then {
+    /// Nothing: the shards run elsewhere (the plan reads the sampled inputs).
+    Nothing,
+    /// Every tile, here (convert reads every input whole).
+    Tiles,
+}
+
+/// [`plan`], with what follows it.
+pub(crate) fn plan_then(
+    inputs: &[PathBuf],
+    out: &dyn Storage,
+    options: &ConvertOptions,
+    then: Then,
+    progress: &dyn ConvertProgress,
+) -> anyhow::Result<Plan> {
     if inputs.is_empty() {
         bail!("no input files");
     }
     if options.write.tile_size == 0 {
         bail!("the tile size must be at least 1");
     }
-    let (scanned, var_names) = scan_inputs(inputs, &options.matrix, options.genes, progress)?;
+    // The sampled inputs' X is read for the gene totals (unless they were
+    // summed by plan --totals-shard), and every input's for the tiles.
+    let mut read_whole = match options.gene_order {
+        Some(_) => Vec::new(),
+        None if has_stored_totals(out) => Vec::new(),
+        None => sampled_inputs(inputs.len(), options.gene_order_files),
+    };
+    if then == Then::Tiles {
+        let rest: Vec<usize> = (0..inputs.len()).filter(|i| !read_whole.contains(i)).collect();
+        read_whole.extend(rest);
+    }
+    let (scanned, var_names) = scan_inputs(inputs, &options.matrix, options.genes, &read_whole, progress)?;
     let n_genes = var_names.len() as u64;
     if n_genes == 0 || n_genes > MAX_GENES {
         bail!("{}: {} has {n_genes} genes; a dataset needs 1..2^31", inputs[0].display(), options.matrix);
@@ -863,7 +901,7 @@ mod tests {
             version: 1,
             id: String::new(),
             matrix: "X".into(),
-            inputs: vec![Input { path: "a.h5ad".into(), n_rows: n_cells, bytes: 0, stored_tile: None }],
+            inputs: vec![Input { path: "a.h5ad".into(), n_rows: n_cells, bytes: 0, etag: None, stored_tile: None }],
             n_cells,
             n_genes: 10,
             tile_size,

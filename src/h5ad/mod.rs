@@ -110,6 +110,11 @@ impl H5adFile {
         &self.path
     }
 
+    /// The object read by ranges, for a file at a URL.
+    pub(crate) fn ranged(&self) -> Option<&std::sync::Arc<remote::RangedFile>> {
+        self.ranged.as_ref()
+    }
+
     pub fn file(&self) -> &hdf5::File {
         &self.file
     }
@@ -406,6 +411,21 @@ impl MatrixReader {
 
     pub fn layout(&self) -> Layout {
         self.layout
+    }
+
+    /// The HDF5 paths of the matrix's arrays (data, indices, indptr; or the
+    /// dense array).
+    pub(crate) fn array_paths(&self) -> Vec<String> {
+        match self.layout {
+            Layout::Dense => vec![self.name.clone()],
+            _ => ["data", "indices", "indptr"].iter().map(|part| format!("{}/{part}", self.name)).collect(),
+        }
+    }
+
+    /// The bytes of the matrix's arrays as stored uncompressed (their
+    /// elements times their sizes).
+    pub fn stored_bytes(&self) -> u64 {
+        self.datasets.iter().map(|ds| ds.size() as u64 * ds.dtype().map_or(0, |t| t.size() as u64)).sum()
     }
 
     pub fn n_rows(&self) -> u64 {

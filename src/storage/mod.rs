@@ -71,12 +71,25 @@ impl IoStats {
     }
 }
 
+/// One version of an object: its size, and the entity tag the store gives
+/// it (an object replaced by one of the same size has another).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Version {
+    pub size: u64,
+    pub etag: Option<String>,
+}
+
 /// A dataset root: local folder or object-store prefix.
 pub trait Storage: Send + Sync {
     /// Where `key` is, in the user's terms, for messages.
     fn location(&self, key: &str) -> String;
     /// The size of `key`, or `None` if it does not exist.
     fn size(&self, key: &str) -> Result<Option<u64>, StorageError>;
+    /// The size and entity tag of `key`, or `None` if it does not exist (a
+    /// store without tags gives the size alone).
+    fn version(&self, key: &str) -> Result<Option<Version>, StorageError> {
+        Ok(self.size(key)?.map(|size| Version { size, etag: None }))
+    }
     /// The whole of `key`, or `None` if it does not exist.
     fn get(&self, key: &str) -> Result<Option<Bytes>, StorageError>;
     /// Several byte ranges of `key`, in the order asked.
@@ -150,6 +163,9 @@ impl Storage for Within<'_> {
     }
     fn size(&self, key: &str) -> Result<Option<u64>, StorageError> {
         self.inner.size(&self.key(key))
+    }
+    fn version(&self, key: &str) -> Result<Option<Version>, StorageError> {
+        self.inner.version(&self.key(key))
     }
     fn get(&self, key: &str) -> Result<Option<Bytes>, StorageError> {
         self.inner.get(&self.key(key))

@@ -165,11 +165,15 @@ impl Storage for ObjectStorage {
     }
 
     fn size(&self, key: &str) -> Result<Option<u64>, StorageError> {
+        Ok(self.version(key)?.map(|v| v.size))
+    }
+
+    fn version(&self, key: &str) -> Result<Option<super::Version>, StorageError> {
         let path = self.path(key);
         let result = runtime().block_on(self.store.head(&path));
         self.stats.record(0);
         match result {
-            Ok(meta) => Ok(Some(meta.size)),
+            Ok(meta) => Ok(Some(super::Version { size: meta.size, etag: meta.e_tag })),
             Err(e) if is_not_found(&e) => Ok(None),
             Err(e) => Err(self.err(key, e)),
         }

@@ -684,3 +684,80 @@ fn indicatif_bytes(n: u64) -> String {
     let mib = n as f64 / (1u64 << 20) as f64;
     format!("{mib:.2} MiB")
 }
+
+#[test]
+fn an_input_replaced_by_one_of_the_same_size_is_refused_by_its_etag() {
+    let Some(s3) = Server::start("s3", &[]) else { return };
+    let t = TestDir::new();
+    let endpoint = s3.url();
+    let bucket = s3_storage(&endpoint, "inputs");
+    let original = std::fs::read(example()).unwrap();
+    bucket.put("pbmc_1k.h5ad", Bytes::from(original.clone())).unwrap();
+    let url = "s3://test/inputs/pbmc_1k.h5ad";
+    let plan = |out: &str| {
+        t.run_env(&[&["plan", "-q", "--endpoint", &endpoint][..], &LAYOUT, &[url, out]].concat(), &S3_ENV)
+            .expect_code(0);
+    };
+    plan("planned");
+    let recorded: deltacells::convert::Plan =
+        serde_json::from_slice(&std::fs::read(t.join("planned/.plan/plan.json")).unwrap()).unwrap();
+    assert!(recorded.inputs[0].etag.is_some(), "the plan records the object's ETag");
+    // The same bytes again: the same tag, and the shard runs.
+    bucket.put("pbmc_1k.h5ad", Bytes::from(original.clone())).unwrap();
+    let shard = ["shard", "-q", "planned", "--shard", "0/1", "--endpoint", &endpoint];
+    t.run_env(&shard, &S3_ENV).expect_code(0);
+    // One byte of the last one changed: the same size, another tag.
+    plan("again");
+    let mut changed = original.clone();
+    *changed.last_mut().unwrap() ^= 1;
+    bucket.put("pbmc_1k.h5ad", Bytes::from(changed)).unwrap();
+    let run = t.run_env(&["shard", "-q", "again", "--shard", "0/1", "--endpoint", &endpoint], &S3_ENV).expect_code(2);
+    let stderr = run.stderr();
+    assert!(stderr.contains(&format!("{url}: the file changed since it was planned")), "{stderr}");
+    assert!(stderr.contains("ETag"), "the message says what differs: {stderr}");
+    assert!(!t.join("again/manifest.json").exists());
+}
+
+#[test]
+fn gs_inputs_convert_as_the_local_file() {
+    let t = TestDir::new();
+    convert_local(&t, "local");
+    let dir = t.join("inputs");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(example(), dir.join("pbmc_1k.h5ad")).unwrap();
+    // fake-gcs-server, given the folder at its start (uploaded as inputs/...)
+    let Some(gcs) = Server::start("fake-gcs", &[dir.to_str().unwrap()]) else { return };
+    let endpoint = gcs.url();
+    let args = [&["convert", "-q", "--stats", "--json", "--endpoint", &endpoint, "--anonymous"][..], &LAYOUT];
+    let run = t.run(&[&args.concat()[..], &["gs://test/inputs/pbmc_1k.h5ad", "from_gs"]].concat()).expect_code(0);
+    assert_eq!(dataset_content(&t.join("from_gs")), dataset_content(&t.join("local")));
+    let size = std::fs::metadata(example()).unwrap().len();
+    assert_eq!(input_bytes(&run.stderr()), size, "the file is fetched once");
+}
+
+#[test]
+fn a_slow_store_serves_every_input_byte_once_and_the_same_dataset() {
+    let Some((ctrl, stim)) = crate::util::pbmc() else { return };
+    let dir = ctrl.parent().unwrap().to_str().unwrap().to_string();
+    // 20 ms before each answer, 200 MB/s shared by all of them.
+    let Some(http) = Server::start("http", &[&dir, "--latency-ms", "20", "--mbps", "200"]) else { return };
+    let t = TestDir::new();
+    let layout = ["--tile-size", "3000", "--level", "1", "--threads", "2"];
+    let local = [ctrl.to_str().unwrap(), stim.to_str().unwrap()];
+    t.run(&[&["convert", "-q"][..], &layout, &local, &["local"]].concat()).expect_code(0);
+    let urls = [format!("{}/pbmc_ctrl.h5ad", http.url()), format!("{}/pbmc_stim.h5ad", http.url())];
+    let args = [&["convert", "-q", "--stats", "--json"][..], &layout, &[urls[0].as_str(), urls[1].as_str(), "remote"]];
+    let run = t.run(&args.concat()).expect_code(0);
+    assert_eq!(dataset_content(&t.join("remote")), dataset_content(&t.join("local")));
+    // Both files are read whole twice (gene totals, then tiles) and fetched
+    // once: ahead of the reads, in pieces, none of them twice.
+    let total: u64 = [&ctrl, &stim].iter().map(|f| std::fs::metadata(f).unwrap().len()).sum();
+    assert_eq!(input_bytes(&run.stderr()), total);
+    let line = run.stderr().lines().rev().find(|l| l.starts_with("{\"io\"")).unwrap().to_string();
+    let io: Value = serde_json::from_str(&line).unwrap();
+    let requests = io["io"]["input_requests"].as_u64().unwrap();
+    // 2 MiB pieces, and a few reads of HDF5 metadata per file besides.
+    assert!(requests <= total / (2 << 20) + 40, "{requests} requests for {total} bytes");
+    let phases = io["io"]["phases"].as_array().unwrap();
+    assert!(phases.iter().any(|p| p[0] == "gene order"), "--stats gives the phases: {line}");
+}

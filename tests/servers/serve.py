@@ -214,6 +214,9 @@ def main():
         RangeHandler.latency = args.latency_ms / 1000.0
         RangeHandler.bytes_per_second = args.mbps * 1e6
         handler = lambda *a, **k: RangeHandler(*a, directory=args.root, **k)  # noqa: E731
+        # A store takes many connections at once: socketserver's backlog of 5
+        # drops the others' SYNs, which the client resends after a second.
+        http.server.ThreadingHTTPServer.request_queue_size = 128
         server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
     print(f"PORT {port}", flush=True)
