@@ -62,6 +62,10 @@ struct AppendRecord {
     matrix: String,
     /// When the append began (RFC 3339), as the manifest records it.
     time: String,
+    /// Planned for shards (`plan --append`): other processes write its
+    /// staging until its finalize.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    sharded: bool,
 }
 
 /// The inputs that are files (not the dataset's own last tile).
@@ -199,6 +203,17 @@ pub fn append(
     options: &AppendOptions,
     progress: &dyn ConvertProgress,
 ) -> anyhow::Result<AppendSummary> {
+    let _lock = lock(ds.as_ref())?;
+    append_locked(ds, inputs, options, progress)
+}
+
+/// [`append`], with the dataset's lock held.
+fn append_locked(
+    ds: Arc<dyn Storage>,
+    inputs: &[PathBuf],
+    options: &AppendOptions,
+    progress: &dyn ConvertProgress,
+) -> anyhow::Result<AppendSummary> {
     let started = Instant::now();
     if inputs.is_empty() {
         bail!("no input files");
@@ -281,6 +296,10 @@ fn settle(
             clean_up(ds)?;
             Settled::Proceed(Some(record.time))
         }
+        // Its shards may be running on other machines now.
+        Leftover::Staging(record) | Leftover::Staged(record, _) if record.sharded => {
+            return Err(AppendError::Planned { location: ds.location(""), inputs: record.input_list() }.into());
+        }
         Leftover::Staging(record) | Leftover::Staged(record, _) => {
             progress.note(&format!(
                 "discarding the unfinished append of {} (the dataset is as it was before it)",
@@ -319,6 +338,7 @@ pub fn plan_append(
     if inputs.is_empty() {
         bail!("no input files");
     }
+    let _lock = lock(ds.as_ref())?;
     let time = match settle(ds.as_ref(), inputs, options.matrix.as_deref(), progress, started)? {
         Settled::Proceed(time) => time,
         Settled::Done(summary) => return Ok(Planned::Done(summary)),
@@ -341,6 +361,7 @@ pub fn resume(
     progress: &dyn ConvertProgress,
 ) -> anyhow::Result<AppendSummary> {
     let started = Instant::now();
+    let _lock = lock(ds.as_ref())?;
     match leftover(ds.as_ref())? {
         Leftover::Clean => bail!("{}: no interrupted append to resume (no {RECORD_KEY})", ds.location("")),
         Leftover::Committing(record, staged) | Leftover::Staged(record, staged) => {
@@ -357,16 +378,36 @@ pub fn resume(
         Leftover::Staging(record) => {
             let inputs: Vec<PathBuf> = new_inputs(&record.inputs).map(|i| i.path.clone()).collect();
             let options = AppendOptions { matrix: Some(record.matrix.clone()), ..options.clone() };
-            let mut summary = append(ds, &inputs, &options, progress)?;
+            let mut summary = append_locked(ds, &inputs, &options, progress)?;
             summary.outcome = "completed".into();
             Ok(summary)
         }
     }
 }
 
+/// Takes the dataset's lock for an append, a resume or a finalize, so that
+/// two of them never change one dataset at once (a local folder's; a bucket
+/// has none, see [`Storage::try_lock_root`]).
+pub(crate) fn lock(ds: &dyn Storage) -> anyhow::Result<crate::storage::RootLock> {
+    match ds.try_lock_root()? {
+        crate::storage::RootLock::Busy => Err(AppendError::Busy { location: ds.location("") }.into()),
+        lock => Ok(lock),
+    }
+}
+
 /// Why an append cannot go on.
 #[derive(Debug, thiserror::Error)]
 pub enum AppendError {
+    #[error(
+        "{location}: another append, append --resume or finalize is running on this dataset (it holds the folder's lock); \
+         run this again once it has ended"
+    )]
+    Busy { location: String },
+    #[error(
+        "{location}: a planned append of {inputs} is under way (plan --append; its shards write into .append/): \
+         run `deltacells finalize` on the dataset once they are done, or remove its .append folder to discard it"
+    )]
+    Planned { location: String, inputs: String },
     #[error(
         "{location}: incomplete dataset: an append of {inputs} into it was interrupted while it replaced files; \
          it must be completed first"
@@ -677,6 +718,7 @@ fn plan_staged(
             .collect(),
         matrix: matrix.clone(),
         time: time.unwrap_or_else(now),
+        sharded: then == Then::Nothing,
     };
     let mut text = serde_json::to_vec_pretty(&record)?;
     text.push(b'\n');

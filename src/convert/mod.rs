@@ -217,6 +217,8 @@ pub(crate) fn prepare_output(out: &dyn Storage, overwrite: bool) -> anyhow::Resu
         }
         return Err(ConvertError::NotEmpty { location: out.location("") }.into());
     }
+    // Not while an append or finalize changes it.
+    let _lock = append::lock(out)?;
     out.delete(format::MANIFEST_KEY)?;
     for key in keys.iter().filter(|k| is_dataset_key(k)) {
         out.delete(key)?;

@@ -713,6 +713,7 @@ fn check_result(out: &dyn Storage, plan: &Plan, key: &str, k: usize, n: usize) -
 /// finalize that was interrupted then completes when run again.
 pub fn finalize(out: &dyn Storage) -> anyhow::Result<ConvertSummary> {
     let started = std::time::Instant::now();
+    let _lock = super::append::lock(out)?;
     if let Some(manifest) = super::append::finish_interrupted(out)? {
         return Ok(summary_of_manifest(&manifest, 0, started));
     }

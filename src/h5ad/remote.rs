@@ -506,9 +506,11 @@ impl RangedFile {
         if ahead.is_empty() {
             return;
         }
-        cache.pending.extend(&ahead);
         let file = self.clone();
-        std::thread::spawn(move || {
+        let blocks = ahead.clone();
+        // The blocks are marked as on their way only once a thread fetches
+        // them (this file's lock, held here, keeps it from finishing first).
+        let started = std::thread::Builder::new().spawn(move || {
             let fetched = file.fetch(&ahead);
             let mut cache = file.cache.lock().unwrap_or_else(|e| e.into_inner());
             match fetched {
@@ -523,6 +525,9 @@ impl RangedFile {
             }
             file.arrived.notify_all();
         });
+        if started.is_ok() {
+            cache.pending.extend(&blocks);
+        }
     }
 }
 
@@ -604,11 +609,8 @@ pub(crate) fn prefetch_whole(file: &Arc<RangedFile>, starts: &[u64]) {
     let mut p = PREFETCH.lock().unwrap_or_else(|e| e.into_inner());
     p.queue.push_back((file.clone(), regions));
     if !p.started {
-        p.started = true;
-        std::thread::Builder::new()
-            .name("deltacells-prefetch".into())
-            .spawn(prefetcher)
-            .expect("cannot start the prefetch thread");
+        // Without the thread (none could be started), the reads fetch alone.
+        p.started = std::thread::Builder::new().name("deltacells-prefetch".into()).spawn(prefetcher).is_ok();
     }
     PREFETCH_CHANGED.notify_all();
 }
@@ -623,7 +625,11 @@ fn prefetcher() {
         let room = p.in_flight < PIECES_IN_FLIGHT
             && UNREAD.load(Relaxed) + piece <= ahead_limit()
             && WAITING.load(Relaxed) == 0;
-        if p.queue.is_empty() || !room {
+        if p.queue.is_empty() {
+            p = PREFETCH_CHANGED.wait(p).unwrap_or_else(|e| e.into_inner());
+            continue;
+        }
+        if !room {
             // Reads free room without a signal: look again shortly.
             p = PREFETCH_CHANGED
                 .wait_timeout(p, std::time::Duration::from_millis(5))
@@ -660,7 +666,8 @@ fn prefetcher() {
         }
         p.in_flight += 1;
         drop(p);
-        std::thread::spawn(move || {
+        let (unfetched, unstarted) = (file.clone(), blocks.clone());
+        let started = std::thread::Builder::new().spawn(move || {
             let fetched = file.fetch(&blocks);
             let mut cache = file.cache.lock().unwrap_or_else(|e| e.into_inner());
             let failed = match fetched {
@@ -689,6 +696,20 @@ fn prefetcher() {
             }
             PREFETCH_CHANGED.notify_all();
         });
+        if started.is_err() {
+            // No thread to fetch them: the reads will.
+            let mut cache = unfetched.cache.lock().unwrap_or_else(|e| e.into_inner());
+            for b in &unstarted {
+                cache.pending.remove(b);
+            }
+            drop(cache);
+            unfetched.arrived.notify_all();
+            let mut p = PREFETCH.lock().unwrap_or_else(|e| e.into_inner());
+            p.in_flight -= 1;
+            p.queue.clear();
+            p.started = false; // the next file tries again
+            return;
+        }
         p = PREFETCH.lock().unwrap_or_else(|e| e.into_inner());
     }
 }

@@ -69,6 +69,17 @@ impl Storage for LocalStorage {
         self.path(key).display().to_string()
     }
 
+    fn try_lock_root(&self) -> Result<super::RootLock, StorageError> {
+        let Ok(folder) = std::fs::File::open(&self.root) else {
+            return Ok(super::RootLock::Unsupported); // not there (yet), or not a folder one can open
+        };
+        match folder.try_lock() {
+            Ok(()) => Ok(super::RootLock::Held(folder)),
+            Err(std::fs::TryLockError::WouldBlock) => Ok(super::RootLock::Busy),
+            Err(std::fs::TryLockError::Error(_)) => Ok(super::RootLock::Unsupported),
+        }
+    }
+
     fn size(&self, key: &str) -> Result<Option<u64>, StorageError> {
         let meta = missing_is_none(std::fs::metadata(self.path(key))).map_err(|e| self.io_err(key, e))?;
         Ok(meta.filter(|m| m.is_file()).map(|m| m.len()))

@@ -79,8 +79,26 @@ pub struct Version {
     pub etag: Option<String>,
 }
 
+/// What [`Storage::try_lock_root`] got.
+pub enum RootLock {
+    /// The lock, held until this is dropped (or the process ends, however it ends).
+    Held(std::fs::File),
+    /// Another process holds it.
+    Busy,
+    /// This storage has no such lock (an object store, or a file system
+    /// without locks).
+    Unsupported,
+}
+
 /// A dataset root: local folder or object-store prefix.
 pub trait Storage: Send + Sync {
+    /// Takes the root's exclusive lock if it is free, for a writer that
+    /// changes a finished dataset in place (append, finalize). A local folder
+    /// has one: an OS lock on the folder itself, which the system releases
+    /// when the process ends, killed or not.
+    fn try_lock_root(&self) -> Result<RootLock, StorageError> {
+        Ok(RootLock::Unsupported)
+    }
     /// Where `key` is, in the user's terms, for messages.
     fn location(&self, key: &str) -> String;
     /// The size of `key`, or `None` if it does not exist.

@@ -450,6 +450,13 @@ fn a_planned_append_in_shards_equals_one_append() {
         let outside: Vec<_> = files(&t.join(&ds)).into_iter().filter(|(k, _)| !k.starts_with(".append/")).collect();
         assert_eq!(outside, before);
         t.run(&["verify", "-q", &ds]).expect_code(0);
+        // Another append while the shards may be running is refused (it
+        // would discard their staging), and the plan stays.
+        let staged = files(&t.join(&ds));
+        let run = t.run_env(&["append", "-q", &ds, "a.h5ad"], &EPOCH).expect_code(2);
+        assert!(run.stderr().contains("a planned append of"), "{}", run.stderr());
+        assert!(run.stderr().contains("b.h5ad"), "it names the planned inputs: {}", run.stderr());
+        assert_eq!(files(&t.join(&ds)), staged);
         for k in (0..n).rev() {
             t.run(&["shard", "-q", &ds, "--shard", &format!("{k}/{n}")]).expect_code(0);
         }
@@ -467,4 +474,47 @@ fn a_planned_append_in_shards_equals_one_append() {
     std::fs::write(t.join("changed/manifest.json"), text.replace("\"deltacells ", "\"deltacells  ")).unwrap();
     let run = t.run(&["shard", "-q", "changed", "--shard", "0/1"]).expect_code(2);
     assert!(run.stderr().contains("the dataset changed since the append was planned"), "{}", run.stderr());
+}
+
+#[test]
+fn a_second_writer_while_an_append_runs_is_refused_and_changes_nothing() {
+    let t = TestDir::new();
+    slow_input(&t.join("a.h5ad"), 2370, 1);
+    slow_input(&t.join("b.h5ad"), 2400, 2);
+    t.run(&[&["convert", "-q"][..], &SLOW, &["--level", "19", "a.h5ad", "ds"]].concat()).expect_code(0);
+    let ds = t.join("ds");
+    let reference = t.join("reference");
+    std::fs::create_dir_all(&reference).unwrap();
+    for (name, bytes) in files(&ds) {
+        std::fs::create_dir_all(reference.join(&name).parent().unwrap()).unwrap();
+        std::fs::write(reference.join(&name), bytes).unwrap();
+    }
+    assert!(append_cmd(&reference, &t.join("b.h5ad")).status().unwrap().success());
+    let expected = files(&reference);
+
+    let mut first = append_cmd(&ds, &t.join("b.h5ad")).spawn().unwrap();
+    let started = Instant::now();
+    while !ds.join(".append/append.json").exists() {
+        assert!(first.try_wait().unwrap().is_none(), "the first append ended before it was seen staging");
+        assert!(started.elapsed() < Duration::from_secs(60), "the first append never began staging");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Another append (of other inputs, whose settling would discard the
+    // first one's staging), a resume, a finalize and a convert --overwrite:
+    // each is refused at once, naming the dataset.
+    let others: [&[&str]; 4] = [
+        &["append", "-q", s(&ds), "a.h5ad"],
+        &["append", "-q", "--resume", s(&ds)],
+        &["finalize", "-q", s(&ds)],
+        &["convert", "-q", "--overwrite", "a.h5ad", s(&ds)],
+    ];
+    for args in others {
+        let run = t.run_env(args, &EPOCH).expect_code(2);
+        assert!(run.stderr().contains(&format!("{}: another append", ds.display())), "{args:?}: {}", run.stderr());
+    }
+    assert!(first.try_wait().unwrap().is_none(), "the first append was still running while the others were refused");
+    assert!(first.wait().unwrap().success());
+    assert_eq!(files(&ds), expected, "the first append's result, untouched by the others");
+    // Once it has ended, the dataset is free again.
+    t.run_env(&["append", "-q", s(&ds), "a.h5ad"], &EPOCH).expect_code(0);
 }
