@@ -681,7 +681,22 @@ fn plan_staged(
             };
             Some(ObsPlan::extend(&stored_obs, &paths, &matrix, &recorded.obs)?)
         }
-        None => None,
+        None => {
+            // Said, not silently dropped: a convert of these inputs would store them.
+            let mut with_obs = Vec::new();
+            for input in &scanned {
+                if super::input::open(&input.path, &matrix)?.obs()?.is_some() {
+                    with_obs.push(input.path.display().to_string());
+                }
+            }
+            if !with_obs.is_empty() {
+                progress.note(&format!(
+                    "{root} stores no obs (it was converted without it), so the obs of {} are not stored",
+                    with_obs.join(", ")
+                ));
+            }
+            None
+        }
     };
     let restated = obs.as_ref().map(|(_, r)| r.clone()).unwrap_or_default();
     for r in &restated {

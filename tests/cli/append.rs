@@ -518,3 +518,24 @@ fn a_second_writer_while_an_append_runs_is_refused_and_changes_nothing() {
     // Once it has ended, the dataset is free again.
     t.run_env(&["append", "-q", s(&ds), "a.h5ad"], &EPOCH).expect_code(0);
 }
+
+#[test]
+fn an_append_to_a_dataset_without_obs_says_the_inputs_obs_are_not_stored() {
+    let t = TestDir::new();
+    let genes = h5::genes(30);
+    input(&t.join("a.h5ad"), 23, 1, &genes, &["T".to_string()], Score::Int8);
+    input(&t.join("b.h5ad"), 17, 2, &genes, &["B".to_string()], Score::Int8);
+    let args = [&["convert", "-q", "--no-obs"][..], &LAYOUT, &["a.h5ad", "ds"]].concat();
+    t.run_env(&args, &EPOCH).expect_code(0);
+    let run = t.run_env(&["append", "ds", "b.h5ad"], &EPOCH).expect_code(0);
+    assert!(
+        run.stderr().contains("stores no obs (it was converted without it), so the obs of b.h5ad are not stored"),
+        "{}",
+        run.stderr()
+    );
+    let both = [&["convert", "-q", "--no-obs", "--gene-order-from", "ds"][..], &LAYOUT, &["a.h5ad", "b.h5ad", "one"]];
+    t.run_env(&both.concat(), &EPOCH).expect_code(0);
+    let tiles = |ds: &str| files(&t.join(ds)).into_iter().filter(|(n, _)| n.starts_with("tiles/")).collect::<Vec<_>>();
+    assert_eq!(tiles("ds"), tiles("one"), "the tiles of one convert of both, without obs");
+    assert!(!t.join("ds/obs").exists());
+}
