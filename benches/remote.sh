@@ -70,4 +70,6 @@ print(f"|{'-'*44}|{'-'*9}|{'-'*10}|{'-'*10}|{'-'*12}|")
 print(f"| {'local files':<42} | {lt:>7.2f} | {max(p for _, p in local)/1024:>8.0f} | {'-':>8} | {'-':>10} |")
 print(f"| {'HTTP, read by ranges through the driver':<42} | {rt:>7.2f} | {max(p for _, p in remote)/1024:>8.0f} | {io['input_requests']:>8} | {io['input_bytes']/1e6:>10.1f} |")
 print(f"\nremote / local: {rt/lt:.2f}x (the issue asks at most 1.20x)")
+phases = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in io.get("phases", []))
+print(f"phases of the last run from the slow store: {phases}")
 PY

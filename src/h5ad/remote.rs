@@ -107,14 +107,14 @@ pub(crate) fn downloaded(url: &str) -> Result<Option<std::path::PathBuf>, String
     if path.is_file() {
         return Ok(Some(path));
     }
-    let (store, key, storage::Version { size, .. }) = sized_object(url)?;
+    let (store, key, storage::Version { size, etag }) = sized_object(url)?;
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut tmp = crate::storage::temp_file_in(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     const PIECE: u64 = 64 << 20;
     let mut at = 0;
     while at < size {
         let range = at..(at + PIECE).min(size);
-        let bytes = match store.get_ranges(&key, std::slice::from_ref(&range)) {
+        let bytes = match store.get_ranges_of(&key, std::slice::from_ref(&range), etag.as_deref()) {
             Ok(Some(mut parts)) => parts.remove(0),
             Ok(None) => return Err("vanished while being downloaded".into()),
             Err(e) => return Err(crate::error_chain(&e)),
@@ -377,7 +377,7 @@ impl RangedFile {
         }
         let ranges: Vec<std::ops::Range<u64>> =
             runs.iter().map(|&(first, count)| first * BLOCK..((first + count) * BLOCK).min(self.size)).collect();
-        let fetched = match self.storage.get_ranges(&self.key, &ranges) {
+        let fetched = match self.storage.get_ranges_of(&self.key, &ranges, self.version.etag.as_deref()) {
             Ok(Some(parts)) => parts,
             Ok(None) => return Err(format!("{}: vanished while being read", self.storage.location(&self.key))),
             Err(e) => return Err(crate::error_chain(&e)),

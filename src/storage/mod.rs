@@ -36,6 +36,9 @@ pub enum StorageError {
     /// A location or operation this backend cannot serve.
     #[error("{location}: {message}")]
     Unsupported { location: String, message: String },
+    /// The object is no longer the version being read (its entity tag changed).
+    #[error("{location}: the object changed while it was being read (it is no longer ETag {etag})")]
+    Changed { location: String, etag: String },
 }
 
 /// Requests and bytes a storage backend has served, for `--stats`.
@@ -112,6 +115,19 @@ pub trait Storage: Send + Sync {
     fn get(&self, key: &str) -> Result<Option<Bytes>, StorageError>;
     /// Several byte ranges of `key`, in the order asked.
     fn get_ranges(&self, key: &str, ranges: &[Range<u64>]) -> Result<Option<Vec<Bytes>>, StorageError>;
+    /// [`Storage::get_ranges`] of the version of `key` whose entity tag is
+    /// `etag` (from [`Storage::version`]): a store holding another version
+    /// now answers [`StorageError::Changed`] rather than bytes of two
+    /// versions. A store without tags reads as `get_ranges` does.
+    fn get_ranges_of(
+        &self,
+        key: &str,
+        ranges: &[Range<u64>],
+        etag: Option<&str>,
+    ) -> Result<Option<Vec<Bytes>>, StorageError> {
+        let _ = etag;
+        self.get_ranges(key, ranges)
+    }
     /// The requests and bytes that `get_ranges` with these ranges costs (a
     /// store that merges nearby ranges counts the merged requests).
     fn read_cost(&self, ranges: &[Range<u64>]) -> (u64, u64) {
@@ -190,6 +206,14 @@ impl Storage for Within<'_> {
     }
     fn get_ranges(&self, key: &str, ranges: &[Range<u64>]) -> Result<Option<Vec<Bytes>>, StorageError> {
         self.inner.get_ranges(&self.key(key), ranges)
+    }
+    fn get_ranges_of(
+        &self,
+        key: &str,
+        ranges: &[Range<u64>],
+        etag: Option<&str>,
+    ) -> Result<Option<Vec<Bytes>>, StorageError> {
+        self.inner.get_ranges_of(&self.key(key), ranges, etag)
     }
     fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError> {
         self.inner.put(&self.key(key), data)

@@ -199,6 +199,15 @@ impl Storage for ObjectStorage {
     }
 
     fn get_ranges(&self, key: &str, ranges: &[Range<u64>]) -> Result<Option<Vec<Bytes>>, StorageError> {
+        self.get_ranges_of(key, ranges, None)
+    }
+
+    fn get_ranges_of(
+        &self,
+        key: &str,
+        ranges: &[Range<u64>],
+        etag: Option<&str>,
+    ) -> Result<Option<Vec<Bytes>>, StorageError> {
         if let Some(r) = ranges.iter().find(|r| r.start > r.end) {
             return Err(StorageError::Range { location: self.location(key), start: r.start, end: r.end, size: 0 });
         }
@@ -218,7 +227,13 @@ impl Storage for ObjectStorage {
             |range| {
                 let path = &path;
                 async move {
-                    let bytes = self.store.get_range(path, range.clone()).await.map_err(Fetch::Store)?;
+                    let options = object_store::GetOptions {
+                        range: Some(range.clone().into()),
+                        if_match: etag.map(str::to_string),
+                        ..Default::default()
+                    };
+                    let got = self.store.get_opts(path, options).await.map_err(Fetch::Store)?;
+                    let bytes = got.bytes().await.map_err(Fetch::Store)?;
                     self.stats.record(bytes.len() as u64);
                     if bytes.len() as u64 != range.end - range.start {
                         return Err(Fetch::Short { range, got: bytes.len() as u64 });
@@ -231,6 +246,9 @@ impl Storage for ObjectStorage {
         match fetched {
             Ok(parts) => Ok(Some(parts)),
             Err(Fetch::Store(e)) if is_not_found(&e) => Ok(None),
+            Err(Fetch::Store(object_store::Error::Precondition { .. })) if etag.is_some() => {
+                Err(StorageError::Changed { location: self.location(key), etag: etag.unwrap_or_default().to_string() })
+            }
             Err(Fetch::Store(e)) => Err(self.err(key, e)),
             Err(Fetch::Short { range, got }) => Err(StorageError::Range {
                 location: self.location(key),

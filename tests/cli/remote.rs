@@ -761,3 +761,40 @@ fn a_slow_store_serves_every_input_byte_once_and_the_same_dataset() {
     let phases = io["io"]["phases"].as_array().unwrap();
     assert!(phases.iter().any(|p| p[0] == "gene order"), "--stats gives the phases: {line}");
 }
+
+#[test]
+fn an_object_replaced_while_it_is_read_stops_the_conversion_and_leaves_no_manifest() {
+    let Some((ctrl, stim)) = crate::util::pbmc() else { return };
+    let Some(s3) = Server::start("s3", &[]) else { return };
+    let t = TestDir::new();
+    let endpoint = s3.url();
+    let bucket = s3_storage(&endpoint, "inputs");
+    bucket.put("pbmc_stim.h5ad", Bytes::from(std::fs::read(&stim).unwrap())).unwrap();
+    let url = "s3://test/inputs/pbmc_stim.h5ad";
+    let child = Command::new(env!("CARGO_BIN_EXE_deltacells"))
+        .args(["convert", "-q", "--tile-size", "300", "--level", "19", "--threads", "1", "--gene-order-files", "0"])
+        .args(["--endpoint", &endpoint, url, "out"])
+        // Little kept or read ahead, so that most of the file is still to be
+        // fetched when it is replaced.
+        .env("DELTACELLS_INPUT_CACHE_MIB", "8")
+        .env("DELTACELLS_INPUT_READAHEAD_MIB", "1")
+        .env("HDF5_USE_FILE_LOCKING", "FALSE")
+        .envs(S3_ENV)
+        .current_dir(t.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while std::fs::read_dir(t.join("out/tiles")).map_or(0, |d| d.count()) < 1 {
+        assert!(started.elapsed() < Duration::from_secs(60), "no tile was written");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Another file under the same key: the reads that follow are of another
+    // version, and are refused rather than mixed with the first one's bytes.
+    bucket.put("pbmc_stim.h5ad", Bytes::from(std::fs::read(&ctrl).unwrap())).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(&format!("{url}: the object changed while it was being read")), "{stderr}");
+    assert!(!t.join("out/manifest.json").exists());
+}
