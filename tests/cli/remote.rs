@@ -626,21 +626,18 @@ fn real_h5ad_inputs_in_s3_and_on_http_convert_as_the_local_files() {
     );
 }
 
-#[test]
-fn an_input_server_that_fails_mid_read_is_a_clear_error_and_leaves_no_manifest() {
-    let Some((_, stim)) = crate::util::pbmc() else { return };
-    let dir = stim.parent().unwrap().to_str().unwrap().to_string();
-    let Some(mut http) = Server::start("http", &[&dir]) else { return };
-    let t = TestDir::new();
-    let url = format!("{}/pbmc_stim.h5ad", http.url());
+/// Starts a conversion of `args` (inputs at URLs and options) into `out`
+/// that keeps little and reads little ahead, so that most of the input is
+/// still to be fetched when its first tile is written; returns it then.
+fn convert_until_a_tile(t: &TestDir, args: &[&str], env: &[(&str, &str)]) -> std::process::Child {
     let child = Command::new(env!("CARGO_BIN_EXE_deltacells"))
         .args(["convert", "-q", "--tile-size", "300", "--level", "19", "--threads", "1", "--gene-order-files", "0"])
-        .args([&url, "out"])
-        // Little kept or read ahead, so that most of the file is still to be
-        // fetched when the server goes.
+        .args(args)
+        .arg("out")
         .env("DELTACELLS_INPUT_CACHE_MIB", "8")
         .env("DELTACELLS_INPUT_READAHEAD_MIB", "1")
         .env("HDF5_USE_FILE_LOCKING", "FALSE")
+        .envs(env.iter().copied())
         .current_dir(t.path())
         .stderr(Stdio::piped())
         .spawn()
@@ -650,6 +647,17 @@ fn an_input_server_that_fails_mid_read_is_a_clear_error_and_leaves_no_manifest()
         assert!(started.elapsed() < Duration::from_secs(60), "no tile was written");
         std::thread::sleep(Duration::from_millis(20));
     }
+    child
+}
+
+#[test]
+fn an_input_server_that_fails_mid_read_is_a_clear_error_and_leaves_no_manifest() {
+    let Some((_, stim)) = crate::util::pbmc() else { return };
+    let dir = stim.parent().unwrap().to_str().unwrap().to_string();
+    let Some(mut http) = Server::start("http", &[&dir]) else { return };
+    let t = TestDir::new();
+    let url = format!("{}/pbmc_stim.h5ad", http.url());
+    let child = convert_until_a_tile(&t, &[&url], &[]);
     let _ = http.child.kill();
     let _ = http.child.wait();
     let output = child.wait_with_output().unwrap();
@@ -771,24 +779,7 @@ fn an_object_replaced_while_it_is_read_stops_the_conversion_and_leaves_no_manife
     let bucket = s3_storage(&endpoint, "inputs");
     bucket.put("pbmc_stim.h5ad", Bytes::from(std::fs::read(&stim).unwrap())).unwrap();
     let url = "s3://test/inputs/pbmc_stim.h5ad";
-    let child = Command::new(env!("CARGO_BIN_EXE_deltacells"))
-        .args(["convert", "-q", "--tile-size", "300", "--level", "19", "--threads", "1", "--gene-order-files", "0"])
-        .args(["--endpoint", &endpoint, url, "out"])
-        // Little kept or read ahead, so that most of the file is still to be
-        // fetched when it is replaced.
-        .env("DELTACELLS_INPUT_CACHE_MIB", "8")
-        .env("DELTACELLS_INPUT_READAHEAD_MIB", "1")
-        .env("HDF5_USE_FILE_LOCKING", "FALSE")
-        .envs(S3_ENV)
-        .current_dir(t.path())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    while std::fs::read_dir(t.join("out/tiles")).map_or(0, |d| d.count()) < 1 {
-        assert!(started.elapsed() < Duration::from_secs(60), "no tile was written");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let child = convert_until_a_tile(&t, &["--endpoint", &endpoint, url], &S3_ENV);
     // Another file under the same key: the reads that follow are of another
     // version, and are refused rather than mixed with the first one's bytes.
     bucket.put("pbmc_stim.h5ad", Bytes::from(std::fs::read(&ctrl).unwrap())).unwrap();
