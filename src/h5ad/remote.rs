@@ -282,9 +282,8 @@ impl Cache {
 pub(crate) struct RangedFile {
     storage: Arc<dyn Storage>,
     key: String,
-    size: u64,
-    /// The version read: every range comes from it as long as the store
-    /// keeps it.
+    /// The version read (its size and entity tag): every range comes from
+    /// it as long as the store keeps it.
     version: storage::Version,
     cache: Mutex<Cache>,
     arrived: Condvar,
@@ -327,7 +326,6 @@ impl RangedFile {
         let file = Arc::new(RangedFile {
             storage,
             key,
-            size: version.size,
             version,
             cache: Mutex::new(Cache::default()),
             arrived: Condvar::new(),
@@ -355,15 +353,15 @@ impl RangedFile {
 
     /// The object's size in bytes.
     pub(crate) fn size(&self) -> u64 {
-        self.size
+        self.version.size
     }
 
     fn n_blocks(&self) -> u64 {
-        self.size.div_ceil(BLOCK)
+        self.size().div_ceil(BLOCK)
     }
 
     fn block_range(&self, b: u64) -> std::ops::Range<u64> {
-        b * BLOCK..((b + 1) * BLOCK).min(self.size)
+        b * BLOCK..((b + 1) * BLOCK).min(self.size())
     }
 
     /// Fetches `blocks` (sorted), contiguous runs in one request each.
@@ -376,7 +374,7 @@ impl RangedFile {
             }
         }
         let ranges: Vec<std::ops::Range<u64>> =
-            runs.iter().map(|&(first, count)| first * BLOCK..((first + count) * BLOCK).min(self.size)).collect();
+            runs.iter().map(|&(first, count)| first * BLOCK..((first + count) * BLOCK).min(self.size())).collect();
         let fetched = match self.storage.get_ranges_of(&self.key, &ranges, self.version.etag.as_deref()) {
             Ok(Some(parts)) => parts,
             Ok(None) => return Err(format!("{}: vanished while being read", self.storage.location(&self.key))),
@@ -435,7 +433,7 @@ impl RangedFile {
     /// waits: opening objects is one such read after another.
     fn read(self: &Arc<Self>, addr: u64, buf: &mut [u8], metadata: bool) -> Result<(), String> {
         buf.fill(0);
-        let end = (addr + buf.len() as u64).min(self.size);
+        let end = (addr + buf.len() as u64).min(self.size());
         if addr >= end {
             return Ok(());
         }
@@ -924,7 +922,7 @@ unsafe extern "C" fn driver_set_eoa(f: *mut DriverFile, _kind: c_int, addr: hadd
 
 unsafe extern "C" fn driver_get_eof(f: *const DriverFile, _kind: c_int) -> haddr_t {
     // SAFETY: `f` is an open DriverFile whose RangedFile lives as long as it.
-    unsafe { (*(*f).file).size }
+    unsafe { (*(*f).file).size() }
 }
 
 unsafe extern "C" fn driver_read(
