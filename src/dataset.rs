@@ -206,6 +206,14 @@ impl Dataset {
             .map_err(|source| self.tile_error(tile, source))
     }
 
+    /// [`Dataset::parse_tile`] again, for bytes that passed it before and
+    /// were kept unchanged since (every check but the CRC; see
+    /// [`format::ParsedTile::parse_again`]).
+    pub fn parse_tile_again<'a>(&self, tile: usize, blob: &'a [u8]) -> Result<format::ParsedTile<'a>, DatasetError> {
+        format::ParsedTile::parse_again(blob, Some(&self.tile_expectation(tile)))
+            .map_err(|source| self.tile_error(tile, source))
+    }
+
     /// A tile's decoding error, naming the tile's file.
     pub fn tile_error(&self, tile: usize, source: TileError) -> DatasetError {
         DatasetError::Tile { location: self.storage.location(&format::tile_key(tile)), tile, source }

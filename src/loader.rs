@@ -1,20 +1,30 @@
 //! Shuffled batches of cells for training.
 //!
 //! An epoch is planned first ([`EpochPlan`]): the tiles are put in an order
-//! fixed by (seed, epoch), the cells to read (all, or a subset such as a train
-//! split) are laid out in that order, and the sequence is cut into one
-//! contiguous, equal share per (rank, worker). A share is a list of [`Unit`]s,
-//! the cells it reads from one tile. Then [`Batches`] reads a share in three
-//! stages, each on its own thread: one fetches the tiles of the next window of
-//! `window_tiles` units (in parallel, on a rayon pool) and hands them on still
-//! compressed; one shuffles the chunks of a window and decompresses them in
-//! groups of `mix_chunks` (in parallel, on the pool) into their byte planes
-//! ([`ChunkPlanes`], checked); one shuffles the cells of each group and writes
-//! each cell straight from the planes into its batch, and the batches wait in
-//! a queue of `prefetch`. No decoded tile is ever made and copied from.
-//! Memory is therefore bounded by three windows of compressed tiles, two
-//! groups of decompressed chunks (4 bytes per nonzero) and the batches (8),
-//! never by the dataset or the number of epochs.
+//! fixed by (seed, epoch), the cells to read (all, a subset such as a train
+//! split, or cells drawn by weight) are laid out in that order, and the
+//! sequence is cut into one contiguous, equal share per (rank, worker). A
+//! share is a list of [`Unit`]s, the cells it reads from one tile. Then
+//! [`Batches`] reads a share in three stages, each on its own thread: one
+//! fetches the share's tiles in order and hands them on still compressed;
+//! one keeps a window of `window_tiles` tiles, chooses their chunks one at a
+//! time at random among all of the window's (a tile leaves the window when its
+//! last chunk is chosen, and the next one comes in), and decompresses them
+//! into their byte planes ([`ChunkPlanes`], checked); one keeps `mix_chunks`
+//! decompressed chunks open and writes each cell of a batch straight from the
+//! planes of one of them, chosen uniformly at random (so the open chunks give
+//! a batch about equal numbers of cells), so that a batch draws on
+//! `mix_chunks` chunks from anywhere in the window. No decoded tile is ever
+//! made and copied from.
+//!
+//! Memory is bounded by the window and a few tiles fetched ahead (compressed),
+//! the open chunks and a few decompressed ahead (4 bytes per nonzero) and the
+//! batches (8), never by the dataset or the number of epochs.
+//!
+//! How well batches mix depends on how the dataset was written: a dataset whose
+//! inputs were one sample after another holds each sample in a few tiles, so
+//! a batch holds the samples of its window's tiles. `benches/shuffle_quality.py`
+//! measures it.
 //!
 //! This module owns the order and the pipeline; it knows nothing of Python or
 //! torch. The Python package's `Dataset.batches` is a thin layer over it.
@@ -25,7 +35,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
+use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
@@ -36,14 +46,14 @@ use crate::format::CsrMatrix;
 use crate::{Dataset, DatasetError};
 
 /// How an epoch is read. `Default` gives batches of 1,024 shuffled cells, one
-/// process, windows of 4 tiles, cells mixed across 4 chunks, 4 batches ready
-/// ahead.
+/// process, a window of 8 tiles, each batch drawn from 16 open chunks, 4
+/// batches ready ahead.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoaderOptions {
     /// Cells per batch (the last batch of a share may have fewer).
     pub batch_size: usize,
-    /// Shuffle tiles, chunks within each window and cells within each group
-    /// of chunks; otherwise dataset order.
+    /// Shuffle tiles, the chunks of the window and the cells of the open
+    /// chunks; otherwise dataset order.
     pub shuffle: bool,
     /// With `epoch`, fixes every random choice.
     pub seed: u64,
@@ -58,11 +68,11 @@ pub struct LoaderOptions {
     /// Drop the cells that would make shares unequal and every share's last,
     /// partial batch, so that every share yields the same number of batches.
     pub drop_last: bool,
-    /// Units (tiles, or the part of a tile a share reads) fetched together,
-    /// whose chunks are shuffled together.
+    /// Units (tiles, or the part of a tile a share reads) whose chunks are
+    /// chosen from at random: the window, kept compressed.
     pub window_tiles: usize,
-    /// Chunks (of any tiles of the window) decoded together, whose cells are
-    /// shuffled together: each batch is drawn from that many chunks.
+    /// Decompressed chunks (of any tiles of the window) open at once, whose
+    /// cells are drawn at random: each batch draws on that many chunks.
     pub mix_chunks: usize,
     /// Batches made ahead of the consumer.
     pub prefetch: usize,
@@ -80,8 +90,8 @@ impl Default for LoaderOptions {
             worker: 0,
             num_workers: 1,
             drop_last: false,
-            window_tiles: 4,
-            mix_chunks: 4,
+            window_tiles: 8,
+            mix_chunks: 16,
             prefetch: 4,
         }
     }
@@ -152,6 +162,10 @@ pub struct EpochPlan {
     share: usize,
 }
 
+/// The most batches made ahead of the consumer (the queue is reserved at its
+/// size).
+pub const MAX_PREFETCH: usize = 1024;
+
 /// A seeded generator for one purpose (`what`, with its indices) of one epoch:
 /// the bytes of SHA-256 over all of them, so that streams never overlap.
 fn rng_for(options: &LoaderOptions, what: &str, indices: &[u64]) -> Pcg64Mcg {
@@ -184,10 +198,75 @@ fn check(options: &LoaderOptions) -> Result<(), LoaderError> {
     if options.mix_chunks == 0 {
         return bad("mix_chunks must be at least 1".into());
     }
-    if options.prefetch == 0 {
-        return bad("prefetch must be at least 1".into());
+    if options.prefetch == 0 || options.prefetch > MAX_PREFETCH {
+        return bad(format!("prefetch must be from 1 to {MAX_PREFETCH}, not {}", options.prefetch));
+    }
+    if options.world_size.checked_mul(options.num_workers).is_none() {
+        return bad(format!(
+            "world_size {} times num_workers {} is too large",
+            options.world_size, options.num_workers
+        ));
     }
     Ok(())
+}
+
+/// The most draws an epoch sampled by weight may make, per cell that has a
+/// weight: the draws are held in memory (8 bytes each) by every share.
+pub const MAX_DRAWS_PER_CELL: u64 = 100;
+
+/// Draws `n` cells with replacement, each with probability in proportion to
+/// its weight: `weights` has one per cell of `cells`, or one per cell of the
+/// dataset (of `n_cells`) when `cells` is None. The draws are fixed by the
+/// seed and epoch of `options` (not by rank or worker): every share draws the
+/// same cells, and [`EpochPlan::new`] then gives each its part of them.
+///
+/// Refused, naming the argument: weights of the wrong length, a weight that is
+/// negative or not finite, weights that are all zero, and more than
+/// [`MAX_DRAWS_PER_CELL`] draws per cell with a weight.
+pub fn draw_by_weight(
+    n_cells: u64,
+    cells: Option<&[u64]>,
+    weights: &[f64],
+    n: u64,
+    options: &LoaderOptions,
+) -> Result<Vec<u64>, LoaderError> {
+    let bad = |m: String| Err(LoaderError::Options(m));
+    let expected = cells.map_or(n_cells, |c| c.len() as u64);
+    if weights.len() as u64 != expected {
+        let of = if cells.is_some() { "cell of cells" } else { "cell of the dataset" };
+        return bad(format!("weights has {} values, not one per {of} ({expected})", weights.len()));
+    }
+    if let Some((i, w)) = weights.iter().enumerate().find(|(_, w)| !(w.is_finite() && **w >= 0.0)) {
+        return bad(format!("weights[{i}] is {w}: weights must be finite and not negative"));
+    }
+    let positive = weights.iter().filter(|&&w| w > 0.0).count() as u64;
+    if positive == 0 {
+        return bad("weights are all zero: no cell can be drawn".into());
+    }
+    if n > positive.saturating_mul(MAX_DRAWS_PER_CELL) {
+        return bad(format!(
+            "num_samples {n} is more than {MAX_DRAWS_PER_CELL} draws for each of the {positive} cells with a weight"
+        ));
+    }
+    let mut total = 0.0;
+    let cumulative: Vec<f64> = weights
+        .iter()
+        .map(|w| {
+            total += w;
+            total
+        })
+        .collect();
+    let last = weights.iter().rposition(|&w| w > 0.0).unwrap_or(0);
+    let mut rng = rng_for(options, "draws", &[]);
+    Ok((0..n)
+        .map(|_| {
+            let u = rng.random::<f64>() * total;
+            // The first cell whose cumulative weight passes u: never one of
+            // weight zero (its cumulative weight equals the one before).
+            let i = cumulative.partition_point(|&c| c <= u).min(last);
+            cells.map_or(i as u64, |c| c[i])
+        })
+        .collect())
 }
 
 impl EpochPlan {
@@ -290,15 +369,6 @@ impl EpochPlan {
     pub fn n_batches(&self) -> u64 {
         self.n_batches
     }
-
-    fn window(&self, w: usize) -> &[Unit] {
-        let size = self.options.window_tiles;
-        &self.units[w * size..((w + 1) * size).min(self.units.len())]
-    }
-
-    fn n_windows(&self) -> usize {
-        self.units.len().div_ceil(self.options.window_tiles)
-    }
 }
 
 /// The buffers a loader decompresses chunks and writes batches into, kept from one
@@ -306,7 +376,8 @@ impl EpochPlan {
 /// share the pools.
 #[derive(Clone, Debug)]
 pub struct LoaderBuffers {
-    /// Decompressed chunks, for two groups.
+    /// Decompressed chunks: those open in the batcher and those decompressed
+    /// ahead of it.
     pub planes: Arc<PlanesPool>,
     /// Batches: two buffers per batch, for those queued and those the consumer
     /// holds (it may give them back here when it is done with them).
@@ -317,7 +388,7 @@ impl LoaderBuffers {
     /// Pools sized for `options`' windows and queue.
     pub fn new(options: &LoaderOptions) -> LoaderBuffers {
         LoaderBuffers {
-            planes: Arc::new(PlanesPool::new(2 * options.mix_chunks)),
+            planes: Arc::new(PlanesPool::new(options.mix_chunks + 2 * MAX_DECODE_GROUP)),
             batches: Arc::new(BufferPool::new(2 * (options.prefetch + 4))),
         }
     }
@@ -333,18 +404,13 @@ pub struct LoaderBatch {
     pub x: CsrMatrix,
 }
 
-/// A window's tiles, fetched, still compressed (unit i of the window is `blobs[i]`).
-struct Fetched {
-    blobs: Vec<bytes::Bytes>,
-}
-
-/// A group of decompressed chunks and the order of their cells (piece, row of
-/// its tile): piece i is rows of `planes[i]`, of a tile whose first cell is
-/// global cell `starts[i]`.
-struct Group {
-    planes: Vec<ChunkPlanes>,
-    starts: Vec<u64>,
-    order: Vec<(u32, u64)>,
+/// A chunk decompressed for the batcher: its planes, the global index of its
+/// tile's first cell, and the rows of it this share reads, in the order they
+/// are to be written (the batcher pops them from the end).
+struct OpenChunk {
+    planes: ChunkPlanes,
+    start: u64,
+    rows: Vec<u64>,
 }
 
 /// The batches of one share, read on background threads. Dropping it stops
@@ -365,6 +431,19 @@ fn panic_text(panic: Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "a loader thread panicked".into())
 }
 
+/// Tiles fetched together, in parallel (requests in flight to a bucket).
+const FETCH_GROUP: usize = 2;
+
+/// The most chunks decompressed together, in parallel, ahead of the batcher.
+const MAX_DECODE_GROUP: usize = 8;
+
+/// Chunks decompressed together, in parallel, ahead of the batcher (one per
+/// thread of the pool): at most this many wait for it, and as many are being
+/// decompressed.
+fn decode_group(pool: Option<&rayon::ThreadPool>) -> usize {
+    pool.map_or_else(rayon::current_num_threads, |p| p.current_num_threads()).clamp(1, MAX_DECODE_GROUP)
+}
+
 impl Batches {
     /// Starts reading `plan`'s share of `dataset`: tiles are fetched and
     /// chunks decompressed on `pool` (rayon's global pool when None), into
@@ -376,12 +455,10 @@ impl Batches {
         buffers: &LoaderBuffers,
     ) -> Result<Batches, LoaderError> {
         let plan = Arc::new(plan);
+        let group = decode_group(pool.as_deref());
         let (batch_tx, receiver) = sync_channel(plan.options.prefetch);
-        // One fetched window waits while the next is fetched; a group is handed
-        // over only when the batcher is ready for it, so at most two are
-        // decompressed at once.
-        let (fetched_tx, fetched_rx) = sync_channel::<Result<Fetched, LoaderError>>(1);
-        let (group_tx, group_rx) = sync_channel::<Result<Group, LoaderError>>(0);
+        let (tile_tx, tile_rx) = sync_channel::<Result<bytes::Bytes, LoaderError>>(FETCH_GROUP);
+        let (chunk_tx, chunk_rx) = sync_channel::<Result<OpenChunk, LoaderError>>(group);
         let (planes, batches) = (buffers.planes.clone(), buffers.batches.clone());
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -399,7 +476,7 @@ impl Batches {
             let (dataset, plan, pool) = (dataset.clone(), plan.clone(), pool.clone());
             spawn(
                 "deltacells-fetch",
-                Box::new(move || guarded(fetched_tx, |out| fetch_windows(&dataset, &plan, pool.as_deref(), out))),
+                Box::new(move || guarded(tile_tx, |out| fetch_tiles(&dataset, &plan, pool.as_deref(), out))),
             )?;
         }
         {
@@ -408,7 +485,9 @@ impl Batches {
             spawn(
                 "deltacells-decode",
                 Box::new(move || {
-                    guarded(group_tx, |out| decode_groups(&dataset, &plan, pool.as_deref(), &planes, fetched_rx, out))
+                    guarded(chunk_tx, |out| {
+                        decode_chunks(&dataset, &plan, pool.as_deref(), group, &planes, tile_rx, out)
+                    })
                 }),
             )?;
         }
@@ -416,7 +495,7 @@ impl Batches {
             let plan = plan.clone();
             spawn(
                 "deltacells-batch",
-                Box::new(move || guarded(batch_tx, |out| cut_batches(&plan, group_rx, &planes, &batches, out))),
+                Box::new(move || guarded(batch_tx, |out| cut_batches(&plan, chunk_rx, &planes, &batches, out))),
             )?;
         }
         Ok(Batches { receiver, expected: plan.n_batches, yielded: 0, failed: false })
@@ -470,134 +549,191 @@ fn on<T: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> T + Send) -
     }
 }
 
-/// The fetching thread: each window's tiles, read in parallel, handed on in
-/// order.
-fn fetch_windows(
+/// The fetching thread: the share's tiles in plan order, still compressed,
+/// [`FETCH_GROUP`] at a time in parallel.
+fn fetch_tiles(
     dataset: &Dataset,
     plan: &EpochPlan,
     pool: Option<&rayon::ThreadPool>,
-    out: &SyncSender<Result<Fetched, LoaderError>>,
+    out: &SyncSender<Result<bytes::Bytes, LoaderError>>,
 ) {
-    for w in 0..plan.n_windows() {
-        let units = plan.window(w);
+    for units in plan.units.chunks(FETCH_GROUP) {
         let blobs = on(pool, || units.par_iter().map(|u| dataset.fetch_tile(u.tile)).collect::<Result<Vec<_>, _>>());
-        let fetched = blobs.map(|blobs| Fetched { blobs }).map_err(LoaderError::from);
-        let failed = fetched.is_err();
-        if out.send(fetched).is_err() || failed {
-            return;
-        }
-    }
-}
-
-/// The rows one share reads from one chunk of a unit of the window.
-struct Piece {
-    unit: usize,
-    chunk: usize,
-    rows: Vec<u64>,
-}
-
-/// The decoding thread: checks each fetched window's tiles once, splits the
-/// rows read into pieces by chunk, puts the pieces in a shuffled order and
-/// decompresses them in groups of `mix_chunks`, in parallel; hands each group
-/// on with its cells in a shuffled order.
-fn decode_groups(
-    dataset: &Dataset,
-    plan: &EpochPlan,
-    pool: Option<&rayon::ThreadPool>,
-    pool_of_planes: &PlanesPool,
-    windows: Receiver<Result<Fetched, LoaderError>>,
-    out: &SyncSender<Result<Group, LoaderError>>,
-) {
-    let options = &plan.options;
-    for (w, fetched) in windows.iter().enumerate() {
-        // Ok(false): the batcher has stopped listening.
-        let result = (|| -> Result<bool, LoaderError> {
-            let fetched = fetched?;
-            let units = plan.window(w);
-            let parsed = on(pool, || {
-                units
-                    .par_iter()
-                    .zip(&fetched.blobs)
-                    .map(|(u, blob)| dataset.parse_tile(u.tile, blob))
-                    .collect::<Result<Vec<_>, _>>()
-            })?;
-            let mut pieces = Vec::new();
-            for (u, (unit, tile)) in units.iter().zip(&parsed).enumerate() {
-                let mut i = 0;
-                for (chunk, cells) in tile.chunk_cells().enumerate() {
-                    let mut rows = Vec::new();
-                    while i < unit.rows.len() && unit.rows.get(i) < cells.end {
-                        rows.push(unit.rows.get(i));
-                        i += 1;
-                    }
-                    if !rows.is_empty() {
-                        pieces.push(Piece { unit: u, chunk, rows });
+        match blobs {
+            Ok(blobs) => {
+                for blob in blobs {
+                    if out.send(Ok(blob)).is_err() {
+                        return;
                     }
                 }
             }
-            if options.shuffle {
-                pieces.shuffle(&mut rng_for(options, "chunks", &[plan.share as u64, w as u64]));
-            }
-            for (g, group) in pieces.chunks(options.mix_chunks).enumerate() {
-                let decoded = on(pool, || {
-                    group
-                        .par_iter()
-                        .map(|piece| {
-                            let mut planes = pool_of_planes.take();
-                            let tile = units[piece.unit].tile;
-                            parsed[piece.unit]
-                                .decode_planes(piece.chunk, &mut planes)
-                                .map_err(|e| dataset.tile_error(tile, e))?;
-                            Ok(planes)
-                        })
-                        .collect::<Result<Vec<ChunkPlanes>, DatasetError>>()
-                })?;
-                let mut order: Vec<(u32, u64)> = group
-                    .iter()
-                    .enumerate()
-                    .flat_map(|(p, piece)| piece.rows.iter().map(move |&r| (p as u32, r)))
-                    .collect();
-                if options.shuffle {
-                    order.shuffle(&mut rng_for(options, "cells", &[plan.share as u64, w as u64, g as u64]));
-                }
-                let starts = group.iter().map(|piece| plan.tile_starts[units[piece.unit].tile]).collect();
-                if out.send(Ok(Group { planes: decoded, starts, order })).is_err() {
-                    return Ok(false);
-                }
-            }
-            Ok(true)
-        })();
-        match result {
-            Ok(true) => {}
-            Ok(false) => return,
             Err(e) => {
-                let _ = out.send(Err(e));
+                let _ = out.send(Err(e.into()));
                 return;
             }
         }
     }
 }
 
-/// The batching thread: cuts the groups' cells, in their order, into batches
-/// (a batch may span two groups), writing each cell straight from its chunk's
-/// planes into buffers from `buffers`; gives each group's planes back when it
-/// is done.
+/// The rows one share reads from one chunk of one of its units.
+struct Piece {
+    unit: usize,
+    chunk: usize,
+    rows: Vec<u64>,
+}
+
+/// The decoding thread. It keeps up to `window_tiles` units whose chunks are
+/// not all chosen yet (their tiles checked once, when they come in, and kept
+/// compressed), chooses the next chunk at random among all of theirs, and
+/// lets the next unit in as soon as one has had its last chunk chosen. The
+/// chosen chunks are decompressed `group` at a time, in parallel, and handed
+/// on in the order chosen. The choices depend only on the plan and the seed,
+/// never on the threads or the timing.
+fn decode_chunks(
+    dataset: &Dataset,
+    plan: &EpochPlan,
+    pool: Option<&rayon::ThreadPool>,
+    group: usize,
+    pool_of_planes: &PlanesPool,
+    tiles: Receiver<Result<bytes::Bytes, LoaderError>>,
+    out: &SyncSender<Result<OpenChunk, LoaderError>>,
+) {
+    let options = &plan.options;
+    let units = &plan.units;
+    // (Two streams: how many chunks are decompressed together must change
+    // neither.)
+    let mut choose = rng_for(options, "chunks", &[plan.share as u64]);
+    let mut shuffle_rows = rng_for(options, "rows", &[plan.share as u64]);
+    // Per unit: its tile's bytes while a chunk of it is to be decoded, and
+    // how many of its chunks are still to be chosen.
+    // In dataset order one tile at a time is enough.
+    let window = if options.shuffle { options.window_tiles } else { 1 };
+    let mut blobs: Vec<Option<bytes::Bytes>> = vec![None; units.len()];
+    let mut unchosen = vec![0usize; units.len()];
+    let mut pending: Vec<Piece> = Vec::new();
+    let (mut open, mut next) = (0usize, 0usize);
+    // Lets units in while fewer than window_tiles have chunks to choose.
+    let admit = |pending: &mut Vec<Piece>,
+                 blobs: &mut Vec<Option<bytes::Bytes>>,
+                 unchosen: &mut Vec<usize>,
+                 open: &mut usize,
+                 next: &mut usize|
+     -> Result<bool, LoaderError> {
+        while *open < window && *next < units.len() {
+            let Ok(blob) = tiles.recv() else {
+                return Ok(false); // the fetcher stopped: only when we are dropped
+            };
+            let blob = blob?;
+            let u = *next;
+            let unit = &units[u];
+            let tile = dataset.parse_tile(unit.tile, &blob)?;
+            let mut i = 0;
+            for (chunk, cells) in tile.chunk_cells().enumerate() {
+                let mut rows = Vec::new();
+                while i < unit.rows.len() && unit.rows.get(i) < cells.end {
+                    rows.push(unit.rows.get(i));
+                    i += 1;
+                }
+                if !rows.is_empty() {
+                    pending.push(Piece { unit: u, chunk, rows });
+                    unchosen[u] += 1;
+                }
+            }
+            if unchosen[u] > 0 {
+                blobs[u] = Some(blob);
+                *open += 1;
+            }
+            *next += 1;
+        }
+        Ok(true)
+    };
+    let result = (|| -> Result<(), LoaderError> {
+        loop {
+            let mut chosen: Vec<Piece> = Vec::with_capacity(group);
+            while chosen.len() < group {
+                if !admit(&mut pending, &mut blobs, &mut unchosen, &mut open, &mut next)? {
+                    return Ok(());
+                }
+                if pending.is_empty() {
+                    break;
+                }
+                let piece = if options.shuffle {
+                    pending.swap_remove(choose.random_range(0..pending.len()))
+                } else {
+                    pending.remove(0)
+                };
+                unchosen[piece.unit] -= 1;
+                if unchosen[piece.unit] == 0 {
+                    open -= 1;
+                }
+                chosen.push(piece);
+            }
+            if chosen.is_empty() {
+                return Ok(());
+            }
+            let decoded = on(pool, || {
+                chosen
+                    .par_iter()
+                    .map(|piece| {
+                        let tile = units[piece.unit].tile;
+                        let blob = blobs[piece.unit].as_deref().unwrap_or_default();
+                        let parsed = dataset.parse_tile_again(tile, blob)?;
+                        let mut planes = pool_of_planes.take();
+                        parsed.decode_planes(piece.chunk, &mut planes).map_err(|e| dataset.tile_error(tile, e))?;
+                        Ok(planes)
+                    })
+                    .collect::<Result<Vec<ChunkPlanes>, DatasetError>>()
+            })?;
+            for (piece, planes) in chosen.into_iter().zip(decoded) {
+                if unchosen[piece.unit] == 0 {
+                    blobs[piece.unit] = None;
+                }
+                let mut rows = piece.rows;
+                if options.shuffle {
+                    rows.shuffle(&mut shuffle_rows);
+                } else {
+                    rows.reverse(); // popped from the end
+                }
+                let start = plan.tile_starts[units[piece.unit].tile];
+                if out.send(Ok(OpenChunk { planes, start, rows })).is_err() {
+                    return Ok(());
+                }
+            }
+        }
+    })();
+    if let Err(e) = result {
+        let _ = out.send(Err(e));
+    }
+}
+
+/// The batching thread. It keeps `mix_chunks` decompressed chunks open and
+/// writes each batch's cells one at a time, each from an open chunk chosen
+/// uniformly at random, straight from the chunk's planes into buffers from
+/// `buffers`. A chunk with no cells left is given back and replaced by the
+/// next one decompressed. (Drawing each chunk equally often mixes a batch
+/// better than drawing each remaining cell equally often, which gives the
+/// nearly spent chunks few cells: 0.90 of random against 0.81 at the
+/// defaults, in benches/shuffle_quality.py.)
 fn cut_batches(
     plan: &EpochPlan,
-    groups: Receiver<Result<Group, LoaderError>>,
+    chunks: Receiver<Result<OpenChunk, LoaderError>>,
     pool_of_planes: &PlanesPool,
     buffers: &BufferPool,
     out: &SyncSender<Result<LoaderBatch, LoaderError>>,
 ) {
-    let size = plan.options.batch_size;
+    let options = &plan.options;
+    let size = options.batch_size;
+    let mut rng = rng_for(options, "cells", &[plan.share as u64]);
     // A batch's buffers come back with old values: they are resized only to
     // grow (new room is zeroed once), written up to `filled`, cut there.
+    // (Reserved for the cells a batch can hold, not for what batch_size asks.)
+    let cells_in_batch = size.min(usize::try_from(plan.n_cells).unwrap_or(usize::MAX));
     let new_batch = || {
         let mut x = buffers.take_matrix();
         x.n_cols = plan.n_genes;
-        x.indptr = Vec::with_capacity(size + 1);
+        x.indptr = Vec::with_capacity(cells_in_batch + 1);
         x.indptr.push(0);
-        LoaderBatch { cells: Vec::with_capacity(size), x }
+        LoaderBatch { cells: Vec::with_capacity(cells_in_batch), x }
     };
     let send = |mut batch: LoaderBatch| {
         let filled = *batch.x.indptr.last().expect("indptr starts at 0") as usize;
@@ -606,52 +742,66 @@ fn cut_batches(
         finish_rows();
         out.send(Ok(batch)).is_ok()
     };
+    // In dataset order one open chunk is enough.
+    let mix = if options.shuffle { options.mix_chunks } else { 1 };
+    let mut open: Vec<OpenChunk> = Vec::new();
+    let mut exhausted = false;
+    // An error from upstream ends the epoch after the full batches the open
+    // chunks still make.
+    let mut failure: Option<LoaderError> = None;
     let mut batch: Option<LoaderBatch> = None;
     let mut sent = 0u64;
-    for group in groups.iter() {
-        let group = match group {
-            Ok(group) => group,
-            Err(e) => {
-                let _ = out.send(Err(e));
+    loop {
+        while open.len() < mix && !exhausted {
+            match chunks.recv() {
+                Ok(Ok(chunk)) => {
+                    open.push(chunk);
+                }
+                Ok(Err(e)) => {
+                    failure = Some(e);
+                    exhausted = true;
+                }
+                Err(_) => exhausted = true,
+            }
+        }
+        if open.is_empty() {
+            break;
+        }
+        let slot = if options.shuffle { rng.random_range(0..open.len()) } else { 0 };
+        let chunk = &mut open[slot];
+        let row = chunk.rows.pop().expect("open chunks have cells left");
+        let current = batch.get_or_insert_with(new_batch);
+        let x = &mut current.x;
+        let filled = *x.indptr.last().expect("indptr starts at 0") as usize;
+        let n = chunk.planes.row_nnz(row);
+        // (The two buffers may come from different batches, with different
+        // lengths.) They grow by half at least, so that a fresh buffer is
+        // not resized for every cell.
+        for buffer in [&mut x.indices, &mut x.data] {
+            if buffer.len() < filled + n {
+                let grown = (filled + n).max(buffer.len() + buffer.len() / 2);
+                buffer.resize(grown, 0);
+            }
+        }
+        chunk.planes.write_row(row, &mut x.indices[filled..filled + n], &mut x.data[filled..filled + n]);
+        x.indptr.push((filled + n) as u64);
+        current.cells.push(chunk.start + row);
+        if chunk.rows.is_empty() {
+            pool_of_planes.give(open.remove(slot).planes);
+        }
+        if current.cells.len() == size {
+            sent += 1;
+            // After the last batch (with drop_last, before the cells it
+            // leaves out) the other stages are stopped by dropping their
+            // channels.
+            if !send(batch.take().expect("a batch is being filled")) || sent == plan.n_batches {
                 return;
             }
-        };
-        let mut at = 0;
-        while at < group.order.len() {
-            let current = batch.get_or_insert_with(new_batch);
-            let take = (size - current.cells.len()).min(group.order.len() - at);
-            let rows = &group.order[at..at + take];
-            let mut filled = *current.x.indptr.last().expect("indptr starts at 0") as usize;
-            let nnz: usize = rows.iter().map(|&(p, row)| group.planes[p as usize].row_nnz(row)).sum();
-            let x = &mut current.x;
-            // (The two buffers may come from different batches, with different lengths.)
-            for buffer in [&mut x.indices, &mut x.data] {
-                if buffer.len() < filled + nnz {
-                    buffer.resize(filled + nnz, 0);
-                }
-            }
-            for &(p, row) in rows {
-                let planes = &group.planes[p as usize];
-                let n = planes.row_nnz(row);
-                planes.write_row(row, &mut x.indices[filled..filled + n], &mut x.data[filled..filled + n]);
-                filled += n;
-                x.indptr.push(filled as u64);
-                current.cells.push(group.starts[p as usize] + row);
-            }
-            at += take;
-            if current.cells.len() == size {
-                sent += 1;
-                // After the last batch (with drop_last, before the cells it
-                // leaves out) the other stages are stopped by dropping their
-                // channels.
-                if !send(batch.take().expect("a batch is being filled")) || sent == plan.n_batches {
-                    return;
-                }
-            }
         }
-        for planes in group.planes {
-            pool_of_planes.give(planes);
-        }
+    }
+    if let Some(e) = failure {
+        let _ = out.send(Err(e));
+        return;
     }
     if let Some(last) = batch.filter(|b| !b.cells.is_empty() && sent < plan.n_batches) {
         send(last);

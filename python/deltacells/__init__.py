@@ -11,7 +11,14 @@ the GIL released); this package gives it NumPy, SciPy and pandas types.
 """
 
 from ._dataset import Batch, Dataset, open_dataset
-from ._errors import CellIndexError, CorruptDatasetError, DatasetNotFoundError, DeltacellsError
+from ._errors import (
+    CellIndexError,
+    CorruptDatasetError,
+    DatasetNotFoundError,
+    DeltacellsError,
+    InvalidArgumentError,
+    UnknownNameError,
+)
 from ._loader import CellBatch, Loader
 from ._obs import Obs
 
@@ -26,4 +33,6 @@ __all__ = [
     "DatasetNotFoundError",
     "CorruptDatasetError",
     "CellIndexError",
+    "InvalidArgumentError",
+    "UnknownNameError",
 ]

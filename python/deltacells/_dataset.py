@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
 from . import _deltacells
+from ._args import flag, integer
 from ._errors import DeltacellsError
 from ._obs import Obs
 
@@ -204,56 +205,108 @@ class Dataset:
         obs_columns: Sequence[str] | None = None,
         cells: Cells | None = None,
         drop_last: bool = False,
-        window_tiles: int = 4,
-        mix_chunks: int = 4,
+        window_tiles: int = 8,
+        mix_chunks: int = 16,
         prefetch: int = 4,
+        weights: Sequence[float] | np.ndarray | None = None,
+        num_samples: int | None = None,
+        balance: str | None = None,
+        class_weights: Mapping[Any, float] | None = None,
     ) -> Loader:
         """One epoch of training batches (a :class:`Loader`: iterate over it;
         each item is a :class:`CellBatch` with ``.X``, ``.cells`` and ``.obs``).
 
-        With ``shuffle`` the tiles are read in an order fixed by ``(seed,
-        epoch)``, the chunks of each window of ``window_tiles`` tiles are
-        shuffled, and the cells of each group of ``mix_chunks`` chunks are
-        shuffled together, so that a batch mixes cells of ``mix_chunks``
-        chunks from anywhere in the window. The same arguments give the same
-        batches, another epoch another order. Without it, cells come in
-        dataset order.
+        Order. With ``shuffle`` the tiles are read in an order fixed by
+        ``(seed, epoch)``; a window of ``window_tiles`` tiles is kept
+        (compressed), its chunks are decompressed one at a time in a random
+        order, ``mix_chunks`` of them are open at once, and each cell of a
+        batch comes from one of them at random, so that a batch mixes cells of
+        ``mix_chunks`` chunks from anywhere in the window. The same arguments
+        give the same batches, another epoch another order. Without it, cells
+        come in dataset order. A dataset converted from inputs that each hold
+        one sample keeps each sample in a few tiles, so how well batches mix
+        depends on the window: see the benchmarks page's mixing table.
 
-        The epoch's cells (``cells``, for example a train split as cell
-        indices, or every cell) are split into ``world_size * num_workers``
-        consecutive, equal shares (differing by at most one cell), one per
-        (``rank``, ``worker``): over one epoch every cell is yielded exactly once
-        across all of them. With ``drop_last`` the few cells that would make
-        shares unequal, and each share's last partial batch, are left out, so
-        every rank yields the same number of batches. Inside a torch DataLoader
-        use :class:`deltacells.torch.CellDataset`, which fills in rank and worker.
+        Sharing. The epoch's cells (``cells``, for example a train split as
+        cell indices, or every cell) are split into ``world_size *
+        num_workers`` consecutive, equal shares (differing by at most one
+        cell), one per (``rank``, ``worker``): over one epoch every cell is
+        yielded exactly once across all of them. With ``drop_last`` the few
+        cells that would make shares unequal, and each share's last partial
+        batch, are left out, so every rank yields the same number of batches.
+        Inside a torch DataLoader use :class:`deltacells.torch.CellDataset`,
+        which fills in rank and worker.
 
-        Reading runs on Rust threads, without the GIL, ahead of the consumer:
-        the next window's tiles are fetched (still compressed) while the next
-        group of chunks is decompressed and the current one is written, cell by
-        cell, into batches, ``prefetch`` of which wait ready. Memory is bounded
-        by that pipeline, not by the dataset or the number of epochs: about 3
-        windows of compressed tiles, 2 groups of decompressed chunks (4 bytes
-        per nonzero) and ``prefetch + 4`` batches (8 bytes per nonzero), per
-        process, kept for the next epoch (about 135 MB at the defaults for
-        tiles of 10,000 cells of 700 genes each).
+        Sampling. With ``weights`` (one non-negative weight per cell of
+        ``cells``, or of the dataset), an epoch is ``num_samples`` cells
+        (default: as many as there are) drawn with replacement, each with
+        probability in proportion to its weight. ``balance="COLUMN"`` (a
+        category column) makes the weights so that every class of it is
+        equally likely, or as likely as ``class_weights={label: weight}``
+        says (classes left out are not drawn); cells missing a value are not
+        drawn. The draw is fixed by ``(seed, epoch)`` and the same for every
+        rank and worker, which then split it as above; each tile is still
+        read once per share and epoch.
+
+        Reading runs on Rust threads, without the GIL, ahead of the consumer.
+        Memory is bounded by the pipeline, not by the dataset or the number of
+        epochs: the window and a few more tiles (compressed), the open
+        chunks and a few decompressed ahead (4 bytes per nonzero) and
+        ``prefetch + 4`` batches (8 bytes per nonzero), per process, kept for
+        the next epoch.
 
         ``obs_columns`` are localized (copied into the local cache) when the
         iteration starts, then looked up for every batch.
 
+        Raises :class:`InvalidArgumentError` (a ``ValueError``) for an
+        argument out of its range, and :class:`UnknownNameError` (a
+        ``KeyError``) for an obs column or class the dataset does not have,
+        before anything is read.
+
         >>> for epoch in range(10):
         ...     for batch in ds.batches(1024, epoch=epoch, obs_columns=["cell_type"]):
         ...         x, y = batch.X.to_scipy(), batch.obs["cell_type"]
+        >>> balanced = ds.batches(1024, balance="cell_type")
         """
         from ._loader import Loader
 
-        options = dict(
-            batch_size=int(batch_size), shuffle=bool(shuffle), seed=int(seed), epoch=int(epoch), rank=int(rank),
-            world_size=int(world_size), worker=int(worker), num_workers=int(num_workers),
-            drop_last=bool(drop_last), window_tiles=int(window_tiles), mix_chunks=int(mix_chunks),
-            prefetch=int(prefetch),
+        options = loader_options(
+            batch_size=batch_size, shuffle=shuffle, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
+            worker=worker, num_workers=num_workers, drop_last=drop_last, window_tiles=window_tiles,
+            mix_chunks=mix_chunks, prefetch=prefetch,
         )
-        return Loader(self, options, obs_columns, cells)
+        return Loader(
+            self, options, obs_columns, cells, weights=weights, num_samples=num_samples, balance=balance,
+            class_weights=class_weights,
+        )
+
+    def split(
+        self,
+        by: str,
+        fractions: Sequence[float] = (0.8, 0.1, 0.1),
+        seed: int = 0,
+        cells: Cells | None = None,
+    ) -> tuple[np.ndarray, ...]:
+        """Splits the cells (or ``cells``) into parts by the groups of obs
+        column ``by`` (a donor or sample column, say): every group goes whole
+        into one part, so that no donor is in two. Returns one sorted int64
+        array of cell indices per fraction, to pass as ``cells=``.
+
+        The groups are placed largest first, each in the part furthest below
+        its share, ties in an order fixed by ``seed``: each part's cells are
+        within the size of the largest group of its target
+        (``fraction * cells``). Missing values form a group of their own.
+        Fractions must be non-negative and sum to 1.
+
+        >>> train, val, test = ds.split(by="donor_id", fractions=(0.8, 0.1, 0.1), seed=0)
+        >>> loader = ds.batches(1024, cells=train)
+        """
+        from ._sampling import split
+
+        seed = integer("seed", seed, 0)
+        self.obs.kind(by)
+        index = None if cells is None else self.obs._cells(cells)
+        return split(self.obs, by, fractions, seed, index)
 
     def to_anndata(
         self,
@@ -312,6 +365,37 @@ class Dataset:
             f"<deltacells.Dataset {self.root!r}: {self.n_cells:,} cells x {self.n_genes:,} genes "
             f"in {self.n_tiles:,} {'tile' if self.n_tiles == 1 else 'tiles'}>"
         )
+
+
+#: Largest batch_size and prefetch accepted (the loader's queue is
+#: reserved at its size; a batch never holds more cells than its share).
+MAX_BATCH_SIZE = 1 << 31
+MAX_PREFETCH = 1024
+MAX_U64 = (1 << 64) - 1
+
+
+def loader_options(
+    *, batch_size: Any, shuffle: Any, seed: Any, epoch: Any, rank: Any, world_size: Any, worker: Any,
+    num_workers: Any, drop_last: Any, window_tiles: Any, mix_chunks: Any, prefetch: Any,
+) -> dict[str, Any]:
+    """The loader's options checked (each named in the error that refuses
+    it), as the dict the Rust loader takes."""
+    world = integer("world_size", world_size, 1, 1 << 32)
+    workers = integer("num_workers", num_workers, 1, 1 << 32)
+    return dict(
+        batch_size=integer("batch_size", batch_size, 1, MAX_BATCH_SIZE),
+        shuffle=flag("shuffle", shuffle),
+        seed=integer("seed", seed, 0, MAX_U64),
+        epoch=integer("epoch", epoch, 0, MAX_U64),
+        rank=integer("rank", rank, 0, world - 1),
+        world_size=world,
+        worker=integer("worker", worker, 0, workers - 1),
+        num_workers=workers,
+        drop_last=flag("drop_last", drop_last),
+        window_tiles=integer("window_tiles", window_tiles, 1, 1 << 32),
+        mix_chunks=integer("mix_chunks", mix_chunks, 1, 1 << 32),
+        prefetch=integer("prefetch", prefetch, 1, MAX_PREFETCH),
+    )
 
 
 def open_dataset(

@@ -24,4 +24,26 @@ class CellIndexError(DeltacellsError, IndexError):
     """A cell (or tile, or obs column) that the dataset does not have."""
 
 
-__all__ = ["DeltacellsError", "DatasetNotFoundError", "CorruptDatasetError", "CellIndexError"]
+class InvalidArgumentError(DeltacellsError, ValueError):
+    """An argument out of its range or of the wrong form (a negative weight,
+    fractions that do not sum to 1...); the message names the argument and
+    its value."""
+
+
+class UnknownNameError(DeltacellsError, KeyError):
+    """A name the dataset does not have: an obs column, or a class of a
+    category column. The message names it and what there is."""
+
+    def __str__(self) -> str:
+        # KeyError's str() is the repr of its argument; ours reads as a sentence.
+        return str(self.args[0]) if self.args else ""
+
+
+__all__ = [
+    "DeltacellsError",
+    "DatasetNotFoundError",
+    "CorruptDatasetError",
+    "CellIndexError",
+    "InvalidArgumentError",
+    "UnknownNameError",
+]

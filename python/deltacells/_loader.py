@@ -3,12 +3,14 @@ Rust threads (see :meth:`deltacells.Dataset.batches`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._dataset import Batch
+from ._args import integer
+from ._dataset import MAX_U64, Batch
+from ._errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from ._dataset import Cells, Dataset
@@ -54,19 +56,53 @@ class Loader:
     with ``spawn`` as well as ``fork``.
     """
 
-    def __init__(self, dataset: Dataset, options: dict[str, Any], obs_columns: Sequence[str] | None,
-                 cells: Cells | None) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        options: dict[str, Any],
+        obs_columns: Sequence[str] | None,
+        cells: Cells | None,
+        *,
+        weights: Sequence[float] | np.ndarray | None = None,
+        num_samples: int | None = None,
+        balance: str | None = None,
+        class_weights: Mapping[Any, float] | None = None,
+    ) -> None:
         self.dataset = dataset
         self.options = dict(options)
+        if obs_columns is not None and (isinstance(obs_columns, str) or not isinstance(obs_columns, Sequence)):
+            raise InvalidArgumentError(f"obs_columns must be a list of column names, not {obs_columns!r}")
         self.obs_columns = list(obs_columns) if obs_columns else []
         for name in self.obs_columns:
             dataset.obs.kind(name)  # an unknown column fails here, not in a worker
-        self.cells = None if cells is None else dataset._cell_array(cells)
+        self.cells = None if cells is None else dataset.obs._cells(cells)
+        self.num_samples = None if num_samples is None else integer("num_samples", num_samples, 0, MAX_U64)
+        if num_samples is not None and weights is None and balance is None:
+            raise InvalidArgumentError("num_samples is the size of an epoch drawn by weights= or balance=")
+        if class_weights is not None and balance is None:
+            raise InvalidArgumentError("class_weights goes with balance= (the category column they weigh)")
+        self.weights: np.ndarray | None = None
+        if weights is not None and balance is not None:
+            raise InvalidArgumentError("give weights= or balance=, not both")
+        if weights is not None:
+            try:
+                self.weights = np.ascontiguousarray(weights, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise InvalidArgumentError(f"weights must be numbers, one per cell, not {weights!r:.80}") from None
+            if self.weights.ndim != 1:
+                raise InvalidArgumentError(f"weights must be one-dimensional, not of shape {self.weights.shape}")
+        elif balance is not None:
+            from ._sampling import balance_weights
+
+            if not isinstance(balance, str):
+                raise InvalidArgumentError(f"balance must be the name of a category column, not {balance!r}")
+            self.weights = balance_weights(dataset.obs, balance, self.cells, class_weights)
         self._size: tuple[int, int] | None = None
+        self._epoch_size()  # checks every option (and the weights) now, before any thread starts
 
     def set_epoch(self, epoch: int) -> None:
         """Reads epoch ``epoch`` next (another tile and cell order when shuffling)."""
-        self.options["epoch"] = int(epoch)
+        self.options["epoch"] = integer("epoch", epoch, 0, MAX_U64)
         self._size = None
 
     @property
@@ -75,7 +111,7 @@ class Loader:
 
     def _epoch_size(self) -> tuple[int, int]:
         if self._size is None:
-            self._size = self.dataset._raw.epoch_size(self.cells, self.options)
+            self._size = self.dataset._raw.epoch_size(self.cells, self.options, self.weights, self.num_samples)
         return self._size
 
     @property
@@ -94,7 +130,7 @@ class Loader:
             missing = [c for c in self.obs_columns if c not in obs._loaded]
             if missing:
                 obs.localize(missing)
-        raw = dataset._raw.batches(self.cells, self.options)
+        raw = dataset._raw.batches(self.cells, self.options, self.weights, self.num_samples)
         n_genes = dataset.n_genes
         columns = self.obs_columns
         for cells, indptr, indices, data in raw:

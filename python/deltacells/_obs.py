@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _deltacells
-from ._errors import CellIndexError, DeltacellsError
+from ._errors import CellIndexError, DeltacellsError, InvalidArgumentError, UnknownNameError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -54,11 +54,18 @@ class Obs:
         """Every obs column, in stored order (``obs_names`` first, when stored)."""
         return [c["name"] for c in self._schema]
 
+    @property
+    def n_cells(self) -> int:
+        """Rows: the dataset's cells."""
+        return self._dataset.n_cells
+
     def _column(self, name: str) -> dict[str, Any]:
         try:
             return self._by_name[name]
-        except KeyError:
-            raise KeyError(f"{self._dataset.root}: no obs column {name!r}; the columns are {self.columns}") from None
+        except (KeyError, TypeError):
+            raise UnknownNameError(
+                f"{self._dataset.root}: no obs column {name!r}; the columns are {self.columns}"
+            ) from None
 
     def kind(self, column: str) -> str:
         """``category``, ``numeric``, ``bool`` or ``string``."""
@@ -125,6 +132,32 @@ class Obs:
             )
             self.localize([name])
         return self._loaded[name]
+
+    def column_array(self, column: str) -> pa.ChunkedArray:
+        """Every value of ``column``, in cell order, as a pyarrow ChunkedArray
+        over the memory-mapped cache file (categories as their codes)."""
+        return self._get(column)
+
+    def where(self, column: str | None = None, values: Any = None, **conditions: Any) -> np.ndarray:
+        """The cells whose ``column`` holds one of ``values``, as sorted int64
+        indices, to pass as ``cells=`` to :meth:`Dataset.batches` or
+        :meth:`Dataset.get_batch`.
+
+        ``values`` is one value or a list of them: category labels for a
+        category column (a label the column does not have raises
+        :class:`UnknownNameError`), values of the column's type otherwise.
+        Several columns are given as keywords, and all must match:
+
+        >>> train_b = ds.obs.where("cell_type", ["B cells", "NK cells"])
+        >>> ctrl_d1 = ds.obs.where(condition="ctrl", donor="d1")
+        """
+        from ._sampling import where
+
+        if column is not None:
+            if column in conditions:
+                raise InvalidArgumentError(f"obs column {column!r} is given twice")
+            conditions = {column: values, **conditions}
+        return where(self, conditions)
 
     def _cells(self, cells: Cells) -> np.ndarray:
         array = self._dataset._cell_array(cells)

@@ -8,7 +8,7 @@ Importing this module imports torch; the rest of the package never does.
 >>> for epoch in range(10):
 ...     data.set_epoch(epoch)
 ...     for batch in loader:
-...         x = batch["X"]                 # torch.sparse_csr_tensor, float32
+...         x = batch["X"]                 # torch.sparse_csr_tensor, float32 values
 ...         y = batch["obs"]["cell_type"]  # torch.Tensor of category codes
 
 Each DataLoader worker reads its own share of every epoch (the worker index
@@ -25,31 +25,46 @@ dataset itself, on first use, whether it was started with ``fork`` or
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 import torch.utils.data
 
-from ._dataset import Cells, Dataset
+from ._args import integer
+from ._dataset import Cells, Dataset, loader_options
 from ._loader import CellBatch
+
+
+def _tensor(values: np.ndarray) -> torch.Tensor:
+    # Arrays over the memory-mapped obs cache are read-only; torch warns about
+    # those, so they are copied (a batch's worth of values).
+    return torch.from_numpy(values if values.flags.writeable else values.copy())
 
 
 def to_tensors(batch: CellBatch, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
     """A :class:`CellBatch` as torch types: ``{"X": sparse CSR tensor of
     dtype, "cells": int64 tensor, "obs": {column: tensor, or the NumPy array
-    for string and object columns}}``. ``X``'s index arrays are shared with the
-    batch (no copy); its values are converted to ``dtype``."""
+    for string and object columns}}``. ``X``'s column indices are shared
+    with the batch (no copy; int32, with int32 row offsets); its values are
+    converted to ``dtype``. Such a dict works with ``pin_memory=True``."""
     x = batch.X
-    crow = torch.from_numpy(x.indptr)
-    col = torch.from_numpy(x.indices.astype(np.int64, copy=False))
+    crow = torch.from_numpy(x.indptr.astype(np.int32))
+    col = torch.from_numpy(x.indices)
     values = torch.from_numpy(x.data).to(dtype)
-    matrix = torch.sparse_csr_tensor(crow, col, values, size=x.shape)
+    matrix = torch.sparse_csr_tensor(crow, col, values, size=x.shape, check_invariants=False)
     obs: dict[str, Any] = {}
     for name, v in batch.obs.items():
-        obs[name] = torch.from_numpy(v) if v.dtype.kind in "biuf" else v
+        obs[name] = _tensor(v) if v.dtype.kind in "biuf" else v
     return {"X": matrix, "cells": torch.from_numpy(batch.cells), "obs": obs}
+
+
+def _distributed() -> tuple[int, int]:
+    """(rank, world size) of this process's torch.distributed group, or (0, 1)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
 
 
 class CellDataset(torch.utils.data.IterableDataset):
@@ -57,14 +72,20 @@ class CellDataset(torch.utils.data.IterableDataset):
 
     ``root`` and ``open_options`` are those of :func:`deltacells.open_dataset`;
     the other arguments those of :meth:`deltacells.Dataset.batches` (rank,
-    world size, worker and worker count are filled in). ``transform`` turns
-    each :class:`CellBatch` into what is yielded (default :func:`to_tensors`;
-    pass ``lambda b: b`` for the batch itself). ``threads`` are the decoding
-    threads of each worker (default: the cores divided among the workers).
+    world size, worker and worker count are filled in), sampling included
+    (``weights``, ``num_samples``, ``balance``, ``class_weights``).
+    ``transform`` turns each :class:`CellBatch` into what is yielded (default
+    :func:`to_tensors`; pass ``lambda b: b`` for the batch itself).
+    ``threads`` are the decoding threads of each worker (default: the cores
+    divided among the workers). ``rank`` and ``world_size`` default to those
+    of ``torch.distributed`` when its process group is initialized (read when
+    the dataset is made and at each :meth:`set_epoch`, in the process that
+    owns the DataLoader: its workers have no process group of their own).
 
     Call :meth:`set_epoch` before each epoch, as with ``DistributedSampler``.
-    With ``persistent_workers=True`` the workers keep the epoch they started
-    with; leave it off, or advance ``epoch`` in your own ``transform``.
+    The epoch is kept in shared memory, so workers started with
+    ``persistent_workers=True`` read the epoch set last when the next epoch
+    begins, whether they were started with ``fork`` or ``spawn``.
     """
 
     def __init__(
@@ -77,30 +98,56 @@ class CellDataset(torch.utils.data.IterableDataset):
         obs_columns: Sequence[str] | None = None,
         cells: Cells | None = None,
         drop_last: bool = False,
-        window_tiles: int = 4,
-        mix_chunks: int = 4,
+        window_tiles: int = 8,
+        mix_chunks: int = 16,
         prefetch: int = 4,
+        weights: Sequence[float] | np.ndarray | None = None,
+        num_samples: int | None = None,
+        balance: str | None = None,
+        class_weights: Mapping[Any, float] | None = None,
         threads: int | None = None,
         transform: Callable[[CellBatch], Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
         **open_options: Any,
     ) -> None:
         super().__init__()
         self.root = str(root)
+        # Checked here, in the main process, rather than in every worker.
+        loader_options(
+            batch_size=batch_size, shuffle=shuffle, seed=seed, epoch=0, rank=rank or 0,
+            world_size=1 if world_size is None else world_size, worker=0,
+            num_workers=1, drop_last=drop_last, window_tiles=window_tiles, mix_chunks=mix_chunks, prefetch=prefetch,
+        )
         self.batch_options = dict(
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, window_tiles=window_tiles,
-            mix_chunks=mix_chunks, prefetch=prefetch,
+            mix_chunks=mix_chunks, prefetch=prefetch, weights=weights, num_samples=num_samples, balance=balance,
+            class_weights=class_weights,
         )
         self.obs_columns = list(obs_columns) if obs_columns else None
         self.cells = None if cells is None else np.asarray(cells, dtype=np.int64)
         self.threads = threads
         self.transform = to_tensors if transform is None else transform
         self.open_options = open_options
-        self.epoch = 0
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
         self._dataset: Dataset | None = None
+        # DataLoader workers are processes of their own, where the process
+        # group is not initialized: the rank is read here, in the process
+        # that made the dataset, and again by set_epoch.
+        self._explicit_rank = rank
+        self.rank, self.world_size = _distributed() if rank is None else (rank, world_size or 1)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration reads."""
+        return int(self._epoch.item())
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch the next iteration reads (its tile and cell order)."""
-        self.epoch = int(epoch)
+        """The epoch the next iteration reads (its tile and cell order), in this
+        process and in its DataLoader's workers, persistent ones included."""
+        self._epoch.fill_(integer("epoch", epoch, 0, (1 << 63) - 1))
+        if self._explicit_rank is None:
+            self.rank, self.world_size = _distributed()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -119,9 +166,9 @@ class CellDataset(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        rank, world_size = 0, 1
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        rank, world_size = self.rank, self.world_size
+        if info is None and self._explicit_rank is None:
+            rank, world_size = _distributed()
         dataset = self._open(num_workers)
         loader = dataset.batches(
             **self.batch_options, epoch=self.epoch, rank=rank, world_size=world_size, worker=worker,

@@ -32,7 +32,7 @@ enum Kind {
     Corrupt,
     /// A cell index out of range (also an IndexError).
     Index,
-    /// An argument out of its range (a ValueError).
+    /// An argument out of its range (an InvalidArgumentError, also a ValueError).
     Value,
     /// Anything else: storage unreachable, cache not writable...
     Other,
@@ -103,11 +103,10 @@ impl Failure {
             Kind::NotFound => "DatasetNotFoundError",
             Kind::Corrupt => "CorruptDatasetError",
             Kind::Index => "CellIndexError",
-            Kind::Value => "ValueError",
+            Kind::Value => "InvalidArgumentError",
             Kind::Other => "DeltacellsError",
         };
-        let module = if matches!(self.kind, Kind::Value) { "builtins" } else { "deltacells._errors" };
-        let class = py.import(module).and_then(|m| m.getattr(name));
+        let class = py.import("deltacells._errors").and_then(|m| m.getattr(name));
         match class {
             Ok(class) => match class.call1((self.message.clone(),)) {
                 Ok(instance) => PyErr::from_value(instance),
@@ -157,6 +156,11 @@ fn as_i64(v: Vec<u64>) -> Vec<i64> {
 /// the GIL can be released while they are used.
 fn cell_vec(cells: &PyReadonlyArray1<'_, i64>) -> Vec<i64> {
     cells.as_slice().map(<[i64]>::to_vec).unwrap_or_else(|_| cells.as_array().to_vec())
+}
+
+/// A NumPy float64 array's values, copied out as `cell_vec` copies cells.
+fn weight_vec(weights: &PyReadonlyArray1<'_, f64>) -> Vec<f64> {
+    weights.as_slice().map(<[f64]>::to_vec).unwrap_or_else(|_| weights.as_array().to_vec())
 }
 
 type CsrArrays<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>);
@@ -304,9 +308,24 @@ impl RawDataset {
         }
     }
 
-    fn plan(&self, cells: Option<&[i64]>, options: &LoaderArgs) -> Result<EpochPlan, Failure> {
+    /// One epoch's share over `cells` (or every cell); with `weights`, over
+    /// `num_samples` cells drawn from them by weight (default: as many as
+    /// there are).
+    fn plan(
+        &self,
+        cells: Option<&[i64]>,
+        weights: Option<&[f64]>,
+        num_samples: Option<u64>,
+        options: &LoaderArgs,
+    ) -> Result<EpochPlan, Failure> {
         let cells = cells.map(|c| self.check_cells(c)).transpose()?;
-        Ok(EpochPlan::new(&self.dataset, cells.as_deref(), &options.0)?)
+        let Some(weights) = weights else {
+            return Ok(EpochPlan::new(&self.dataset, cells.as_deref(), &options.0)?);
+        };
+        let n = self.dataset.n_cells();
+        let draws = num_samples.unwrap_or_else(|| cells.as_ref().map_or(n, |c| c.len() as u64));
+        let drawn = loader::draw_by_weight(n, cells.as_deref(), weights, draws, &options.0)?;
+        Ok(EpochPlan::new(&self.dataset, Some(&drawn), &options.0)?)
     }
 
     fn check_cells(&self, cells: &[i64]) -> Result<Vec<u64>, Failure> {
@@ -480,31 +499,37 @@ impl RawDataset {
 
     /// Plans one epoch's share (see `deltacells::loader::EpochPlan`):
     /// (cells, batches) it yields.
-    #[pyo3(signature = (cells, options))]
+    #[pyo3(signature = (cells, options, weights=None, num_samples=None))]
     fn epoch_size(
         &self,
         py: Python<'_>,
         cells: Option<PyReadonlyArray1<'_, i64>>,
         options: LoaderArgs,
+        weights: Option<PyReadonlyArray1<'_, f64>>,
+        num_samples: Option<u64>,
     ) -> PyResult<(u64, u64)> {
         let cells = cells.as_ref().map(cell_vec);
+        let weights = weights.as_ref().map(weight_vec);
         detached(py, || {
-            let plan = self.plan(cells.as_deref(), &options)?;
+            let plan = self.plan(cells.as_deref(), weights.as_deref(), num_samples, &options)?;
             Ok((plan.n_cells(), plan.n_batches()))
         })
     }
 
     /// Starts reading one epoch's share in batches, on background threads.
-    #[pyo3(signature = (cells, options))]
+    #[pyo3(signature = (cells, options, weights=None, num_samples=None))]
     fn batches(
         &self,
         py: Python<'_>,
         cells: Option<PyReadonlyArray1<'_, i64>>,
         options: LoaderArgs,
+        weights: Option<PyReadonlyArray1<'_, f64>>,
+        num_samples: Option<u64>,
     ) -> PyResult<RawBatches> {
         let cells = cells.as_ref().map(cell_vec);
+        let weights = weights.as_ref().map(weight_vec);
         detached(py, || {
-            let plan = self.plan(cells.as_deref(), &options)?;
+            let plan = self.plan(cells.as_deref(), weights.as_deref(), num_samples, &options)?;
             let (n_cells, n_batches) = (plan.n_cells(), plan.n_batches());
             let buffers = self.loader_buffers(&options.0);
             let batches = loader::Batches::start(self.dataset.clone(), plan, Some(self.thread_pool()?), &buffers)?;

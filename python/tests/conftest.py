@@ -47,6 +47,17 @@ def pbmc() -> tuple[Path, Path]:
     return files
 
 
+@pytest.fixture(scope="session")
+def torch():
+    """torch, which scripts/setup.sh installs for the tests (it is not a
+    dependency of deltacells)."""
+    try:
+        import torch
+    except ImportError:
+        _missing("torch is not installed (bash scripts/setup.sh installs it into .venv)")
+    return torch
+
+
 def run(binary: Path, *args: str | Path) -> subprocess.CompletedProcess:
     """Runs the deltacells binary; fails the test with its stderr if it fails."""
     env = dict(os.environ, HDF5_USE_FILE_LOCKING="FALSE")

@@ -234,3 +234,117 @@ fn reused_buffers_of_any_length_give_the_same_batches() {
         }
     }
 }
+
+fn read_on(ds: &Arc<Dataset>, cells: Option<&[u64]>, options: &LoaderOptions, threads: usize) -> Vec<LoaderBatch> {
+    let pool = Arc::new(rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap());
+    let plan = EpochPlan::new(ds, cells, options).unwrap();
+    Batches::start(ds.clone(), plan, Some(pool), &LoaderBuffers::new(options)).unwrap().map(Result::unwrap).collect()
+}
+
+#[test]
+fn the_order_does_not_depend_on_the_threads() {
+    let (_dir, ds, _) = dataset(2000, 97);
+    let subset: Vec<u64> = (0..2000).filter(|c| c % 5 != 2).collect();
+    for cells in [None, Some(&subset[..])] {
+        let options = LoaderOptions {
+            batch_size: 37,
+            seed: 11,
+            epoch: 2,
+            window_tiles: 3,
+            mix_chunks: 5,
+            ..LoaderOptions::default()
+        };
+        let one = cells_of(&read_on(&ds, cells, &options, 1));
+        for threads in [2, 3, 8] {
+            assert_eq!(cells_of(&read_on(&ds, cells, &options, threads)), one, "{threads} threads");
+        }
+    }
+}
+
+#[test]
+fn a_batch_draws_on_the_chunks_of_the_whole_window() {
+    // 21 tiles of 97 cells, 4 chunks each: a window of 8 tiles and 16 open
+    // chunks give batches of 64 cells from many tiles; a window of one tile
+    // and one open chunk gives batches from one or two tiles.
+    let (_dir, ds, _) = dataset(2000, 97);
+    let tiles_per_batch = |options: LoaderOptions| -> f64 {
+        let batches = read(&ds, None, &LoaderOptions { batch_size: 64, ..options });
+        let full: Vec<&LoaderBatch> = batches.iter().filter(|b| b.cells.len() == 64).collect();
+        let tiles: usize =
+            full.iter().map(|b| b.cells.iter().map(|c| c / 97).collect::<std::collections::HashSet<u64>>().len()).sum();
+        tiles as f64 / full.len() as f64
+    };
+    let wide = tiles_per_batch(LoaderOptions::default());
+    let narrow = tiles_per_batch(LoaderOptions { window_tiles: 1, mix_chunks: 1, ..LoaderOptions::default() });
+    assert!(wide >= 5.0, "{wide} tiles per batch with a window of 8 and 16 open chunks");
+    assert!(narrow <= 2.0, "{narrow} tiles per batch with a window of 1 and 1 open chunk");
+}
+
+#[test]
+fn draws_by_weight_follow_the_weights() {
+    let (_dir, ds, _) = dataset(300, 97);
+    let options = LoaderOptions { batch_size: 100, seed: 3, ..LoaderOptions::default() };
+    // Cells 0..100 weigh 1 each, 100..200 2, 200..250 nothing, 250..300 5:
+    // the groups are drawn 100, 200, 0 and 250 times in 550.
+    let weight = |c: usize| [1.0, 2.0, 0.0, 5.0][if c < 200 { c / 100 } else { 2 + (c - 200) / 50 }];
+    let weights: Vec<f64> = (0..300).map(weight).collect();
+    let draws = draw_by_weight(300, None, &weights, 20_000, &options).unwrap();
+    assert_eq!(draws, draw_by_weight(300, None, &weights, 20_000, &options).unwrap(), "fixed by seed and epoch");
+    let other = draw_by_weight(300, None, &weights, 20_000, &LoaderOptions { epoch: 1, ..options.clone() }).unwrap();
+    assert_ne!(draws, other, "another epoch, other draws");
+    let mut groups = [0usize; 4];
+    for &d in &draws {
+        let d = d as usize;
+        groups[if d < 200 { d / 100 } else { 2 + (d - 200) / 50 }] += 1;
+    }
+    assert_eq!(groups[2], 0, "a cell of weight zero is never drawn");
+    for (group, share) in [(0, 100.0 / 550.0), (1, 200.0 / 550.0), (3, 250.0 / 550.0)] {
+        let got = groups[group] as f64 / 20_000.0;
+        assert!((got - share).abs() < 0.015, "group {group}: {got} of the draws, {share} wanted");
+    }
+    // Over a subset, the weights are the subset's and so are the draws.
+    let subset = [10u64, 250];
+    let drawn = draw_by_weight(300, Some(&subset), &[1.0, 3.0], 200, &options).unwrap();
+    assert!(drawn.iter().all(|c| subset.contains(c)));
+    // The loader reads the draws: every share together yields each as often as drawn.
+    let mut seen = Vec::new();
+    for rank in 0..2 {
+        seen.extend(cells_of(&read(&ds, Some(&draws), &LoaderOptions { rank, world_size: 2, ..options.clone() })));
+    }
+    let mut want = draws.clone();
+    want.sort_unstable();
+    seen.sort_unstable();
+    assert_eq!(seen, want);
+}
+
+#[test]
+fn bad_weights_are_refused_naming_them() {
+    let o = LoaderOptions::default();
+    let message = |cells: Option<&[u64]>, weights: &[f64], n: u64| match draw_by_weight(4, cells, weights, n, &o) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("accepted {weights:?}"),
+    };
+    assert_eq!(message(None, &[1.0, 1.0], 4), "weights has 2 values, not one per cell of the dataset (4)");
+    assert_eq!(message(Some(&[1]), &[1.0, 1.0], 4), "weights has 2 values, not one per cell of cells (1)");
+    assert_eq!(message(None, &[1.0, -1.0, 0.0, 0.0], 4), "weights[1] is -1: weights must be finite and not negative");
+    assert_eq!(
+        message(None, &[1.0, f64::NAN, 0.0, 0.0], 4),
+        "weights[1] is NaN: weights must be finite and not negative"
+    );
+    assert_eq!(message(None, &[0.0; 4], 4), "weights are all zero: no cell can be drawn");
+    assert_eq!(
+        message(None, &[1.0, 0.0, 0.0, 0.0], 101),
+        "num_samples 101 is more than 100 draws for each of the 1 cells with a weight"
+    );
+}
+
+#[test]
+fn huge_batch_sizes_reserve_only_what_the_cells_need() {
+    let (_dir, ds, _) = dataset(300, 97);
+    let options = LoaderOptions { batch_size: 1 << 40, ..LoaderOptions::default() };
+    let batches = read(&ds, None, &options);
+    assert_eq!(batches.len(), 1);
+    assert_eq!(batches[0].cells.len(), 300);
+    let refused = EpochPlan::new(&ds, None, &LoaderOptions { prefetch: 1 << 30, ..LoaderOptions::default() });
+    assert_eq!(refused.err().unwrap().to_string(), "prefetch must be from 1 to 1024, not 1073741824");
+}

@@ -63,7 +63,20 @@ pub struct ParsedTile<'a> {
 impl<'a> ParsedTile<'a> {
     /// Checks `blob` as [`decode_tile_into`] does before it decodes.
     pub fn parse(blob: &'a [u8], expect: Option<&TileExpectation>) -> Result<Self, TileError> {
-        let layout = TileLayout::parse(blob, expect)?;
+        Self::parse_with(blob, expect, true)
+    }
+
+    /// [`ParsedTile::parse`] of bytes that passed it before and have been
+    /// kept unchanged in memory since: every check again but the CRC (the
+    /// only one whose cost grows with the whole tile). A reader that keeps a
+    /// tile's bytes while it decodes the chunks one at a time parses it
+    /// again this way for each, instead of keeping a borrow of the bytes.
+    pub fn parse_again(blob: &'a [u8], expect: Option<&TileExpectation>) -> Result<Self, TileError> {
+        Self::parse_with(blob, expect, false)
+    }
+
+    fn parse_with(blob: &'a [u8], expect: Option<&TileExpectation>, check_crc: bool) -> Result<Self, TileError> {
+        let layout = TileLayout::parse_with(blob, expect, check_crc)?;
         // Every frame's declared size is checked before the output is sized, so a
         // lying header cannot make us allocate more than the frames would produce.
         for (c, chunk) in layout.chunks.iter().enumerate() {

@@ -89,6 +89,17 @@ pub(super) fn seal(blob: &mut [u8]) {
 /// Parses and checks the header of `blob`: magic, version, flags, reserved field,
 /// n_genes range, total size and CRC.
 pub fn parse_header(blob: &[u8]) -> Result<TileHeader, TileError> {
+    let header = parse_header_fields(blob)?;
+    let computed = crc32fast::hash(&blob[HEADER_LEN..]);
+    if computed != header.crc32 {
+        return Err(TileError::Checksum { stored: header.crc32, computed });
+    }
+    Ok(header)
+}
+
+/// Every check of [`parse_header`] but the CRC, for bytes whose CRC this
+/// process has already checked.
+pub(super) fn parse_header_fields(blob: &[u8]) -> Result<TileHeader, TileError> {
     if cfg!(target_endian = "big") {
         return Err(TileError::BigEndianHost);
     }
@@ -124,10 +135,6 @@ pub fn parse_header(blob: &[u8]) -> Result<TileHeader, TileError> {
     }
     if header.total_size != blob.len() as u64 {
         return Err(TileError::TotalSize { header: header.total_size, actual: blob.len() as u64 });
-    }
-    let computed = crc32fast::hash(&blob[HEADER_LEN..]);
-    if computed != header.crc32 {
-        return Err(TileError::Checksum { stored: header.crc32, computed });
     }
     Ok(header)
 }

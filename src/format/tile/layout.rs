@@ -5,7 +5,9 @@
 use std::ops::Range;
 
 use super::super::error::{Stream, TileError};
-use super::header::{parse_header, ChunkEntry, StreamRef, TileHeader, CHUNK_ENTRY_LEN, HEADER_LEN};
+use super::header::{
+    parse_header, parse_header_fields, ChunkEntry, StreamRef, TileHeader, CHUNK_ENTRY_LEN, HEADER_LEN,
+};
 
 /// What the manifest says a tile must hold. The header lies outside the CRC, so
 /// a reader compares it with the manifest (decisions.md 1).
@@ -31,7 +33,14 @@ fn layout_err(reason: impl Into<String>) -> TileError {
 
 impl<'a> TileLayout<'a> {
     pub fn parse(blob: &'a [u8], expect: Option<&TileExpectation>) -> Result<Self, TileError> {
-        let header = parse_header(blob)?;
+        Self::parse_with(blob, expect, true)
+    }
+
+    /// [`TileLayout::parse`], checking the CRC only when `check_crc`: bytes
+    /// whose CRC was checked before (by the same process, kept unchanged in
+    /// memory) need not be hashed again.
+    pub fn parse_with(blob: &'a [u8], expect: Option<&TileExpectation>, check_crc: bool) -> Result<Self, TileError> {
+        let header = if check_crc { parse_header(blob)? } else { parse_header_fields(blob)? };
         if let Some(expect) = expect {
             for (field, have, want) in [
                 ("n_genes", u64::from(header.n_genes), u64::from(expect.n_genes)),

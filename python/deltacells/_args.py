@@ -1,0 +1,51 @@
+"""Checks of the arguments users pass, each raising an error that names the
+argument and its value before anything is read or started."""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+from ._errors import InvalidArgumentError
+
+
+def integer(name: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as an int (a Python or NumPy integer, not a float or a
+    string), within ``[minimum, maximum]`` where given."""
+    if isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be an integer, not {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise InvalidArgumentError(f"{name} must be an integer, not {value!r}") from None
+    if minimum is not None and number < minimum:
+        raise InvalidArgumentError(f"{name} must be at least {minimum}, not {number}")
+    if maximum is not None and number > maximum:
+        raise InvalidArgumentError(f"{name} must be at most {maximum}, not {number}")
+    return number
+
+
+def flag(name: str, value: Any) -> bool:
+    """``value`` as a bool: True, False (or a NumPy bool)."""
+    if value is True or value is False:
+        return value
+    try:
+        import numpy as np
+
+        if isinstance(value, np.bool_):
+            return bool(value)
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    raise InvalidArgumentError(f"{name} must be True or False, not {value!r}")
+
+
+def positive_number(name: str, value: Any) -> float:
+    """``value`` as a finite float above zero."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"{name} must be a number, not {value!r}") from None
+    if isinstance(value, bool) or not math.isfinite(number) or number <= 0:
+        raise InvalidArgumentError(f"{name} must be a finite number above zero, not {value!r}")
+    return number
