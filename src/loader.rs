@@ -751,10 +751,20 @@ fn cut_batches(
     let mut failure: Option<LoaderError> = None;
     let mut batch: Option<LoaderBatch> = None;
     let mut sent = 0u64;
+    // The chunks open at first come in one by one, a chunk's cells divided
+    // by `mix` draws apart, so that they do not all run out at once (they are
+    // drawn equally often): one is then replaced every so many cells, and
+    // the decoding keeps up, instead of the batcher waiting for `mix` new
+    // chunks together.
+    let (mut drawn, mut stagger) = (0usize, 0usize);
     loop {
-        while open.len() < mix && !exhausted {
+        let allowed = if stagger == 0 { 1 } else { mix.min(1 + drawn / stagger) };
+        while open.len() < allowed && !exhausted {
             match chunks.recv() {
                 Ok(Ok(chunk)) => {
+                    if stagger == 0 {
+                        stagger = (chunk.rows.len() / mix).max(1);
+                    }
                     open.push(chunk);
                 }
                 Ok(Err(e)) => {
@@ -770,6 +780,7 @@ fn cut_batches(
         let slot = if options.shuffle { rng.random_range(0..open.len()) } else { 0 };
         let chunk = &mut open[slot];
         let row = chunk.rows.pop().expect("open chunks have cells left");
+        drawn += 1;
         let current = batch.get_or_insert_with(new_batch);
         let x = &mut current.x;
         let filled = *x.indptr.last().expect("indptr starts at 0") as usize;
