@@ -758,7 +758,7 @@ fn cut_batches(
     // chunks together.
     let (mut drawn, mut stagger) = (0usize, 0usize);
     loop {
-        let allowed = if stagger == 0 { 1 } else { mix.min(1 + drawn / stagger) };
+        let allowed = drawn.checked_div(stagger).map_or(1, |d| mix.min(1 + d));
         while open.len() < allowed && !exhausted {
             match chunks.recv() {
                 Ok(Ok(chunk)) => {
