@@ -582,6 +582,79 @@ struct Piece {
     rows: Vec<u64>,
 }
 
+/// The decoding thread's window: the units whose chunks are still to be
+/// chosen, and the bytes of every unit with a chunk still to be decoded.
+struct Window {
+    /// Per unit: its tile's bytes while a chunk of it is to be decoded.
+    blobs: Vec<Option<bytes::Bytes>>,
+    /// Per unit: how many of its chunks are still to be chosen.
+    unchosen: Vec<usize>,
+    /// The chunks still to be chosen, of every unit in the window.
+    pending: Vec<Piece>,
+    /// Units in the window (with a chunk still to be chosen).
+    open: usize,
+    /// The next unit to let in.
+    next: usize,
+}
+
+impl Window {
+    /// Lets units in, as their tiles arrive (each checked once), while fewer
+    /// than `size` have chunks to choose. False when the fetcher has stopped,
+    /// which it does only when the loader is dropped.
+    fn admit(
+        &mut self,
+        size: usize,
+        dataset: &Dataset,
+        units: &[Unit],
+        tiles: &Receiver<Result<bytes::Bytes, LoaderError>>,
+    ) -> Result<bool, LoaderError> {
+        while self.open < size && self.next < units.len() {
+            let Ok(blob) = tiles.recv() else {
+                return Ok(false);
+            };
+            let blob = blob?;
+            let u = self.next;
+            let unit = &units[u];
+            let tile = dataset.parse_tile(unit.tile, &blob)?;
+            let mut i = 0;
+            for (chunk, cells) in tile.chunk_cells().enumerate() {
+                let mut rows = Vec::new();
+                while i < unit.rows.len() && unit.rows.get(i) < cells.end {
+                    rows.push(unit.rows.get(i));
+                    i += 1;
+                }
+                if !rows.is_empty() {
+                    self.pending.push(Piece { unit: u, chunk, rows });
+                    self.unchosen[u] += 1;
+                }
+            }
+            if self.unchosen[u] > 0 {
+                self.blobs[u] = Some(blob);
+                self.open += 1;
+            }
+            self.next += 1;
+        }
+        Ok(true)
+    }
+
+    /// The next chunk: one of the window's at random, or, without `rng`, the
+    /// first in dataset order. None when no chunk is left.
+    fn choose(&mut self, rng: Option<&mut Pcg64Mcg>) -> Option<Piece> {
+        if self.pending.is_empty() {
+            return None;
+        }
+        let piece = match rng {
+            Some(rng) => self.pending.swap_remove(rng.random_range(0..self.pending.len())),
+            None => self.pending.remove(0),
+        };
+        self.unchosen[piece.unit] -= 1;
+        if self.unchosen[piece.unit] == 0 {
+            self.open -= 1;
+        }
+        Some(piece)
+    }
+}
+
 /// The decoding thread. It keeps up to `window_tiles` units whose chunks are
 /// not all chosen yet (their tiles checked once, when they come in, and kept
 /// compressed), chooses the next chunk at random among all of theirs, and
@@ -604,68 +677,25 @@ fn decode_chunks(
     // neither.)
     let mut choose = rng_for(options, "chunks", &[plan.share as u64]);
     let mut shuffle_rows = rng_for(options, "rows", &[plan.share as u64]);
-    // Per unit: its tile's bytes while a chunk of it is to be decoded, and
-    // how many of its chunks are still to be chosen.
     // In dataset order one tile at a time is enough.
-    let window = if options.shuffle { options.window_tiles } else { 1 };
-    let mut blobs: Vec<Option<bytes::Bytes>> = vec![None; units.len()];
-    let mut unchosen = vec![0usize; units.len()];
-    let mut pending: Vec<Piece> = Vec::new();
-    let (mut open, mut next) = (0usize, 0usize);
-    // Lets units in while fewer than window_tiles have chunks to choose.
-    let admit = |pending: &mut Vec<Piece>,
-                 blobs: &mut Vec<Option<bytes::Bytes>>,
-                 unchosen: &mut Vec<usize>,
-                 open: &mut usize,
-                 next: &mut usize|
-     -> Result<bool, LoaderError> {
-        while *open < window && *next < units.len() {
-            let Ok(blob) = tiles.recv() else {
-                return Ok(false); // the fetcher stopped: only when we are dropped
-            };
-            let blob = blob?;
-            let u = *next;
-            let unit = &units[u];
-            let tile = dataset.parse_tile(unit.tile, &blob)?;
-            let mut i = 0;
-            for (chunk, cells) in tile.chunk_cells().enumerate() {
-                let mut rows = Vec::new();
-                while i < unit.rows.len() && unit.rows.get(i) < cells.end {
-                    rows.push(unit.rows.get(i));
-                    i += 1;
-                }
-                if !rows.is_empty() {
-                    pending.push(Piece { unit: u, chunk, rows });
-                    unchosen[u] += 1;
-                }
-            }
-            if unchosen[u] > 0 {
-                blobs[u] = Some(blob);
-                *open += 1;
-            }
-            *next += 1;
-        }
-        Ok(true)
+    let size = if options.shuffle { options.window_tiles } else { 1 };
+    let mut window = Window {
+        blobs: vec![None; units.len()],
+        unchosen: vec![0; units.len()],
+        pending: Vec::new(),
+        open: 0,
+        next: 0,
     };
     let result = (|| -> Result<(), LoaderError> {
         loop {
             let mut chosen: Vec<Piece> = Vec::with_capacity(group);
             while chosen.len() < group {
-                if !admit(&mut pending, &mut blobs, &mut unchosen, &mut open, &mut next)? {
+                if !window.admit(size, dataset, units, &tiles)? {
                     return Ok(());
                 }
-                if pending.is_empty() {
+                let Some(piece) = window.choose(options.shuffle.then_some(&mut choose)) else {
                     break;
-                }
-                let piece = if options.shuffle {
-                    pending.swap_remove(choose.random_range(0..pending.len()))
-                } else {
-                    pending.remove(0)
                 };
-                unchosen[piece.unit] -= 1;
-                if unchosen[piece.unit] == 0 {
-                    open -= 1;
-                }
                 chosen.push(piece);
             }
             if chosen.is_empty() {
@@ -676,7 +706,7 @@ fn decode_chunks(
                     .par_iter()
                     .map(|piece| {
                         let tile = units[piece.unit].tile;
-                        let blob = blobs[piece.unit].as_deref().unwrap_or_default();
+                        let blob = window.blobs[piece.unit].as_deref().unwrap_or_default();
                         let parsed = dataset.parse_tile_again(tile, blob)?;
                         let mut planes = pool_of_planes.take();
                         parsed.decode_planes(piece.chunk, &mut planes).map_err(|e| dataset.tile_error(tile, e))?;
@@ -685,8 +715,8 @@ fn decode_chunks(
                     .collect::<Result<Vec<ChunkPlanes>, DatasetError>>()
             })?;
             for (piece, planes) in chosen.into_iter().zip(decoded) {
-                if unchosen[piece.unit] == 0 {
-                    blobs[piece.unit] = None;
+                if window.unchosen[piece.unit] == 0 {
+                    window.blobs[piece.unit] = None;
                 }
                 let mut rows = piece.rows;
                 if options.shuffle {
