@@ -151,6 +151,13 @@ class CellDataset(torch.utils.data.IterableDataset):
         # that made the dataset, and again by set_epoch.
         self._explicit_rank = rank
         self.rank, self.world_size = _distributed() if rank is None else (rank, world_size or 1)
+        # Every option, the weights and classes too, is checked now, in this
+        # process, rather than in each worker as it starts (a dataset opened
+        # for that alone: each worker opens its own).
+        self._new_dataset(1).batches(
+            **self.batch_options, rank=self.rank, world_size=self.world_size, obs_columns=self.obs_columns,
+            cells=self.cells,
+        )
 
     @property
     def epoch(self) -> int:
@@ -169,13 +176,16 @@ class CellDataset(torch.utils.data.IterableDataset):
         state["_dataset"] = None  # opened again by each process
         return state
 
+    def _new_dataset(self, num_workers: int) -> Dataset:
+        threads = self.threads or max(1, (os.cpu_count() or 1) // num_workers)
+        options = dict(threads=threads, anonymous=False, endpoint=None, cache_bytes=0)
+        options.update(self.open_options)
+        cache_dir = options.pop("cache_dir", None)
+        return Dataset(self.root, options, cache_dir)
+
     def _open(self, num_workers: int) -> Dataset:
         if self._dataset is None:
-            threads = self.threads or max(1, (os.cpu_count() or 1) // num_workers)
-            options = dict(threads=threads, anonymous=False, endpoint=None, cache_bytes=0)
-            options.update(self.open_options)
-            cache_dir = options.pop("cache_dir", None)
-            self._dataset = Dataset(self.root, options, cache_dir)
+            self._dataset = self._new_dataset(num_workers)
         return self._dataset
 
     def __iter__(self) -> Iterator[Any]:

@@ -154,3 +154,16 @@ def test_a_linear_classifier_learns_the_condition(torch, binary: Path, pbmc, tmp
         accuracy = right / total
         assert total == 13_999
     assert accuracy > 0.9, accuracy
+
+
+def test_bad_options_are_refused_when_the_dataset_is_made(torch, root, ds) -> None:
+    from deltacells.torch import CellDataset
+
+    with pytest.raises(deltacells.InvalidArgumentError, match=r"weights has 3 values"):
+        CellDataset(root, weights=[1.0, 2.0, 3.0], cache_dir=ds.obs.cache_root)
+    with pytest.raises(deltacells.UnknownNameError, match="no obs column 'nope'"):
+        CellDataset(root, balance="nope", cache_dir=ds.obs.cache_root)
+    with pytest.raises(deltacells.InvalidArgumentError, match="rank must be at most 1, not 2"):
+        CellDataset(root, rank=2, world_size=2, cache_dir=ds.obs.cache_root)
+    with pytest.raises(deltacells.DatasetNotFoundError):
+        CellDataset(root + "-missing")
