@@ -21,6 +21,15 @@ if TYPE_CHECKING:
     from ._dataset import Cells, Dataset
 
 
+def index_array(cells: np.ndarray) -> pa.Array:
+    """Cell indices (int64, contiguous) as an Arrow array over the same
+    memory, without the checks and copy of ``pa.array``."""
+    import pyarrow as pa
+
+    cells = np.ascontiguousarray(cells, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(cells), [None, pa.py_buffer(cells)])
+
+
 class Obs:
     """The obs columns of a dataset (``ds.obs``).
 
@@ -114,6 +123,11 @@ class Obs:
     def _open(self, name: str) -> pa.ChunkedArray:
         import pyarrow as pa
 
+        # pyarrow's take() and to_numpy() import pandas the first time, about
+        # 0.5 s: paid here, when a column is opened, not by the first batch
+        # of a training loop.
+        import pandas  # noqa: F401
+
         path = _deltacells.column_path(self.cache_root, self._fingerprint(), name)
         table = pa.ipc.open_file(pa.memory_map(path, "r")).read_all()
         if table.num_rows != self._dataset.n_cells:
@@ -172,7 +186,7 @@ class Obs:
         import pyarrow as pa
 
         column = self._get(name)
-        taken = column.take(pa.array(cells))
+        taken = column.take(index_array(cells))
         kind = self.kind(name)
         if kind == "category":
             return taken.to_numpy()
@@ -198,7 +212,7 @@ class Obs:
             pa.uint32(): pd.UInt32Dtype(), pa.uint64(): pd.UInt64Dtype(), pa.bool_(): pd.BooleanDtype(),
             pa.string(): pd.StringDtype(),
         }
-        taken = self._get(name).take(pa.array(cells))
+        taken = self._get(name).take(index_array(cells))
         return taken.to_pandas(types_mapper=nullable.get).array
 
     def take(self, cells: Cells, columns: Sequence[str]) -> dict[str, np.ndarray]:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._errors import InvalidArgumentError, UnknownNameError
+from ._obs import index_array
 
 if TYPE_CHECKING:
     from ._obs import Obs
@@ -69,7 +70,7 @@ def group_labels(obs: Obs, column: str, cells: np.ndarray | None) -> tuple[np.nd
 
     data = obs.column_array(column)
     if cells is not None:
-        data = data.take(pa.array(cells))
+        data = data.take(index_array(cells))
     if obs.kind(column) == "category":
         codes = np.asarray(data.to_numpy(), dtype=np.int64)
     else:
