@@ -12,6 +12,7 @@ the GIL released); this package gives it NumPy, SciPy and pandas types.
 
 from ._dataset import Batch, Dataset, open_dataset
 from ._errors import (
+    ArgumentTypeError,
     CellIndexError,
     CorruptDatasetError,
     DatasetNotFoundError,
@@ -34,5 +35,6 @@ __all__ = [
     "CorruptDatasetError",
     "CellIndexError",
     "InvalidArgumentError",
+    "ArgumentTypeError",
     "UnknownNameError",
 ]

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _deltacells
 from ._args import flag, integer
-from ._errors import DeltacellsError
+from ._errors import ArgumentTypeError, CellIndexError, DeltacellsError, InvalidArgumentError
 from ._obs import Obs
 
 if TYPE_CHECKING:
@@ -157,16 +157,29 @@ class Dataset:
         source gene, its stored column."""
         return self._raw.gene_order()
 
+    def _slice_range(self, cells: slice) -> range:
+        try:
+            return range(*cells.indices(self.n_cells))
+        except (TypeError, ValueError) as e:
+            raise InvalidArgumentError(f"cells: the slice {cells!r} is not valid: {e}") from None
+
     def _cell_array(self, cells: Cells) -> np.ndarray:
+        """``cells`` as a contiguous int64 array (not yet checked against the
+        dataset's cells, but for unsigned values past int64's range)."""
         if isinstance(cells, slice):
-            cells = range(*cells.indices(self.n_cells))
+            cells = self._slice_range(cells)
         if isinstance(cells, range):
             return np.arange(cells.start, cells.stop, cells.step, dtype=np.int64)
-        array = np.asarray(cells)
+        try:
+            array = np.asarray(cells)
+        except (TypeError, ValueError) as e:
+            raise ArgumentTypeError(f"cells must be integers in a list, an array, a range or a slice: {e}") from None
         if array.ndim != 1:
-            raise TypeError(f"cells must be one-dimensional, not of shape {array.shape}")
+            raise ArgumentTypeError(f"cells must be one-dimensional, not of shape {array.shape}")
         if array.size and not np.issubdtype(array.dtype, np.integer):
-            raise TypeError(f"cells must be integers, not {array.dtype}")
+            raise ArgumentTypeError(f"cells must be integers, not {array.dtype}")
+        if array.size and array.dtype.kind == "u" and int(array.max()) > np.iinfo(np.int64).max:
+            raise CellIndexError(f"cell {int(array.max())} is out of range: the dataset has {self.n_cells} cells")
         return np.ascontiguousarray(array, dtype=np.int64)
 
     def get_batch(self, cells: Cells) -> Batch:
@@ -182,7 +195,7 @@ class Dataset:
         >>> x = batch.to_scipy()  # 3 x n_genes CSR, no copy
         """
         if isinstance(cells, (range, slice)):
-            r = cells if isinstance(cells, range) else range(*cells.indices(self.n_cells))
+            r = cells if isinstance(cells, range) else self._slice_range(cells)
             if r.step == 1 and 0 <= r.start <= r.stop <= self.n_cells:
                 return Batch(*self._raw.get_range(r.start, r.stop), self.n_genes)
         return Batch(*self._raw.get_batch(self._cell_array(cells)), self.n_genes)

@@ -30,6 +30,11 @@ class InvalidArgumentError(DeltacellsError, ValueError):
     its value."""
 
 
+class ArgumentTypeError(DeltacellsError, TypeError):
+    """An argument of the wrong type (cells that are not integers, say); the
+    message names the argument."""
+
+
 class UnknownNameError(DeltacellsError, KeyError):
     """A name the dataset does not have: an obs column, or a class of a
     category column. The message names it and what there is."""
@@ -45,5 +50,6 @@ __all__ = [
     "CorruptDatasetError",
     "CellIndexError",
     "InvalidArgumentError",
+    "ArgumentTypeError",
     "UnknownNameError",
 ]

@@ -210,3 +210,68 @@ def test_any_option_value_gives_a_loader_or_one_of_our_errors(sds, name: str, va
     # Accepted: it reads, and the process goes on working.
     first = next(iter(loader), None)
     assert first is None or len(first) >= 1
+
+
+INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+
+
+def same_rows(a: deltacells.Batch, b: deltacells.Batch) -> bool:
+    return (np.array_equal(a.indptr, b.indptr) and np.array_equal(a.indices, b.indices)
+            and np.array_equal(a.data, b.data))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_accepted_selection_reads_the_rows_of_its_int64_array(sds, data) -> None:
+    n = sds.n_cells
+    kind = data.draw(st.sampled_from(["array", "list", "range", "slice"]))
+    if kind in ("array", "list"):
+        dtype = data.draw(st.sampled_from(INT_DTYPES))
+        high = min(n - 1, int(np.iinfo(dtype).max))
+        values = data.draw(st.lists(st.integers(0, high), max_size=40))
+        cells = np.array(values, dtype=dtype) if kind == "array" else values
+        want = np.array(values, dtype=np.int64)
+    else:
+        start, stop = data.draw(st.integers(-2 * n, 2 * n)), data.draw(st.integers(-2 * n, 2 * n))
+        step = data.draw(st.integers(-3000, 3000).filter(lambda s: s != 0))
+        if kind == "slice":
+            cells = slice(start, stop, step)
+            want = np.arange(n)[cells]
+        else:
+            start, stop = abs(start) % n, abs(stop) % n
+            cells = range(start, stop, step)
+            want = np.array(list(cells), dtype=np.int64)
+    got = sds.get_batch(cells)
+    assert same_rows(got, sds.get_batch(want))
+    assert got.shape == (len(want), sds.n_genes)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cells=st.one_of(
+    st.lists(st.integers(min_value=-(2**70), max_value=2**70), min_size=1, max_size=5),
+    st.lists(st.floats(allow_nan=True), min_size=1, max_size=3),
+    st.lists(st.text(max_size=2), min_size=1, max_size=3),
+    st.lists(st.booleans(), min_size=1, max_size=3),
+    st.lists(st.lists(st.integers(0, 5), max_size=2), min_size=1, max_size=3),
+    st.integers(),
+    st.builds(slice, st.integers(-3, 3), st.integers(-3, 3), st.just(0)),
+))
+def test_any_rejected_selection_raises_one_of_our_errors(sds, cells) -> None:
+    try:
+        batch = sds.get_batch(cells)
+    except deltacells.DeltacellsError as e:
+        assert isinstance(e, (ValueError, TypeError, IndexError)), type(e)
+        assert str(e)
+        return
+    # Accepted: only integer lists inside the dataset get here.
+    assert batch.shape[0] == len(cells)
+    assert all(0 <= c < sds.n_cells for c in cells)
+
+
+def test_unsigned_cells_past_int64_are_named(sds) -> None:
+    with pytest.raises(deltacells.CellIndexError, match=f"cell {2**64 - 1} is out of range"):
+        sds.get_batch(np.array([2**64 - 1], dtype=np.uint64))
+    with pytest.raises(deltacells.ArgumentTypeError, match="cells must be integers, not float64"):
+        sds.get_batch(np.array([1.0]))
+    with pytest.raises(TypeError, match="one-dimensional"):
+        sds.get_batch(np.zeros((2, 2), dtype=np.int64))
