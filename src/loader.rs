@@ -623,7 +623,23 @@ impl Window {
                     rows.push(unit.rows.get(i));
                     i += 1;
                 }
-                if !rows.is_empty() {
+                // Cells drawn several times (an epoch drawn by weight) would
+                // make a chunk of the most drawn ones last longest, the
+                // epoch's last batches all from it: a chunk drawn more than
+                // twice its cells is read as several pieces of at most twice
+                // its cells, each decompressed when chosen. (At most its
+                // cells made every chunk of an epoch drawn evenly two
+                // pieces, open side by side: 0.86 of random instead of 0.90,
+                // at 0.77x the speed.)
+                let most = 2 * (cells.end - cells.start).max(1) as usize;
+                let parts = rows.len().div_ceil(most);
+                if parts > 1 {
+                    for part in 0..parts {
+                        let rows = rows.iter().skip(part).step_by(parts).copied().collect();
+                        self.pending.push(Piece { unit: u, chunk, rows });
+                        self.unchosen[u] += 1;
+                    }
+                } else if !rows.is_empty() {
                     self.pending.push(Piece { unit: u, chunk, rows });
                     self.unchosen[u] += 1;
                 }
