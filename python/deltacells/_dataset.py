@@ -182,6 +182,17 @@ class Dataset:
             raise CellIndexError(f"cell {int(array.max())} is out of range: the dataset has {self.n_cells} cells")
         return np.ascontiguousarray(array, dtype=np.int64)
 
+    def cell_indices(self, cells: Cells) -> np.ndarray:
+        """``cells`` (a list, an integer array, a range or a slice) as int64
+        cell indices, each checked to be a cell of the dataset: raises
+        :class:`CellIndexError` naming the first that is not."""
+        array = self._cell_array(cells)
+        bad = (array < 0) | (array >= self.n_cells)
+        if bad.any():
+            cell = int(array[np.argmax(bad)])
+            raise CellIndexError(f"cell {cell} is out of range: the dataset has {self.n_cells} cells")
+        return array
+
     def get_batch(self, cells: Cells) -> Batch:
         """The cells listed, in the order given (repeats allowed), as a :class:`Batch`.
 
@@ -318,7 +329,7 @@ class Dataset:
 
         seed = integer("seed", seed, 0)
         self.obs.kind(by)
-        index = None if cells is None else self.obs._cells(cells)
+        index = None if cells is None else self.cell_indices(cells)
         return split(self.obs, by, fractions, seed, index)
 
     def to_anndata(

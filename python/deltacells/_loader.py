@@ -75,7 +75,7 @@ class Loader:
         self.obs_columns = list(obs_columns) if obs_columns else []
         for name in self.obs_columns:
             dataset.obs.kind(name)  # an unknown column fails here, not in a worker
-        self.cells = None if cells is None else dataset.obs._cells(cells)
+        self.cells = None if cells is None else dataset.cell_indices(cells)
         self.num_samples = None if num_samples is None else integer("num_samples", num_samples, 0, MAX_U64)
         if num_samples is not None and weights is None and balance is None:
             raise InvalidArgumentError("num_samples is the size of an epoch drawn by weights= or balance=")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _deltacells
-from ._errors import CellIndexError, DeltacellsError, InvalidArgumentError, UnknownNameError
+from ._errors import DeltacellsError, InvalidArgumentError, UnknownNameError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -173,15 +173,6 @@ class Obs:
             conditions = {column: values, **conditions}
         return where(self, conditions)
 
-    def _cells(self, cells: Cells) -> np.ndarray:
-        array = self._dataset._cell_array(cells)
-        n = self._dataset.n_cells
-        bad = (array < 0) | (array >= n)
-        if bad.any():
-            cell = int(array[np.argmax(bad)])
-            raise CellIndexError(f"cell {cell} is out of range: the dataset has {n} cells")
-        return array
-
     def _values(self, name: str, cells: np.ndarray) -> Any:
         import pyarrow as pa
 
@@ -218,7 +209,7 @@ class Obs:
     def take(self, cells: Cells, columns: Sequence[str]) -> dict[str, np.ndarray]:
         """The values of ``columns`` for ``cells``, as NumPy arrays (see the class
         documentation for each kind), in the order of ``cells``."""
-        index = self._cells(cells)
+        index = self._dataset.cell_indices(cells)
         return {name: self._values(name, index) for name in columns}
 
     def take_pandas(self, cells: Cells, columns: Sequence[str]) -> pd.DataFrame:
