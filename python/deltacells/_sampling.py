@@ -66,8 +66,6 @@ def group_labels(obs: Obs, column: str, cells: np.ndarray | None) -> tuple[np.nd
     """For ``cells`` (or every cell), the group of each in ``column`` as an
     int64 code (missing values are a group of their own), and the number of
     groups."""
-    import pyarrow as pa
-
     data = obs.column_array(column)
     if cells is not None:
         data = data.take(index_array(cells))
