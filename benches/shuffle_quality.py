@@ -2,7 +2,7 @@
 costs, on a dataset whose inputs each hold one sample.
 
     .venv/bin/python benches/shuffle_quality.py [--work DIR] [--copies 4] [--epochs 3]
-        [--baseline-python PATH] [--json OUT]
+        [--convert-rounds 1] [--baseline-python PATH] [--json OUT]
 
 The input is the way atlases are converted: one input per sample, one after
 another. The two real PBMC files are written COPIES times each (4: 8 inputs,
@@ -11,7 +11,12 @@ converted in that order by `deltacells convert` (target/release/deltacells, or
 $DELTACELLS_BIN) with its default settings, so every sample fills about one
 tile.
 
-The last two rows draw their epochs (with replacement, as many cells as the
+The same inputs are also converted with `--shuffle 0` (the cells of all
+inputs stored in a random order): first a table of the two conversions'
+time (median of --convert-rounds runs each, alternating, page cache warm)
+and size, then the loader rows marked "shuffled dataset" read that one.
+
+The rows "balance" and "weights" draw their epochs (with replacement, as many cells as the
 dataset has): every sample equally likely, then samples weighted from 60 to
 1; their entropy is against uniformly random batches all the same, so the
 weighted row is below 1.0 by design.
@@ -48,18 +53,47 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 BATCH = 1024
 
-#: (name, keyword arguments of Dataset.batches)
-SETTINGS: list[tuple[str, dict]] = [
-    ("in order (shuffle=False)", dict(shuffle=False)),
-    ("window 4, mix 4 (the old defaults)", dict(window_tiles=4, mix_chunks=4)),
-    ("window 4, mix 16", dict(window_tiles=4, mix_chunks=16)),
-    ("window 8, mix 8", dict(window_tiles=8, mix_chunks=8)),
-    ("window 8, mix 16 (defaults)", dict()),
-    ("window 8, mix 32", dict(window_tiles=8, mix_chunks=32)),
-    ("window 16, mix 32", dict(window_tiles=16, mix_chunks=32)),
-    ("defaults, balance='sample' (drawn)", dict(balance="sample")),
-    ("defaults, weights (s0 weighs 60x s7)", dict(weights="ramp")),
+#: (name, keyword arguments of Dataset.batches, which dataset)
+SETTINGS: list[tuple[str, dict, str]] = [
+    ("in order (shuffle=False)", dict(shuffle=False), "ordered"),
+    ("window 4, mix 4 (the old defaults)", dict(window_tiles=4, mix_chunks=4), "ordered"),
+    ("window 4, mix 16", dict(window_tiles=4, mix_chunks=16), "ordered"),
+    ("window 8, mix 8", dict(window_tiles=8, mix_chunks=8), "ordered"),
+    ("window 8, mix 16 (defaults)", dict(), "ordered"),
+    ("window 8, mix 32", dict(window_tiles=8, mix_chunks=32), "ordered"),
+    ("window 16, mix 32", dict(window_tiles=16, mix_chunks=32), "ordered"),
+    ("defaults, balance='sample' (drawn)", dict(balance="sample"), "ordered"),
+    ("defaults, weights (s0 weighs 60x s7)", dict(weights="ramp"), "ordered"),
+    ("shuffled dataset, defaults", dict(), "shuffled"),
+    ("shuffled dataset, in order (shuffle=False)", dict(shuffle=False), "shuffled"),
+    ("shuffled dataset, window 1, mix 1", dict(window_tiles=1, mix_chunks=1), "shuffled"),
 ]
+
+
+def dataset_bytes(root: Path) -> tuple[int, int]:
+    """Bytes of a dataset's tiles, and of everything."""
+    files = [p for p in root.rglob("*") if p.is_file()]
+    return sum(p.stat().st_size for p in files if p.parent.name == "tiles"), sum(p.stat().st_size for p in files)
+
+
+def time_conversions(work: Path, inputs: list[str], rounds: int) -> list[dict]:
+    """Converts the inputs in order and with --shuffle 0, alternating, ROUNDS
+    times each; the median seconds and the sizes of each."""
+    binary = os.environ.get("DELTACELLS_BIN", str(REPO / "target" / "release" / "deltacells"))
+    env = dict(os.environ, HDF5_USE_FILE_LOCKING="FALSE")
+    times: dict[str, list[float]] = {"ordered": [], "shuffled": []}
+    for _ in range(rounds):
+        for which, extra in (("ordered", []), ("shuffled", ["--shuffle", "0", "--spill-dir", str(work)])):
+            started = time.perf_counter()
+            subprocess.run([binary, "convert", "-q", "--overwrite", *extra, *inputs, str(work / which)],
+                           check=True, env=env)
+            times[which].append(time.perf_counter() - started)
+    rows = []
+    for which, seconds in times.items():
+        tiles, total = dataset_bytes(work / which)
+        rows.append({"dataset": which, "seconds": statistics.median(seconds), "tile_bytes": tiles,
+                     "bytes": total})
+    return rows
 
 
 def vm_hwm() -> int:
@@ -78,16 +112,16 @@ def entropy(codes: np.ndarray, n_labels: int) -> float:
     return float(-(p * np.log(p)).sum())
 
 
-def make_dataset(work: Path, copies: int) -> Path:
-    """The sample-ordered inputs and their dataset, made once under `work`."""
+def make_inputs(work: Path, copies: int) -> list[str]:
+    """The sample-ordered inputs, written once under `work`."""
     import anndata
     import pandas as pd
     import scipy.sparse
 
-    dataset = work / f"samples_x{copies}"
-    if (dataset / "manifest.json").exists():
-        return dataset
-    inputs_dir = work / "inputs"
+    inputs_dir = work / f"inputs_x{copies}"
+    paths = [inputs_dir / f"sample_{i}.h5ad" for i in range(2 * copies)]
+    if all(p.exists() for p in paths):
+        return [str(p) for p in paths]
     inputs_dir.mkdir(parents=True, exist_ok=True)
     pbmc = [anndata.read_h5ad(REPO / "data" / "pbmc" / f"pbmc_{n}.h5ad") for n in ("ctrl", "stim")]
     inputs = []
@@ -101,10 +135,7 @@ def make_dataset(work: Path, copies: int) -> Path:
         path = inputs_dir / f"sample_{i}.h5ad"
         part.write_h5ad(path)
         inputs.append(str(path))
-    binary = os.environ.get("DELTACELLS_BIN", str(REPO / "target" / "release" / "deltacells"))
-    env = dict(os.environ, HDF5_USE_FILE_LOCKING="FALSE")
-    subprocess.run([binary, "convert", "-q", "--overwrite", *inputs, str(dataset)], check=True, env=env)
-    return dataset
+    return inputs
 
 
 def measure(dataset: str, cache: str, epochs: int, options: dict) -> dict:
@@ -170,14 +201,25 @@ def main() -> None:
     parser.add_argument("--work", default=str(REPO / "target" / "bench-shuffle"))
     parser.add_argument("--copies", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--convert-rounds", type=int, default=1)
     parser.add_argument("--baseline-python", help="an interpreter with an earlier build of deltacells")
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
 
     import deltacells
 
-    work = Path(args.work)
-    dataset = make_dataset(work, args.copies)
+    work = Path(args.work) / f"x{args.copies}"
+    inputs = make_inputs(Path(args.work), args.copies)
+    conversions = time_conversions(work, inputs, args.convert_rounds)
+    print(f"| conversion of {len(inputs)} inputs | seconds (median of {args.convert_rounds}) | x in order "
+          f"| tile bytes | x in order | all bytes |")
+    print("|---|---|---|---|---|---|")
+    base = conversions[0]
+    for c in conversions:
+        print(f"| {c['dataset']:<8} | {c['seconds']:.1f} | {c['seconds'] / base['seconds']:.2f} | "
+              f"{c['tile_bytes']:,} | {c['tile_bytes'] / base['tile_bytes']:.3f} | {c['bytes']:,} |", flush=True)
+    datasets = {"ordered": work / "ordered", "shuffled": work / "shuffled"}
+    dataset = datasets["ordered"]
     cache = work / "cache"
     ds = deltacells.open_dataset(str(dataset), cache_dir=str(cache), obs_columns=["sample"])
     n_labels = len(ds.obs.categories("sample"))
@@ -188,14 +230,14 @@ def main() -> None:
 
     runs = []
     if args.baseline_python:
-        runs.append(("before: " + SETTINGS[1][0], args.baseline_python, {}))
-    runs += [(name, sys.executable, options) for name, options in SETTINGS]
+        runs.append(("before: " + SETTINGS[1][0], args.baseline_python, {}, "ordered"))
+    runs += [(name, sys.executable, options, which) for name, options, which in SETTINGS]
     rows = []
     header = f"| {'loader setting':<40} | entropy / random | 5th pct | samples per batch | cells/s | peak RSS |"
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
-    for name, python, options in runs:
-        r = run_setting(python, dataset, cache, args.epochs, options)
+    for name, python, options, which in runs:
+        r = run_setting(python, datasets[which], cache, args.epochs, options)
         ratios = np.array([e / random[n] for e, n in r["entropies"]])
         row = {
             "setting": name,
@@ -211,7 +253,8 @@ def main() -> None:
         print(f"| {name:<40} | {row['entropy_ratio']:>16.3f} | {row['p5']:>7.3f} | {row['samples_per_batch']:>17.2f} "
               f"| {row['cells_per_s']:>7,.0f} | {row['rss_mib']:>4.0f} MiB |", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"cells": ds.n_cells, "samples": n_labels, "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps(
+            {"cells": ds.n_cells, "samples": n_labels, "conversions": conversions, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

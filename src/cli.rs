@@ -294,6 +294,21 @@ pub(crate) struct ConvertArgs {
     /// Tiles (one Parquet row group each) per obs shard file.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     pub obs_tiles_per_file: u64,
+    /// Store the cells of all inputs in a random order fixed by SEED (any
+    /// integer 0..2^64), so that every tile is a random sample of the dataset
+    /// and the loader's batches mix samples stored one input after another.
+    /// obs gains source_file (the input) and source_row (its row) for each
+    /// cell; `export --source-order` writes the inputs' order back. Costs one
+    /// more pass over the cells, spilled to --spill-dir. The bytes are the
+    /// same for any --threads and any number of shards.
+    #[arg(long, value_name = "SEED", conflicts_with = "append")]
+    pub shuffle: Option<u64>,
+    /// Where --shuffle keeps the cells between its two passes (default: the
+    /// system's temporary folder, $TMPDIR): it needs about twice the output's
+    /// tile bytes free (the cells compressed fast), removed when the
+    /// conversion ends.
+    #[arg(long, value_name = "DIR", requires = "shuffle")]
+    pub spill_dir: Option<PathBuf>,
     /// Replace a dataset already in OUT (its manifest is removed first).
     #[arg(long)]
     pub overwrite: bool,
@@ -362,6 +377,11 @@ pub(crate) struct ShardArgs {
     /// N, the number of shards, with --shard-from-env.
     #[arg(long, value_name = "N")]
     pub shards: Option<usize>,
+    /// Where the shard of a shuffled plan (`plan --shuffle`) keeps its cells
+    /// between its two passes (default: the system's temporary folder,
+    /// $TMPDIR): about twice its share of the output's tile bytes.
+    #[arg(long, value_name = "DIR")]
+    pub spill_dir: Option<PathBuf>,
     #[command(flatten)]
     pub download: DownloadArgs,
     /// Worker threads (default: all cores).
@@ -405,6 +425,13 @@ pub(crate) struct ExportArgs {
     /// Put genes back in the order of the source files (needs gene_order.npy).
     #[arg(long)]
     pub source_gene_order: bool,
+    /// Put cells back in the order of the source files: a dataset converted
+    /// with --shuffle, whose obs says where each cell was read (the
+    /// source_file and source_row columns, left out of the export). With
+    /// --cells, those cells in their source order. Spills the cells once to
+    /// $TMPDIR.
+    #[arg(long)]
+    pub source_order: bool,
     /// Replace OUT if it exists.
     #[arg(long)]
     pub overwrite: bool,

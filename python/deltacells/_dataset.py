@@ -14,7 +14,7 @@ import numpy as np
 from . import _deltacells
 from ._args import flag, integer
 from ._errors import ArgumentTypeError, CellIndexError, DeltacellsError, InvalidArgumentError
-from ._obs import Obs
+from ._obs import Obs, index_array
 
 if TYPE_CHECKING:
     import anndata
@@ -337,6 +337,7 @@ class Dataset:
         cells: Cells | None = None,
         obs_columns: Sequence[str] | None = None,
         source_gene_order: bool = True,
+        source_order: bool = False,
     ) -> anndata.AnnData:
         """Cells as an ``anndata.AnnData`` (anndata is imported only here).
 
@@ -347,15 +348,36 @@ class Dataset:
         order of the source files, as they were converted from; otherwise in
         stored order.
 
+        With ``source_order``, the cells of a dataset converted with
+        ``--shuffle`` come back in the order the input files held them (by
+        its ``source_file`` and ``source_row`` obs columns, which are then
+        left out of obs unless ``obs_columns`` names them); a dataset that was
+        not shuffled raises :class:`InvalidArgumentError`.
+
         >>> adata = ds.to_anndata(range(1000))
+        >>> original = ds.to_anndata(source_order=True)
         """
         import anndata
         import pandas as pd
 
         index = self._cell_array(range(self.n_cells) if cells is None else cells)
-        x = self.get_batch(index).to_scipy()
         names = self.obs.columns
-        wanted = [c for c in names if c != "obs_names"] if obs_columns is None else list(obs_columns)
+        source = ["source_file", "source_row"]
+        if flag("source_order", source_order):
+            if not all(c in names for c in source):
+                raise InvalidArgumentError(
+                    f"source_order=True: {self.root}: obs has no source_file and source_row columns: the "
+                    "dataset was not converted with --shuffle, its cells are in the inputs' order already"
+                )
+            self.obs.localize(source)
+            where = self.obs.take(index, source)
+            files = np.asarray(self.obs.column_array("source_file").take(index_array(index)).to_numpy(), np.int64)
+            index = index[np.lexsort((np.asarray(where["source_row"], np.int64), files))]
+        x = self.get_batch(index).to_scipy()
+        hidden = source if source_order else []
+        wanted = (
+            [c for c in names if c != "obs_names" and c not in hidden] if obs_columns is None else list(obs_columns)
+        )
         if names:
             self.obs.localize([c for c in (["obs_names"] if "obs_names" in names else []) + wanted])
             obs = self.obs.take_pandas(index, wanted)

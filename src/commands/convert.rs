@@ -128,6 +128,7 @@ struct Conversion {
 /// The inputs, the output's storage and the conversion options the arguments give.
 fn conversion(args: &ConvertArgs) -> anyhow::Result<Conversion> {
     super::set_threads(args.threads)?;
+    super::check_spill_dir(args.spill_dir.as_deref())?;
     let (inputs, out) = inputs_and_output(args)?;
     let downloads = super::download_inputs(&args.download, &inputs, false)?;
     let out_path = match storage::Location::parse(&out)? {
@@ -154,6 +155,8 @@ fn conversion(args: &ConvertArgs) -> anyhow::Result<Conversion> {
         }),
         overwrite: args.overwrite,
         metadata: parse_metadata(&args.metadata)?,
+        shuffle: args.shuffle,
+        spill_dir: args.spill_dir.clone(),
         ..ConvertOptions::default()
     };
     Ok(Conversion { inputs, _downloads: downloads, out_path: out_path.to_string(), store, options })

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use indicatif::{HumanCount, ProgressBar, ProgressStyle};
 
+use deltacells::convert::shuffle::{Origin, Scatter, MAX_BUCKETS};
 use deltacells::format::CsrMatrix;
 use deltacells::h5ad::export;
 use deltacells::h5ad::write::{H5adWriter, Table};
@@ -75,6 +76,14 @@ pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     let obs = export::obs_table(&ds, range.clone())
         .context("export")?
         .unwrap_or_else(|| Table::names(&range.clone().map(|c| c.to_string()).collect::<Vec<_>>()));
+    // With --source-order: each cell's row in the output, and obs in that order.
+    let (ranks, obs) = if args.source_order {
+        let (ranks, obs) =
+            export::source_ranks(&obs).map_err(|e| anyhow::anyhow!("export: {}: --source-order: {e}", args.dataset))?;
+        (Some(ranks), obs)
+    } else {
+        (None, obs)
+    };
     let var = match export::var_table(&ds, order.as_deref()).context("export")? {
         Some(table) => table,
         None => Table::names(&var_names),
@@ -89,18 +98,44 @@ pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
     };
     let mut writer = H5adWriter::create(out, ds.n_genes()).with_context(|| format!("export: {}", out.display()))?;
     let result = (|| -> anyhow::Result<()> {
+        let mut write = |block: CsrMatrix| -> anyhow::Result<()> {
+            let block = match &order {
+                Some(order) => to_source_order(&block, order),
+                None => block,
+            };
+            writer.append_rows(&block).with_context(|| format!("writing {}", out.display()))
+        };
+        // In source order, the cells are read tile by tile and spilled by
+        // their row in the output, then written a bucket at a time.
+        let mut scatter = match &ranks {
+            Some(_) => {
+                let n = range.end - range.start;
+                let bucket = n.div_ceil(MAX_BUCKETS).max(ds.manifest().tile_size.max(1));
+                Some(Scatter::new(&std::env::temp_dir(), 0..n, bucket, None)?)
+            }
+            None => None,
+        };
         let mut start = range.start;
         while start < range.end {
             let (tile, _) = ds.locate(start)?;
             let end = ds.tile_cells(tile).end.min(range.end);
             let block = ds.read_cells(start..end)?;
-            let block = match &order {
-                Some(order) => to_source_order(&block, order),
-                None => block,
-            };
-            writer.append_rows(&block).with_context(|| format!("writing {}", out.display()))?;
+            match (&mut scatter, &ranks) {
+                (Some(scatter), Some(ranks)) => {
+                    let at = (start - range.start) as usize..(end - range.start) as usize;
+                    let origins: Vec<Origin> = (start..end).map(|row| Origin { input: 0, row }).collect();
+                    scatter.add(&ranks[at], &origins, &block, None)?;
+                }
+                _ => write(block)?,
+            }
             bar.inc(end - start);
             start = end;
+        }
+        if let Some(mut scatter) = scatter {
+            scatter.finish()?;
+            for b in 0..scatter.n_buckets() {
+                write(scatter.gather(b, ds.n_genes())?.counts)?;
+            }
         }
         Ok(())
     })();

@@ -194,3 +194,11 @@ pub(crate) fn report_stats(store: &dyn Storage, args: &StoreArgs, started: Insta
         }
     }
 }
+
+/// `--spill-dir`, when given, must be a folder that exists.
+pub(crate) fn check_spill_dir(dir: Option<&std::path::Path>) -> anyhow::Result<()> {
+    match dir {
+        Some(d) if !d.is_dir() => anyhow::bail!("--spill-dir {}: not a folder (it must exist)", d.display()),
+        _ => Ok(()),
+    }
+}

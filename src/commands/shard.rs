@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use indicatif::{HumanBytes, HumanCount};
 
-use deltacells::convert::{finalize, run_shard, ConvertProgress, MAX_IN_FLIGHT};
+use deltacells::convert::{finalize, run_shard, ConvertProgress, ShardOptions, MAX_IN_FLIGHT};
 
 use super::convert::{human_rate, plural, Bar};
 use crate::cli::{FinalizeArgs, ShardArgs};
@@ -92,6 +92,7 @@ impl ConvertProgress for LogLines {
 pub(crate) fn run(args: &ShardArgs) -> anyhow::Result<ExitCode> {
     super::set_threads(args.threads)?;
     let started = Instant::now();
+    super::check_spill_dir(args.spill_dir.as_deref())?;
     let (k, n) = match &args.shard {
         Some(text) => parse_shard(text)?,
         None => shard_from_env(args.shards)?,
@@ -108,18 +109,18 @@ pub(crate) fn run(args: &ShardArgs) -> anyhow::Result<ExitCode> {
     } else {
         None
     };
-    let in_flight = MAX_IN_FLIGHT;
+    let in_flight = ShardOptions { max_in_flight: MAX_IN_FLIGHT, spill_dir: args.spill_dir.clone() };
     let result = if super::show_progress(args.quiet) {
         let progress = Bar::new(false);
         progress.bar.set_prefix(label.clone());
-        let r = run_shard(store.as_ref(), k, n, in_flight, &progress);
+        let r = run_shard(store.as_ref(), k, n, &in_flight, &progress);
         progress.bar.finish_and_clear();
         r
     } else if args.quiet {
-        run_shard(store.as_ref(), k, n, in_flight, &deltacells::convert::NoProgress)
+        run_shard(store.as_ref(), k, n, &in_flight, &deltacells::convert::NoProgress)
     } else {
         let log = LogLines { label: label.clone(), started, cells: 0.into(), nnz: 0.into() };
-        run_shard(store.as_ref(), k, n, in_flight, &log)
+        run_shard(store.as_ref(), k, n, &in_flight, &log)
     }
     .with_context(|| label.clone())?;
     let seconds = started.elapsed().as_secs_f64();

@@ -225,7 +225,8 @@ fn append_locked(
     let staging = Within::new(ds.as_ref(), APPEND_PREFIX);
     let run = || -> anyhow::Result<_> {
         let plan = plan_staged(ds.clone(), inputs, options, time, Then::Tiles, progress)?;
-        let shard = shard_in(&staging, ds.as_ref(), 0, 1, options.max_in_flight, progress)?;
+        let shard_options = super::ShardOptions { max_in_flight: options.max_in_flight, spill_dir: None };
+        let shard = shard_in(&staging, ds.as_ref(), 0, 1, &shard_options, progress)?;
         let (_, staged) = finalize_in(&staging, ds.as_ref())?;
         Ok((plan, shard, staged))
     };
@@ -658,6 +659,12 @@ fn plan_staged(
     let stored_schema = if manifest.has_obs { Some(crate::obs::read_schema(ds.as_ref())?) } else { None };
     let recorded = recorded(&manifest, stored_schema.as_ref().map(|s| &s.schema));
     let matrix = options.matrix.clone().unwrap_or_else(|| recorded.matrix.clone());
+    if manifest.metadata.get("convert").and_then(|c| c.get("shuffle")).is_some() {
+        bail!(
+            "{root}: its cells are stored in a shuffled order, which an append cannot extend yet; \
+             convert all the inputs again, the new ones with them"
+        );
+    }
 
     // Genes: matched by name to the stored columns.
     let Some(var_names) = dataset.var_names()? else {
@@ -816,6 +823,7 @@ fn plan_staged(
             kept_obs_sha256: kept_obs.iter().map(|r| r.sha256.clone()).collect(),
             restated,
         }),
+        shuffle: None,
     }
     .with_id();
     let mut text = serde_json::to_vec_pretty(&plan)?;

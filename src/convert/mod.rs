@@ -32,12 +32,14 @@ pub mod input;
 pub mod obs_merge;
 mod obs_shards;
 mod plan;
+pub mod shuffle;
 mod var_table;
 
 pub use append::{append, plan_append, resume, AppendError, AppendOptions, AppendSummary, Planned};
 pub use gene_order::{GeneOrderError, GivenOrder};
 pub use genes::GeneSet;
 pub use obs_merge::ObsOptions;
+pub use obs_merge::{SOURCE_FILE, SOURCE_ROW};
 pub use plan::{
     finalize, plan, plan_totals_shard, read_planned, run_shard, AppendPlan, Plan, ShardResult, TotalsSummary,
 };
@@ -83,6 +85,30 @@ pub struct ConvertOptions {
     pub metadata: Map<String, Value>,
     /// Tiles read but not yet written, at most.
     pub max_in_flight: usize,
+    /// Store the cells of all inputs in an order fixed by this seed, so that
+    /// every tile is a random sample of the dataset (obs then records where
+    /// each cell was read: [`obs_merge::SOURCE_FILE`], [`obs_merge::SOURCE_ROW`]).
+    pub shuffle: Option<u64>,
+    /// Where a shuffled conversion spills its cells between its two passes
+    /// (default: the system's temporary folder).
+    pub spill_dir: Option<PathBuf>,
+}
+
+/// How one process runs a shard of a plan (not part of the plan: any shard
+/// may run with any of these, and writes the same bytes).
+#[derive(Clone, Debug)]
+pub struct ShardOptions {
+    /// Tiles read but not yet written, at most.
+    pub max_in_flight: usize,
+    /// Where a shuffled plan's shard spills its cells (default: the system's
+    /// temporary folder); it needs the shard's cells once, compressed.
+    pub spill_dir: Option<PathBuf>,
+}
+
+impl Default for ShardOptions {
+    fn default() -> Self {
+        ShardOptions { max_in_flight: MAX_IN_FLIGHT, spill_dir: None }
+    }
 }
 
 impl Default for ConvertOptions {
@@ -98,6 +124,8 @@ impl Default for ConvertOptions {
             overwrite: false,
             metadata: Map::new(),
             max_in_flight: MAX_IN_FLIGHT,
+            shuffle: None,
+            spill_dir: None,
         }
     }
 }
@@ -177,7 +205,7 @@ impl StoredTail {
 }
 
 /// Cells of one input that belong to one tile.
-struct Part {
+pub(crate) struct Part {
     input: usize,
     first_row: u64,
     rows: RawRows,
@@ -268,7 +296,8 @@ pub fn convert(
 ) -> anyhow::Result<ConvertSummary> {
     let started = Instant::now();
     plan::plan_then(inputs, out, options, plan::Then::Tiles, progress)?;
-    let done = plan::run_shard(out, 0, 1, options.max_in_flight, progress).and_then(|_| plan::finalize(out));
+    let shard = ShardOptions { max_in_flight: options.max_in_flight, spill_dir: options.spill_dir.clone() };
+    let done = plan::run_shard(out, 0, 1, &shard, progress).and_then(|_| plan::finalize(out));
     match done {
         Ok(mut summary) => {
             summary.seconds = started.elapsed().as_secs_f64();
@@ -446,6 +475,11 @@ pub(crate) struct TileJob<'a> {
     pub obs_tiles_per_file: u64,
     pub write: WriteOptions,
     pub max_in_flight: usize,
+    /// Store the cells in the order of this seed's permutation.
+    pub shuffle: Option<u64>,
+    /// Where a shuffled job spills its cells (default: the system's
+    /// temporary folder).
+    pub spill_dir: Option<&'a Path>,
 }
 
 /// What [`write_tiles`] wrote besides the tiles.
@@ -474,14 +508,13 @@ pub(crate) fn write_tiles(
     writer: &mut DatasetWriter<'_>,
     progress: &dyn ConvertProgress,
 ) -> anyhow::Result<TilesWritten> {
-    let TileJob { inputs, matrix, source_genes, remap, obs_plan, .. } = *job;
+    let TileJob { inputs, matrix, remap, obs_plan, .. } = *job;
     let shared_remap = std::sync::Arc::new(remap.to_vec());
     let tile_size = job.write.tile_size;
     let n_genes = remap.len() as u32;
     let encoder = TileEncoder::new(job.write.n_chunks, job.write.zstd_level);
     let n_cells: u64 = job.first_cell + inputs.iter().map(|i| i.n_rows).sum::<u64>();
     let cells = (job.tiles.start as u64 * tile_size).min(n_cells)..(job.tiles.end as u64 * tile_size).min(n_cells);
-    progress.phase("converting", cells.end - cells.start);
     // A rendezvous channel for one tile in flight: the reader can hand over
     // tile k + 1 only once the writer has finished tile k and waits for it.
     let (queue, pending) = mpsc::sync_channel::<Pending>(job.max_in_flight.max(1) - 1);
@@ -522,112 +555,23 @@ pub(crate) fn write_tiles(
             Ok(TilesWritten { obs_shards, dropped_nonzeros })
         });
 
-        let read_result = rayon::in_place_scope(|pool| -> anyhow::Result<()> {
-            let mut parts: Vec<Part> = Vec::new();
-            let mut cells_in_tile = 0u64;
-            // Hands the tile's parts to the pool; false once the writer has stopped.
-            let dispatch = |parts: Vec<Part>, cells: u64| {
+        let read_result = rayon::in_place_scope(|pool| -> anyhow::Result<u64> {
+            // Hands a tile's cells to the pool; false once the writer has stopped.
+            let mut dispatch = |cells: TileCells| {
                 let (done, result) = mpsc::sync_channel(1);
                 if queue.send(result).is_err() {
                     return false;
                 }
                 let encoder = &encoder;
                 pool.spawn(move |_| {
-                    let _ = done.send(encode_tile(parts, cells, n_genes, encoder));
+                    let _ = done.send(encode_tile(cells, n_genes, encoder));
                 });
                 true
             };
-            // Blocks of rows of input `i` (read by `read`) into tiles; false
-            // once the writer has stopped.
-            type ReadBlock<'r> =
-                dyn FnMut(std::ops::Range<u64>) -> anyhow::Result<(RawRows, Option<arrow_array::RecordBatch>)> + 'r;
-            let mut feed = |i: usize,
-                            rows: std::ops::Range<u64>,
-                            remap: &std::sync::Arc<Vec<u32>>,
-                            read: &mut ReadBlock<'_>|
-             -> anyhow::Result<bool> {
-                let mut row = rows.start;
-                while row < rows.end {
-                    let take = (tile_size - cells_in_tile).min(rows.end - row).min(READ_ROWS);
-                    let (block, obs) = read(row..row + take)?;
-                    parts.push(Part { input: i, first_row: row, rows: block, remap: remap.clone(), obs });
-                    progress.advance(take);
-                    row += take;
-                    cells_in_tile += take;
-                    if cells_in_tile == tile_size {
-                        if !dispatch(std::mem::take(&mut parts), cells_in_tile) {
-                            return Ok(false);
-                        }
-                        cells_in_tile = 0;
-                    }
-                }
-                Ok(true)
-            };
-            // Only the inputs that hold the job's cells, and only those rows.
-            let mut offset = job.first_cell;
-            for (i, input) in inputs.iter().enumerate() {
-                let here = offset..offset + input.n_rows;
-                offset = here.end;
-                let (start, end) = (here.start.max(cells.start), here.end.min(cells.end));
-                if start >= end {
-                    continue;
-                }
-                let rows = start - here.start..end - here.start;
-                progress.file(&input.path);
-                if input.stored_tile.is_some() {
-                    let tail =
-                        job.tail.with_context(|| format!("{}: the stored tile was not read", input.path.display()))?;
-                    let identity = std::sync::Arc::new((0..n_genes).collect::<Vec<u32>>());
-                    if !feed(i, rows, &identity, &mut |r| Ok(tail.read(r)))? {
-                        return Ok(());
-                    }
-                    continue;
-                }
-                // (a file that cannot be read at all fails in open, below)
-                if let Some(now) = input::input_version(&input.path) {
-                    let was = crate::storage::Version { size: input.bytes, etag: input.etag.clone() };
-                    // (tags are compared when both sides have one: a plan
-                    // made before they were recorded has none)
-                    let retagged = matches!((&was.etag, &now.etag), (Some(a), Some(b)) if a != b);
-                    if now.size != was.size || retagged {
-                        return Err(InputError::Changed {
-                            path: input.path.clone(),
-                            was: input::describe_version(&was),
-                            now: input::describe_version(&now),
-                        }
-                        .into());
-                    }
-                }
-                let source = input::open(&input.path, matrix)?;
-                if rows.start == 0 && rows.end == input.n_rows {
-                    source.will_read_whole();
-                }
-                let input_remap = match input_remap(source.as_ref(), source_genes, remap)? {
-                    Some(r) => std::sync::Arc::new(r),
-                    None => shared_remap.clone(),
-                };
-                let obs_table = match obs_plan {
-                    Some(_) => Some(source.obs()?.ok_or_else(|| {
-                        anyhow::anyhow!("{}: has no obs table, but the plan has obs", input.path.display())
-                    })?),
-                    None => None,
-                };
-                let input_obs = obs_plan.zip(obs_table.as_deref()).map(|(p, t)| p.for_input(t)).transpose()?;
-                let mut read = |r: std::ops::Range<u64>| -> anyhow::Result<_> {
-                    let obs = match (obs_plan, &input_obs, obs_table.as_deref()) {
-                        (Some(p), Some(maps), Some(t)) => Some(p.batch(maps, t, r.clone())?),
-                        _ => None,
-                    };
-                    Ok((source.read_rows(r)?, obs))
-                };
-                if !feed(i, rows, &input_remap, &mut read)? {
-                    return Ok(());
-                }
+            match job.shuffle {
+                None => read_in_order(job, cells.clone(), &shared_remap, &mut dispatch, progress).map(|()| 0),
+                Some(seed) => shuffle::read_shuffled(job, seed, cells.clone(), &mut dispatch, progress),
             }
-            if cells_in_tile > 0 {
-                dispatch(std::mem::take(&mut parts), cells_in_tile);
-            }
-            Ok(())
         });
         // Closing the queue ends the writer's loop once it has what was sent.
         drop(queue);
@@ -635,8 +579,9 @@ pub(crate) fn write_tiles(
         (read_result, write_result)
     });
     match write_result {
-        Ok(written) => {
-            read_result?;
+        Ok(mut written) => {
+            // (nonzeros of genes left out while cells were spilled)
+            written.dropped_nonzeros += read_result?;
             Ok(written)
         }
         // A failure of the writer comes first: it is why the reader stopped.
@@ -648,11 +593,200 @@ pub(crate) fn write_tiles(
     }
 }
 
+/// Where a tile reader hands each tile's cells; false once the writer has
+/// stopped (the reader then stops too).
+pub(crate) type Dispatch<'d> = dyn FnMut(TileCells) -> bool + 'd;
+
+/// The cells of `cells` as the inputs hold them, one after another, cut into
+/// tiles of parts (blocks of rows of one input).
+fn read_in_order(
+    job: &TileJob<'_>,
+    cells: std::ops::Range<u64>,
+    shared_remap: &std::sync::Arc<Vec<u32>>,
+    dispatch: &mut Dispatch<'_>,
+    progress: &dyn ConvertProgress,
+) -> anyhow::Result<()> {
+    let TileJob { inputs, matrix, source_genes, remap, obs_plan, .. } = *job;
+    let tile_size = job.write.tile_size;
+    let n_genes = remap.len() as u32;
+    progress.phase("converting", cells.end - cells.start);
+    let mut parts: Vec<Part> = Vec::new();
+    let mut cells_in_tile = 0u64;
+    // Blocks of rows of input `i` (read by `read`) into tiles; false once
+    // the writer has stopped.
+    type ReadBlock<'r> =
+        dyn FnMut(std::ops::Range<u64>) -> anyhow::Result<(RawRows, Option<arrow_array::RecordBatch>)> + 'r;
+    let mut feed = |i: usize,
+                    rows: std::ops::Range<u64>,
+                    remap: &std::sync::Arc<Vec<u32>>,
+                    read: &mut ReadBlock<'_>|
+     -> anyhow::Result<bool> {
+        let mut row = rows.start;
+        while row < rows.end {
+            let take = (tile_size - cells_in_tile).min(rows.end - row).min(READ_ROWS);
+            let (block, obs) = read(row..row + take)?;
+            parts.push(Part { input: i, first_row: row, rows: block, remap: remap.clone(), obs });
+            progress.advance(take);
+            row += take;
+            cells_in_tile += take;
+            if cells_in_tile == tile_size {
+                if !dispatch(TileCells::Parts { parts: std::mem::take(&mut parts), cells: cells_in_tile }) {
+                    return Ok(false);
+                }
+                cells_in_tile = 0;
+            }
+        }
+        Ok(true)
+    };
+    // Only the inputs that hold the job's cells, and only those rows.
+    let mut offset = job.first_cell;
+    for (i, input) in inputs.iter().enumerate() {
+        let here = offset..offset + input.n_rows;
+        offset = here.end;
+        let (start, end) = (here.start.max(cells.start), here.end.min(cells.end));
+        if start >= end {
+            continue;
+        }
+        let rows = start - here.start..end - here.start;
+        progress.file(&input.path);
+        if input.stored_tile.is_some() {
+            let tail = job.tail.with_context(|| format!("{}: the stored tile was not read", input.path.display()))?;
+            let identity = std::sync::Arc::new((0..n_genes).collect::<Vec<u32>>());
+            if !feed(i, rows, &identity, &mut |r| Ok(tail.read(r)))? {
+                return Ok(());
+            }
+            continue;
+        }
+        let source = open_unchanged(input, matrix)?;
+        if rows.start == 0 && rows.end == input.n_rows {
+            source.will_read_whole();
+        }
+        let input_remap = match input_remap(source.as_ref(), source_genes, remap)? {
+            Some(r) => std::sync::Arc::new(r),
+            None => shared_remap.clone(),
+        };
+        let obs_table = input_obs_table(input, source.as_ref(), obs_plan)?;
+        let input_obs = obs_plan.zip(obs_table.as_deref()).map(|(p, t)| p.for_input(t, i)).transpose()?;
+        let mut read = |r: std::ops::Range<u64>| -> anyhow::Result<_> {
+            let obs = match (obs_plan, &input_obs, obs_table.as_deref()) {
+                (Some(p), Some(maps), Some(t)) => Some(p.batch(maps, t, r.clone())?),
+                _ => None,
+            };
+            Ok((source.read_rows(r)?, obs))
+        };
+        if !feed(i, rows, &input_remap, &mut read)? {
+            return Ok(());
+        }
+    }
+    if cells_in_tile > 0 {
+        dispatch(TileCells::Parts { parts: std::mem::take(&mut parts), cells: cells_in_tile });
+    }
+    Ok(())
+}
+
+/// Opens an input for its tiles, refusing one whose size or entity tag
+/// changed since the plan scanned it.
+pub(crate) fn open_unchanged(input: &Input, matrix: &str) -> anyhow::Result<Box<dyn InputSource>> {
+    // (a file that cannot be read at all fails in open, below)
+    if let Some(now) = input::input_version(&input.path) {
+        let was = crate::storage::Version { size: input.bytes, etag: input.etag.clone() };
+        // (tags are compared when both sides have one: a plan made before
+        // they were recorded has none)
+        let retagged = matches!((&was.etag, &now.etag), (Some(a), Some(b)) if a != b);
+        if now.size != was.size || retagged {
+            return Err(InputError::Changed {
+                path: input.path.clone(),
+                was: input::describe_version(&was),
+                now: input::describe_version(&now),
+            }
+            .into());
+        }
+    }
+    Ok(input::open(&input.path, matrix)?)
+}
+
+/// An input's obs table, when the plan stores obs.
+pub(crate) fn input_obs_table<'s>(
+    input: &Input,
+    source: &'s dyn InputSource,
+    obs_plan: Option<&ObsPlan>,
+) -> anyhow::Result<Option<Box<dyn input::Table + 's>>> {
+    match obs_plan {
+        Some(_) => Ok(Some(
+            source
+                .obs()?
+                .ok_or_else(|| anyhow::anyhow!("{}: has no obs table, but the plan has obs", input.path.display()))?,
+        )),
+        None => Ok(None),
+    }
+}
+
+/// One tile's cells, as a reader hands them to the encoder.
+pub(crate) enum TileCells {
+    /// Blocks of rows as the inputs hold them, to check and remap.
+    Parts { parts: Vec<Part>, cells: u64 },
+    /// Counts already checked and in the stored gene order (a shuffled
+    /// tile's, gathered from the spill).
+    Counts {
+        counts: CsrMatrix,
+        origins: Vec<shuffle::Origin>,
+        obs: Option<arrow_array::RecordBatch>,
+        /// Each input's column -> output column, to name a gene in a message.
+        remaps: std::sync::Arc<Vec<std::sync::Arc<Vec<u32>>>>,
+    },
+}
+
 /// Checks, remaps and encodes one tile's cells.
-fn encode_tile(parts: Vec<Part>, cells: u64, n_genes: u32, encoder: &TileEncoder) -> Result<EncodedTile, TileFailure> {
+fn encode_tile(cells: TileCells, n_genes: u32, encoder: &TileEncoder) -> Result<EncodedTile, TileFailure> {
+    let (block, origin, obs, dropped) = match cells {
+        TileCells::Parts { parts, cells } => {
+            let (block, origin, obs, dropped) = assemble(parts, n_genes)?;
+            debug_assert_eq!(block.n_rows() as u64, cells);
+            (block, origin, obs, dropped)
+        }
+        TileCells::Counts { counts, origins, obs, remaps } => {
+            let origin = origins
+                .iter()
+                .enumerate()
+                .map(|(k, o)| (o.input as usize, o.row, k as u64, remaps[o.input as usize].clone()))
+                .collect();
+            (counts, origin, obs, 0)
+        }
+    };
+    let cells = block.n_rows() as u64;
+    let nnz = block.nnz() as u64;
+    match encoder.encode(&block) {
+        Ok(blob) => Ok(EncodedTile { blob, cells, nnz, dropped, obs }),
+        Err(e) => match e.cell_and_gene() {
+            Some((cell, gene)) => {
+                let (input, first_row, first_cell, remap) =
+                    origin.iter().rev().find(|o| o.2 <= cell).expect("every cell comes from a part");
+                let source_gene = remap.iter().position(|&j| j == gene).unwrap_or(gene as usize) as u64;
+                Err(TileFailure::BadValue {
+                    input: *input,
+                    row: first_row + (cell - first_cell),
+                    gene: source_gene,
+                    problem: e.problem(),
+                })
+            }
+            None => Err(TileFailure::Other(e.into())),
+        },
+    }
+}
+
+/// Where each run of a tile's cells came from: (input, first row, first cell
+/// in the tile, the input's column -> output column).
+type Origins = Vec<(usize, u64, u64, std::sync::Arc<Vec<u32>>)>;
+
+/// Checks and remaps a tile's parts into one block of counts, with their obs
+/// rows and the nonzeros of genes left out.
+#[allow(clippy::type_complexity)]
+fn assemble(
+    parts: Vec<Part>,
+    n_genes: u32,
+) -> Result<(CsrMatrix, Origins, Option<arrow_array::RecordBatch>, u64), TileFailure> {
     let mut block = CsrMatrix::empty(n_genes);
-    // (input, first_row, first cell in tile, the input's remap)
-    let mut origin: Vec<(usize, u64, u64, std::sync::Arc<Vec<u32>>)> = Vec::with_capacity(parts.len());
+    let mut origin: Origins = Vec::with_capacity(parts.len());
     let obs_parts: Vec<arrow_array::RecordBatch> = parts.iter().filter_map(|p| p.obs.clone()).collect();
     let obs = match obs_parts.first() {
         Some(first) => Some(
@@ -676,25 +810,7 @@ fn encode_tile(parts: Vec<Part>, cells: u64, n_genes: u32, encoder: &TileEncoder
         dropped += part_dropped;
         block.append(&counts);
     }
-    debug_assert_eq!(block.n_rows() as u64, cells);
-    let nnz = block.nnz() as u64;
-    match encoder.encode(&block) {
-        Ok(blob) => Ok(EncodedTile { blob, cells, nnz, dropped, obs }),
-        Err(e) => match e.cell_and_gene() {
-            Some((cell, gene)) => {
-                let (input, first_row, first_cell, remap) =
-                    origin.iter().rev().find(|o| o.2 <= cell).expect("every cell comes from a part");
-                let source_gene = remap.iter().position(|&j| j == gene).unwrap_or(gene as usize) as u64;
-                Err(TileFailure::BadValue {
-                    input: *input,
-                    row: first_row + (cell - first_cell),
-                    gene: source_gene,
-                    problem: e.problem(),
-                })
-            }
-            None => Err(TileFailure::Other(e.into())),
-        },
-    }
+    Ok((block, origin, obs, dropped))
 }
 
 /// The error for a value that is not a count: file, matrix, cell (row and obs

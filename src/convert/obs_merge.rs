@@ -107,7 +107,17 @@ pub struct ObsPlan {
     schema: ObsSchema,
     /// Categorical columns stored as strings (more than `max_categories`).
     categories_as_strings: Vec<String>,
+    /// The schema ends with [`SOURCE_FILE`] and [`SOURCE_ROW`], which say
+    /// where each cell was read (a shuffled dataset's).
+    source: bool,
 }
+
+/// The obs column of a shuffled dataset that names each cell's input file
+/// (a category of the inputs' paths, in the order given).
+pub const SOURCE_FILE: &str = "source_file";
+/// The obs column of a shuffled dataset that holds each cell's row in its
+/// input file.
+pub const SOURCE_ROW: &str = "source_row";
 
 /// A dataset's obs, as an append extends it.
 pub struct StoredObs<'a> {
@@ -130,6 +140,8 @@ pub struct Restated {
 /// How one input's categorical columns map into the plan, per column: local
 /// code -> global code (categorical), or the local categories (stored as strings).
 pub struct InputObs {
+    /// The input's number among the plan's inputs (its `source_file` code).
+    input: usize,
     code_maps: Vec<Option<Vec<i32>>>,
     local_strings: Vec<Option<Vec<String>>>,
 }
@@ -268,9 +280,19 @@ impl ObsPlan {
 
     /// The plan of an obs/schema.json; `names` says whether its first column is
     /// the cell names (read from the obs index, not from a column).
-    pub fn from_schema(schema: ObsSchema, names: bool) -> Result<ObsPlan, String> {
+    /// With `source`, its last two columns are where each cell was read (a
+    /// shuffled dataset's), filled by [`ObsPlan::batch`], not read from obs.
+    pub fn from_schema(schema: ObsSchema, names: bool, source: bool) -> Result<ObsPlan, String> {
         if names && schema.columns.first().is_none_or(|c| c.name != "obs_names") {
             return Err("the obs schema does not start with obs_names".into());
+        }
+        let n = schema.columns.len();
+        if source
+            && (n < 2
+                || (schema.columns[n - 2].name.as_str(), schema.columns[n - 1].name.as_str())
+                    != (SOURCE_FILE, SOURCE_ROW))
+        {
+            return Err(format!("the obs schema of a shuffled dataset does not end with {SOURCE_FILE}, {SOURCE_ROW}"));
         }
         let mut fields = Vec::with_capacity(schema.columns.len());
         let mut columns = Vec::with_capacity(schema.columns.len());
@@ -278,7 +300,7 @@ impl ObsPlan {
             let data_type = arrow_type_from_name(&c.arrow_type)
                 .ok_or_else(|| format!("obs column {:?}: unknown Arrow type {:?}", c.name, c.arrow_type))?;
             fields.push(Field::new(&c.name, data_type.clone(), true));
-            if names && i == 0 {
+            if (names && i == 0) || (source && i + 2 >= n) {
                 continue;
             }
             let codes = c
@@ -296,13 +318,48 @@ impl ObsPlan {
             arrow_schema: Arc::new(Schema::new(fields)),
             schema,
             categories_as_strings: Vec::new(),
+            source,
         })
+    }
+
+    /// Adds the columns that say where each cell was read: [`SOURCE_FILE`],
+    /// a category of `inputs` (in this order), and [`SOURCE_ROW`], int64.
+    pub fn add_source_columns(&mut self, inputs: &[String]) -> Result<(), String> {
+        for name in [SOURCE_FILE, SOURCE_ROW] {
+            if self.schema.columns.iter().any(|c| c.name == name) {
+                return Err(format!(
+                    "the inputs' obs has a column {name:?}, which a shuffled dataset uses to say where each cell \
+                     was read; rename it, or leave it out with --obs-exclude {name}"
+                ));
+            }
+        }
+        let codes =
+            if inputs.len() <= i16::MAX as usize { ("int16", DataType::Int16) } else { ("int32", DataType::Int32) };
+        self.schema.columns.push(ObsColumn {
+            name: SOURCE_FILE.into(),
+            kind: ObsKind::Category,
+            arrow_type: codes.0.into(),
+            categories: Some(inputs.iter().map(|p| Value::String(p.clone())).collect()),
+        });
+        self.schema.columns.push(ObsColumn {
+            name: SOURCE_ROW.into(),
+            kind: ObsKind::Numeric,
+            arrow_type: "int64".into(),
+            categories: None,
+        });
+        let mut fields: Vec<Field> = self.arrow_schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+        fields.push(Field::new(SOURCE_FILE, codes.1, true));
+        fields.push(Field::new(SOURCE_ROW, DataType::Int64, true));
+        self.arrow_schema = Arc::new(Schema::new(fields));
+        self.source = true;
+        Ok(())
     }
 
     /// Reads an input's categories (from its obs table) and maps them into
     /// the plan's vocabularies.
-    pub fn for_input(&self, obs: &dyn Table) -> Result<InputObs, InputError> {
-        let mut maps = InputObs { code_maps: Vec::new(), local_strings: Vec::new() };
+    /// `input` is the input's number among the plan's inputs.
+    pub fn for_input(&self, obs: &dyn Table, input: usize) -> Result<InputObs, InputError> {
+        let mut maps = InputObs { input, code_maps: Vec::new(), local_strings: Vec::new() };
         for c in &self.columns {
             let (mut map, mut strings) = (None, None);
             if matches!(c.kind, ObsKind::Category | ObsKind::String) {
@@ -421,6 +478,15 @@ impl ObsPlan {
             }
             arrays.push(convert_column(c, input, k, column).map_err(|e| obs.invalid(&object, e))?);
         }
+        if self.source {
+            let n = range.len();
+            let code = input.input as i64;
+            arrays.push(match self.arrow_schema.field(arrays.len()).data_type() {
+                DataType::Int16 => Arc::new(Int16Array::from(vec![code as i16; n])),
+                _ => Arc::new(Int32Array::from(vec![code as i32; n])),
+            });
+            arrays.push(Arc::new(Int64Array::from_iter_values(rows.start as i64..rows.end as i64)));
+        }
         RecordBatch::try_new(self.arrow_schema.clone(), arrays).map_err(|e| obs.invalid("obs", e.to_string()))
     }
 }
@@ -537,7 +603,7 @@ fn merge(
         schema_columns.push(column);
     }
     let schema = ObsSchema { format: SCHEMA_FORMAT.into(), version: SCHEMA_VERSION, columns: schema_columns };
-    let mut plan = ObsPlan::from_schema(schema, options.names).map_err(anyhow::Error::msg)?;
+    let mut plan = ObsPlan::from_schema(schema, options.names, false).map_err(anyhow::Error::msg)?;
     plan.categories_as_strings = categories_as_strings;
     Ok(Some(plan))
 }

@@ -26,7 +26,7 @@ use serde_json::{json, Map, Value};
 use super::obs_merge::ObsPlan;
 use super::{
     gene_order_from_totals, gene_totals, prepare_output, sampled_inputs, scan_inputs, write_tiles, ConvertOptions,
-    ConvertProgress, ConvertSummary, Input, TileJob,
+    ConvertProgress, ConvertSummary, Input, ShardOptions, TileJob,
 };
 use crate::format::{self, fingerprint, npy, MAX_GENES};
 use crate::storage::Storage;
@@ -227,6 +227,10 @@ pub struct Plan {
     /// What an append keeps of the dataset it extends; None for a conversion.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub append: Option<AppendPlan>,
+    /// The seed of the order the cells are stored in (`convert --shuffle`);
+    /// None for the inputs' order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shuffle: Option<u64>,
 }
 
 /// The part of an append's plan that a conversion's does not have: the
@@ -379,7 +383,7 @@ pub(crate) fn plan_then(
     if n_genes == 0 || n_genes > MAX_GENES {
         bail!("{}: {} has {n_genes} genes; a dataset needs 1..2^31", inputs[0].display(), options.matrix);
     }
-    let obs_plan = match &options.obs {
+    let mut obs_plan = match &options.obs {
         Some(o) => {
             progress.phase("reading obs", 0);
             let paths: Vec<&Path> = scanned.iter().map(|i| i.path.as_path()).collect();
@@ -387,6 +391,10 @@ pub(crate) fn plan_then(
         }
         None => None,
     };
+    if let (Some(p), Some(_)) = (&mut obs_plan, options.shuffle) {
+        let names: Vec<String> = scanned.iter().map(|i| i.path.display().to_string()).collect();
+        p.add_source_columns(&names).map_err(anyhow::Error::msg)?;
+    }
     prepare_output(out, options.overwrite)?;
 
     let (sampled, order) = match &options.gene_order {
@@ -450,6 +458,15 @@ pub(crate) fn plan_then(
             "zstd_level": options.write.zstd_level,
         }),
     );
+    if let (Some(seed), Some(Value::Object(record))) = (options.shuffle, metadata.get_mut("convert")) {
+        record.insert(
+            "shuffle".into(),
+            json!({
+                "seed": seed,
+                "source_columns": obs_plan.is_some(),
+            }),
+        );
+    }
     if let (Some(given), Some(Value::Object(record))) = (&options.gene_order, metadata.get_mut("convert")) {
         record.insert("gene_order_from".into(), json!(given.source()));
     }
@@ -484,6 +501,7 @@ pub(crate) fn plan_then(
             .map(|(_, o)| PlanObs { names: o.names, tiles_per_file: o.tiles_per_file.max(1) }),
         metadata,
         append: None,
+        shuffle: options.shuffle,
     }
     .with_id();
     let mut text = serde_json::to_vec_pretty(&plan)?;
@@ -530,15 +548,15 @@ pub fn run_shard(
     out: &dyn Storage,
     k: usize,
     n: usize,
-    max_in_flight: usize,
+    options: &ShardOptions,
     progress: &dyn ConvertProgress,
 ) -> anyhow::Result<ShardResult> {
     if n == 0 || k >= n {
         bail!("shard {k}/{n}: the index must be below the number of shards (0-based: 0..{n})");
     }
     match super::append::planned_staging(out)? {
-        Some(staging) => shard_in(&staging, out, k, n, max_in_flight, progress),
-        None => shard_in(out, out, k, n, max_in_flight, progress),
+        Some(staging) => shard_in(&staging, out, k, n, options, progress),
+        None => shard_in(out, out, k, n, options, progress),
     }
 }
 
@@ -550,7 +568,7 @@ pub(crate) fn shard_in(
     base: &dyn Storage,
     k: usize,
     n: usize,
-    max_in_flight: usize,
+    options: &ShardOptions,
     progress: &dyn ConvertProgress,
 ) -> anyhow::Result<ShardResult> {
     let plan = read_plan(out)?;
@@ -583,7 +601,10 @@ pub(crate) fn shard_in(
         Some(o) => {
             let schema = crate::obs::read_schema(out)?.schema;
             let location = out.location(format::OBS_SCHEMA_KEY);
-            Some(ObsPlan::from_schema(schema, o.names).map_err(|e| anyhow::anyhow!("{location}: {e}"))?)
+            Some(
+                ObsPlan::from_schema(schema, o.names, plan.shuffle.is_some())
+                    .map_err(|e| anyhow::anyhow!("{location}: {e}"))?,
+            )
         }
     };
 
@@ -612,7 +633,9 @@ pub(crate) fn shard_in(
         obs_plan: obs_plan.as_ref(),
         obs_tiles_per_file: plan.tiles_per_unit() as u64,
         write: plan.write_options(),
-        max_in_flight,
+        max_in_flight: options.max_in_flight,
+        shuffle: plan.shuffle,
+        spill_dir: options.spill_dir.as_deref(),
     };
     let written = if tiles.is_empty() { None } else { Some(write_tiles(&job, &mut writer, progress)?) };
     let dropped_nonzeros = written.as_ref().map_or(0, |w| w.dropped_nonzeros);
@@ -912,6 +935,7 @@ mod tests {
             obs: obs_tiles.map(|t| PlanObs { names: true, tiles_per_file: t }),
             metadata: Map::new(),
             append: None,
+            shuffle: None,
         }
     }
 

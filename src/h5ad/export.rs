@@ -85,6 +85,64 @@ pub fn obs_table(ds: &Dataset, range: Range<u64>) -> Result<Option<Table>, Expor
     Ok(Some(table))
 }
 
+/// Where each cell of an obs table (of a shuffled dataset) was read, as
+/// its rank in the inputs' order: cells sorted by input (the code of
+/// `source_file`, the inputs in the order given) and row (`source_row`).
+/// Also returns the table without those two columns. An error names what is
+/// missing when the dataset was not shuffled.
+pub fn source_ranks(table: &Table) -> Result<(Vec<u64>, Table), String> {
+    use crate::convert::{SOURCE_FILE, SOURCE_ROW};
+    let find = |name: &str| table.columns.iter().find(|(n, _)| n == name).map(|(_, c)| &c.values);
+    let (Some(file), Some(row)) = (find(SOURCE_FILE), find(SOURCE_ROW)) else {
+        return Err(format!(
+            "obs has no {SOURCE_FILE} and {SOURCE_ROW} columns: the dataset was not converted with --shuffle, \
+             its cells are in the inputs' order already"
+        ));
+    };
+    let file = arrow_cast_i64(file).ok_or_else(|| format!("obs column {SOURCE_FILE} is not integer codes"))?;
+    let row = arrow_cast_i64(row).ok_or_else(|| format!("obs column {SOURCE_ROW} is not integers"))?;
+    let mut cells: Vec<u32> = (0..file.len() as u32).collect();
+    cells.sort_by_key(|&c| (file[c as usize], row[c as usize]));
+    let mut ranks = vec![0u64; cells.len()];
+    for (rank, &c) in cells.iter().enumerate() {
+        ranks[c as usize] = rank as u64;
+    }
+    let rest = Table {
+        index_name: table.index_name.clone(),
+        index: cells.iter().map(|&c| table.index[c as usize].clone()).collect(),
+        columns: table
+            .columns
+            .iter()
+            .filter(|(n, _)| n != SOURCE_FILE && n != SOURCE_ROW)
+            .map(|(n, c)| {
+                let values = arrow_select::take::take(c.values.as_ref(), &UInt32Array::from(cells.clone()), None)
+                    .map_err(|e| format!("obs column {n:?}: {e}"))?;
+                Ok((n.clone(), TableColumn { values, categories: c.categories.clone() }))
+            })
+            .collect::<Result<_, String>>()?,
+    };
+    Ok((ranks, rest))
+}
+
+/// An integer column's values as i64 (missing values as -1).
+fn arrow_cast_i64(values: &ArrayRef) -> Option<Vec<i64>> {
+    use arrow_array::types::{Int16Type, Int64Type, Int8Type};
+    fn all<T: arrow_array::ArrowPrimitiveType>(values: &ArrayRef) -> Option<Vec<i64>>
+    where
+        T::Native: Into<i64>,
+    {
+        let ints = values.as_primitive_opt::<T>()?;
+        Some((0..ints.len()).map(|i| if ints.is_null(i) { -1 } else { ints.value(i).into() }).collect())
+    }
+    match values.data_type() {
+        DataType::Int8 => all::<Int8Type>(values),
+        DataType::Int16 => all::<Int16Type>(values),
+        DataType::Int32 => all::<Int32Type>(values),
+        DataType::Int64 => all::<Int64Type>(values),
+        _ => None,
+    }
+}
+
 /// The gene table of var.parquet (None without one), rows in stored order, or,
 /// with `order` (gene_order.npy), in the source files' order.
 pub fn var_table(ds: &Dataset, order: Option<&[i32]>) -> Result<Option<Table>, ExportError> {

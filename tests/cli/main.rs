@@ -15,4 +15,5 @@ mod pbmc;
 mod real_world;
 mod remote;
 mod sharded;
+mod shuffle;
 mod util;

@@ -12,7 +12,7 @@ use crate::h5;
 use crate::util::TestDir;
 
 /// Every row of every shard, per column, as JSON values (null where missing).
-fn obs_values(dataset: &Path) -> (ObsSchema, Vec<Vec<Value>>) {
+pub(crate) fn obs_values(dataset: &Path) -> (ObsSchema, Vec<Vec<Value>>) {
     let schema = ObsSchema::parse(&std::fs::read(dataset.join("obs/schema.json")).unwrap()).unwrap();
     let mut columns = vec![Vec::new(); schema.columns.len()];
     let mut shards: Vec<_> = std::fs::read_dir(dataset.join("obs"))

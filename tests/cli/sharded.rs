@@ -26,7 +26,7 @@ fn tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
 }
 
 #[track_caller]
-fn assert_same_tree(got: &Path, want: &Path) {
+pub(crate) fn assert_same_tree(got: &Path, want: &Path) {
     let (g, w) = (tree(got), tree(want));
     let names = |t: &[(String, Vec<u8>)]| t.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
     assert_eq!(names(&g), names(&w), "files of {} and {}", got.display(), want.display());
@@ -64,7 +64,7 @@ fn plan(t: &TestDir, inputs: &[&str], layout: &[&str], out: &str) {
 
 /// Converts `inputs` once with convert, then with 1, 3 and 7 shards run in
 /// different ways, and checks every result against the first.
-fn sharded_runs_match_convert(t: &TestDir, inputs: &[&str], layout: &[&str]) {
+pub(crate) fn sharded_runs_match_convert(t: &TestDir, inputs: &[&str], layout: &[&str]) {
     let mut args = vec!["convert", "-q"];
     args.extend(layout);
     args.extend(inputs);

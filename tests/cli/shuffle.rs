@@ -1,0 +1,162 @@
+//! `convert --shuffle SEED`: every cell once, in an order fixed by the seed,
+//! the same bytes for any thread or shard count, obs saying where each cell
+//! was read, and `export --source-order` giving the inputs' order back.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use deltacells::Dataset;
+
+use crate::util::TestDir;
+
+const LAYOUT: [&str; 6] = ["--tile-size", "5", "--obs-tiles-per-file", "2", "--level", "3"];
+
+/// Three sample-ordered inputs (23, 17 and 31 cells) with obs.
+fn three_inputs(t: &TestDir) -> [&'static str; 3] {
+    let codes =
+        |n: usize, k: usize| -> Vec<i8> { (0..n).map(|i| if i % 7 == 6 { -1 } else { (i % k) as i8 }).collect() };
+    crate::obs::with_obs(&t.join("a.h5ad"), &["T", "B"], &codes(23, 2), true);
+    crate::obs::with_obs(&t.join("b.h5ad"), &["NK", "T", "unused"], &codes(17, 3), false);
+    crate::obs::with_obs(&t.join("c.h5ad"), &["B", "DC"], &codes(31, 2), true);
+    ["a.h5ad", "b.h5ad", "c.h5ad"]
+}
+
+fn convert(t: &TestDir, inputs: &[&str], extra: &[&str], out: &str) {
+    let mut args = vec!["convert", "-q"];
+    args.extend(LAYOUT);
+    args.extend(extra);
+    args.extend(inputs);
+    args.push(out);
+    t.run(&args).expect_code(0);
+}
+
+fn open(p: &Path) -> Dataset {
+    Dataset::open(p.to_str().unwrap()).unwrap()
+}
+
+#[test]
+fn shuffled_shards_and_thread_counts_write_the_same_bytes() {
+    let t = TestDir::new();
+    let inputs = three_inputs(&t);
+    let mut layout = LAYOUT.to_vec();
+    layout.extend(["--shuffle", "7"]);
+    // convert, then plan + 1, 3 and 7 shards (one killed and re-run) + finalize
+    crate::sharded::sharded_runs_match_convert(&t, &inputs, &layout);
+    convert(&t, &inputs, &["--shuffle", "7", "--threads", "1"], "one_thread");
+    crate::sharded::assert_same_tree(&t.join("one_thread"), &t.join("single"));
+    t.run(&["verify", "-q", "single"]).expect_code(0);
+}
+
+#[test]
+fn a_shuffled_dataset_holds_every_cell_once_and_says_where_it_was_read() {
+    let t = TestDir::new();
+    let inputs = three_inputs(&t);
+    convert(&t, &inputs, &[], "plain");
+    convert(&t, &inputs, &["--shuffle", "7"], "shuffled");
+    convert(&t, &inputs, &["--shuffle", "8"], "other_seed");
+    t.run(&["verify", "-q", "shuffled"]).expect_code(0);
+    let (plain, shuffled) = (open(&t.join("plain")), open(&t.join("shuffled")));
+    assert_eq!(shuffled.n_cells(), 71);
+    let (a, b) = (crate::convert::source_order(&plain), crate::convert::source_order(&shuffled));
+
+    let (schema, plain_obs) = crate::obs::obs_values(&t.join("plain"));
+    let (shuffled_schema, obs) = crate::obs::obs_values(&t.join("shuffled"));
+    // The inputs' columns, then where each cell was read.
+    let names: Vec<&str> = shuffled_schema.columns.iter().map(|c| c.name.as_str()).collect();
+    let mut expected: Vec<&str> = schema.columns.iter().map(|c| c.name.as_str()).collect();
+    expected.extend(["source_file", "source_row"]);
+    assert_eq!(names, expected);
+    let files = shuffled_schema.column("source_file").unwrap().categories.clone().unwrap();
+    assert_eq!(files, inputs.iter().map(|&p| Value::from(p)).collect::<Vec<_>>());
+    let offsets = [0u64, 23, 40];
+    let (file_col, row_col) = (names.len() - 2, names.len() - 1);
+    let mut seen = [false; 71];
+    for cell in 0..71 {
+        let file = obs[file_col][cell].as_u64().unwrap() as usize;
+        let row = obs[row_col][cell].as_u64().unwrap();
+        let source = (offsets[file] + row) as usize;
+        assert!(!seen[source], "cell {source} stored twice");
+        seen[source] = true;
+        // its counts and every obs value are those of the cell it came from
+        assert_eq!(b[cell], a[source], "cell {cell} (input {file}, row {row})");
+        for (column, values) in plain_obs.iter().enumerate() {
+            assert_eq!(obs[column][cell], values[source], "{} of cell {cell}", names[column]);
+        }
+    }
+    // Every tile of 5 cells holds cells of more than one input (the inputs'
+    // order would give 14 of 15 tiles of one input), and another seed gives
+    // another order.
+    let mixed = (0..71).step_by(5).filter(|&s| (s..(s + 5).min(71)).any(|c| obs[file_col][c] != obs[file_col][s]));
+    assert!(mixed.count() >= 10);
+    let (_, other) = crate::obs::obs_values(&t.join("other_seed"));
+    assert_ne!(other[row_col], obs[row_col]);
+    // The manifest records the seed.
+    let manifest: Value = serde_json::from_slice(&std::fs::read(t.join("shuffled/manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["metadata"]["convert"]["shuffle"]["seed"], Value::from(7));
+}
+
+#[test]
+fn export_source_order_gives_the_inputs_order_back() {
+    let t = TestDir::new();
+    let inputs = three_inputs(&t);
+    convert(&t, &inputs, &[], "plain");
+    convert(&t, &inputs, &["--shuffle", "11"], "shuffled");
+    t.run(&["export", "-q", "plain", "plain.h5ad"]).expect_code(0);
+    t.run(&["export", "-q", "--source-order", "shuffled", "back.h5ad"]).expect_code(0);
+    // Converted again (unshuffled, the same gene order), both give the same tiles and obs.
+    for (input, out) in [("plain.h5ad", "plain2"), ("back.h5ad", "back2")] {
+        t.run(&["convert", "-q", "--gene-order-files", "0", "--tile-size", "5", "--level", "3", input, out])
+            .expect_code(0);
+    }
+    let (x, y) = (open(&t.join("plain2")), open(&t.join("back2")));
+    assert_eq!(x.read_cells(0..71).unwrap(), y.read_cells(0..71).unwrap());
+    assert_eq!(crate::obs::obs_values(&t.join("plain2")), crate::obs::obs_values(&t.join("back2")));
+    // A part of the cells, in their source order.
+    t.run(&["export", "-q", "--source-order", "--cells", "10:30", "shuffled", "part.h5ad"]).expect_code(0);
+    t.run(&["convert", "-q", "--gene-order-files", "0", "part.h5ad", "part"]).expect_code(0);
+    let (_, part) = crate::obs::obs_values(&t.join("part"));
+    let (_, all) = crate::obs::obs_values(&t.join("back2"));
+    let names = |v: &[Value]| v.iter().map(|n| n.as_str().unwrap().to_string()).collect::<Vec<_>>();
+    let mut sorted = names(&part[0]);
+    sorted.sort_by_key(|n| names(&all[0]).iter().position(|m| m == n).unwrap());
+    assert_eq!(names(&part[0]), sorted, "the part's cells are in source order");
+}
+
+#[test]
+fn shuffle_errors_name_the_argument_and_leave_nothing() {
+    let t = TestDir::new();
+    let inputs = three_inputs(&t);
+    let run = |extra: &[&str], out: &str| {
+        let mut args = vec!["convert", "-q"];
+        args.extend(extra);
+        args.extend(inputs);
+        args.push(out);
+        t.run(&args)
+    };
+    let r = run(&["--shuffle=-1"], "o1").expect_code(2);
+    assert!(r.stderr().contains("--shuffle"), "{}", r.stderr());
+    let r = run(&["--shuffle", "x"], "o2").expect_code(2);
+    assert!(r.stderr().contains("--shuffle"), "{}", r.stderr());
+    let r = run(&["--spill-dir", "/tmp"], "o3").expect_code(2);
+    assert!(r.stderr().contains("--shuffle"), "{}", r.stderr());
+    let missing = t.join("no/such/dir");
+    let r = run(&["--shuffle", "1", "--spill-dir", missing.to_str().unwrap()], "o4").expect_code(2);
+    assert!(r.stderr().contains("no/such/dir"), "{}", r.stderr());
+    assert!(!t.join("o4").exists(), "nothing is created");
+    // Appending to a shuffled dataset is refused, and changes nothing.
+    run(&["--shuffle", "5"], "shuffled").expect_code(0);
+    let before = std::fs::read(t.join("shuffled/manifest.json")).unwrap();
+    let r = t.run(&["append", "-q", "shuffled", "a.h5ad"]).expect_code(2);
+    assert!(r.stderr().contains("shuffled order"), "{}", r.stderr());
+    assert_eq!(std::fs::read(t.join("shuffled/manifest.json")).unwrap(), before);
+    // A dataset that was not shuffled has no source order to give back.
+    run(&[], "plain").expect_code(0);
+    let r = t.run(&["export", "-q", "--source-order", "plain", "x.h5ad"]).expect_code(2);
+    assert!(
+        r.stderr().contains("--source-order") && r.stderr().contains("not converted with --shuffle"),
+        "{}",
+        r.stderr()
+    );
+    assert!(!t.join("x.h5ad").exists());
+}
