@@ -20,13 +20,18 @@ export DELTACELLS_PYTHON="$PWD/.venv/bin/python"
 if [ ! -d target/release ]; then
   echo "test: first build of the dependencies (HDF5 from source among them): about 7 minutes on 2 cores" >&2
 fi
-cargo test --release "$@"
+# The crash tests need the test-only feature `fault-injection` (a hook that
+# aborts an append's commit half-way); every build here has it, so that the
+# crate is built once.
+cargo test --release --features fault-injection "$@"
+# The reading core's own tests, without HDF5, clap or indicatif.
+cargo test --release --no-default-features --lib --quiet
 # The benchmarks are not run here (see README, "Performance"), only compiled,
 # in the same profile so that nothing is built twice.
-cargo test --release --benches --no-run --quiet
+cargo test --release --features fault-injection --benches --no-run --quiet
 # The Python package: built (into the same target folder) and installed into
 # .venv as a user installs it, then its tests, against the binary built above.
-cargo build --release --quiet
+cargo build --release --features fault-injection --quiet
 started=$SECONDS
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python
 echo "test: the Python package was built and installed in $((SECONDS - started)) s" >&2

@@ -460,14 +460,20 @@ fn summary_of(record: &AppendRecord, after: &Manifest, outcome: &str, started: I
 pub(crate) fn commit(ds: &dyn Storage, staged_manifest: &Bytes) -> anyhow::Result<()> {
     // The crash tests stop the process here for real (SIGABRT) after this many
     // moves (-1: before the manifest is removed, -2: before the new one is
-    // written): a kill cannot be timed into a commit of a few renames.
-    let abort_after: Option<i64> =
-        std::env::var("DELTACELLS_TEST_ABORT_COMMIT_AFTER").ok().and_then(|v| v.parse().ok());
-    let stop_here = |moved: i64| {
-        if abort_after == Some(moved) {
-            std::process::abort();
+    // written): a kill cannot be timed into a commit of a few renames. Only
+    // in builds with the test-only feature `fault-injection`.
+    #[cfg(feature = "fault-injection")]
+    let stop_here = {
+        let abort_after: Option<i64> =
+            std::env::var("DELTACELLS_TEST_ABORT_COMMIT_AFTER").ok().and_then(|v| v.parse().ok());
+        move |moved: i64| {
+            if abort_after == Some(moved) {
+                std::process::abort();
+            }
         }
     };
+    #[cfg(not(feature = "fault-injection"))]
+    let stop_here = |_moved: i64| {};
     let mut moved = 0;
     stop_here(-1);
     ds.delete(format::MANIFEST_KEY)?;

@@ -25,8 +25,8 @@ fn slow_input(t: &TestDir) -> String {
 const ARGS: [&str; 6] = ["--tile-size", "60", "--obs-tiles-per-file", "7", "--threads", "2"];
 
 fn convert_cmd(input: &str, out: &Path, overwrite: bool) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_deltacells"));
-    c.args(["convert", "-q"]).args(ARGS).env("HDF5_USE_FILE_LOCKING", "FALSE");
+    let mut c = crate::util::deltacells();
+    c.args(["convert", "-q"]).args(ARGS);
     if overwrite {
         c.arg("--overwrite");
     }
@@ -102,7 +102,7 @@ fn a_full_disk_is_a_clear_error_and_leaves_no_manifest() {
             .status()
             .is_ok_and(|s| s.success())
     {
-        eprintln!("note: cannot mount a small tmpfs here; disk-full test skipped");
+        crate::util::skip("cannot mount a small tmpfs here; disk-full test skipped");
         return;
     }
     let input = slow_input(&t);

@@ -282,8 +282,8 @@ fn localize_fetches_only_the_column_chunks_and_caches_them() {
     assert_eq!(fixed["replaced"], serde_json::json!(["score"]));
     assert_eq!(std::fs::read(&path).unwrap(), bytes);
     // $DELTACELLS_CACHE is the default root
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_deltacells"))
-        .args(["obs", "localize", "--json", "--columns", "batch", ds])
+    let out = t
+        .command(&["obs", "localize", "--json", "--columns", "batch", ds])
         .env("DELTACELLS_CACHE", t.join("envcache"))
         .output()
         .unwrap();
@@ -317,8 +317,7 @@ fn processes_started_together_fetch_each_column_once() {
     let cache = t.join("cache");
     let children: Vec<_> = (0..8)
         .map(|_| {
-            std::process::Command::new(env!("CARGO_BIN_EXE_deltacells"))
-                .args(["obs", "localize", "--json", "--cache-dir", cache.to_str().unwrap()])
+            t.command(&["obs", "localize", "--json", "--cache-dir", cache.to_str().unwrap()])
                 .args(["--columns", "cell_type,donor,note", ds.to_str().unwrap()])
                 .stdout(std::process::Stdio::piped())
                 .spawn()
@@ -411,8 +410,8 @@ fn sixteen_localizers_some_killed_leave_a_valid_cache() {
     let sets = ["cell_type,donor", "donor,note,score", "obs_names", "cell_type,frac,batch,is_ok"];
     let children: Vec<_> = (0..16)
         .map(|i| {
-            let child = std::process::Command::new(env!("CARGO_BIN_EXE_deltacells"))
-                .args(["obs", "localize", "--json", "--cache-dir", cache.to_str().unwrap()])
+            let child = t
+                .command(&["obs", "localize", "--json", "--cache-dir", cache.to_str().unwrap()])
                 .args(["--columns", sets[i % sets.len()], ds.to_str().unwrap()])
                 .stdout(std::process::Stdio::piped())
                 .spawn()

@@ -39,12 +39,8 @@ pub(crate) fn assert_same_tree(got: &Path, want: &Path) {
 
 /// `deltacells shard OUT ARGS...` in `t`, not yet started.
 fn shard(t: &TestDir, out: &str, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_deltacells"));
-    cmd.arg("shard").arg(out).args(args).current_dir(t.path()).env("HDF5_USE_FILE_LOCKING", "FALSE");
-    for var in ["SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_COUNT", "JOB_COMPLETION_INDEX"] {
-        cmd.env_remove(var);
-    }
-    cmd.env_remove("AWS_BATCH_JOB_ARRAY_INDEX").env_remove("AWS_BATCH_JOB_ARRAY_SIZE");
+    let mut cmd = t.command(&["shard", out]);
+    cmd.args(args);
     cmd
 }
 

@@ -73,20 +73,38 @@ impl TestDir {
 
     /// Runs `deltacells ARGS...` in this folder with extra environment variables.
     pub fn run_env(&self, args: &[&str], env: &[(&str, &str)]) -> Run {
-        let output = Command::new(env!("CARGO_BIN_EXE_deltacells"))
-            .args(args)
-            .envs(env.iter().copied())
-            .current_dir(self.path())
-            .env("NO_COLOR", "1")
-            // Test threads write .h5ad files while other threads spawn this
-            // binary; a spawned child inherits the writer's descriptor and so
-            // its flock, which would make our read fail to lock. Real runs do
-            // not share descriptors with the writer.
-            .env("HDF5_USE_FILE_LOCKING", "FALSE")
-            .output()
-            .expect("run deltacells");
+        let output = self.command(args).envs(env.iter().copied()).output().expect("run deltacells");
         Run { cmd: format!("deltacells {}", args.join(" ")), output, listing: listing(self.path()) }
     }
+
+    /// `deltacells ARGS...` in this folder, not yet started: for a test that
+    /// spawns, kills or times a run (`run` waits, and explains a failure).
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = deltacells();
+        c.args(args).current_dir(self.path());
+        c
+    }
+}
+
+/// The binary, with the environment of every test run: no colors, HDF5
+/// without file locks (test threads write .h5ad files while others spawn
+/// this binary; a child would inherit the writer's descriptor and so its
+/// flock, which real runs never share), and none of the job-array variables
+/// that `shard --shard-from-env` reads.
+pub fn deltacells() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_deltacells"));
+    c.env("NO_COLOR", "1").env("HDF5_USE_FILE_LOCKING", "FALSE");
+    for var in [
+        "SLURM_ARRAY_TASK_ID",
+        "SLURM_ARRAY_TASK_MIN",
+        "SLURM_ARRAY_TASK_COUNT",
+        "JOB_COMPLETION_INDEX",
+        "AWS_BATCH_JOB_ARRAY_INDEX",
+        "AWS_BATCH_JOB_ARRAY_SIZE",
+    ] {
+        c.env_remove(var);
+    }
+    c
 }
 
 pub fn listing(dir: &Path) -> String {
