@@ -263,7 +263,7 @@ pub(crate) struct ConvertArgs {
     /// to this dataset, for `deltacells shard DATASET --shard K/N` and
     /// `deltacells finalize DATASET`; the result is what `deltacells append`
     /// writes. The layout, gene and obs options are the dataset's: only
-    /// --matrix, --inputs-from and the object-store options apply.
+    /// --matrix, --inputs-from, --shuffle and the object-store options apply.
     #[arg(long, value_name = "DATASET", conflicts_with_all = ["gene_order_from", "gene_order", "totals_shard", "overwrite"])]
     pub append: Option<String>,
     /// Which genes to store when the inputs' genes differ. Inputs with the same
@@ -301,7 +301,7 @@ pub(crate) struct ConvertArgs {
     /// cell; `export --source-order` writes the inputs' order back. Costs one
     /// more pass over the cells, spilled to --spill-dir. The bytes are the
     /// same for any --threads and any number of shards.
-    #[arg(long, value_name = "SEED", conflicts_with = "append")]
+    #[arg(long, value_name = "SEED")]
     pub shuffle: Option<u64>,
     /// Where --shuffle keeps the cells between its two passes (default: the
     /// system's temporary folder, $TMPDIR): it needs about twice the output's
@@ -343,8 +343,18 @@ pub(crate) struct AppendArgs {
     pub matrix: Option<String>,
     /// Complete the interrupted append whose record is in DATASET/.append/
     /// (with the inputs it recorded).
-    #[arg(long, conflicts_with_all = ["inputs", "inputs_from", "matrix"])]
+    #[arg(long, conflicts_with_all = ["inputs", "inputs_from", "matrix", "shuffle"])]
     pub resume: bool,
+    /// Store the appended cells in a random order fixed by SEED, after the
+    /// dataset's cells (which keep their places). The dataset must have been
+    /// converted with --shuffle, whose obs says where each cell was read
+    /// (source_file and source_row, which the append extends).
+    #[arg(long, value_name = "SEED")]
+    pub shuffle: Option<u64>,
+    /// Where --shuffle keeps the cells between its two passes (default:
+    /// $TMPDIR): about twice the appended cells' tile bytes.
+    #[arg(long, value_name = "DIR", requires = "shuffle")]
+    pub spill_dir: Option<PathBuf>,
     #[command(flatten)]
     pub download: DownloadArgs,
     /// Worker threads (default: all cores). The output is the same for any value.

@@ -11,11 +11,17 @@ use crate::cli::AppendArgs;
 pub(crate) fn run(args: &AppendArgs) -> anyhow::Result<ExitCode> {
     let started = std::time::Instant::now();
     super::set_threads(args.threads)?;
+    super::check_spill_dir(args.spill_dir.as_deref())?;
     if let deltacells::storage::Location::Http { .. } = deltacells::storage::Location::parse(&args.dataset)? {
         bail!("{}: an HTTP server is read-only; append to a local folder, s3:// or gs://", args.dataset);
     }
     let store = super::open_store(&args.dataset, &args.store)?;
-    let options = AppendOptions { matrix: args.matrix.clone(), ..AppendOptions::default() };
+    let options = AppendOptions {
+        matrix: args.matrix.clone(),
+        shuffle: args.shuffle,
+        spill_dir: args.spill_dir.clone(),
+        ..AppendOptions::default()
+    };
     let progress = Bar::new(args.quiet);
     let summary = if args.resume {
         resume(store.clone(), &options, &progress)

@@ -181,7 +181,8 @@ fn plan_append(args: &ConvertArgs, dataset: &str, started: std::time::Instant) -
     let inputs = super::input_paths(&args.paths, args.inputs_from.as_deref())?;
     let store = super::open_store(dataset, &args.store)?;
     let _downloads = super::download_inputs(&args.download, &inputs, false)?;
-    let options = deltacells::convert::AppendOptions { matrix: args.matrix.clone(), ..Default::default() };
+    let options =
+        deltacells::convert::AppendOptions { matrix: args.matrix.clone(), shuffle: args.shuffle, ..Default::default() };
     let progress = Bar::new(args.quiet);
     let planned =
         deltacells::convert::plan_append(store.clone(), &inputs, &options, &progress).context("plan --append")?;

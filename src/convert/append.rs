@@ -66,6 +66,9 @@ struct AppendRecord {
     /// staging until its finalize.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     sharded: bool,
+    /// The seed of the appended cells' order, when shuffled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    shuffle: Option<u64>,
 }
 
 /// The inputs that are files (not the dataset's own last tile).
@@ -103,11 +106,17 @@ pub struct AppendOptions {
     pub matrix: Option<String>,
     /// Tiles read but not yet written, at most.
     pub max_in_flight: usize,
+    /// Store the appended cells in an order fixed by this seed (after the
+    /// cells the dataset has, which keep their places).
+    pub shuffle: Option<u64>,
+    /// Where a shuffled append spills its cells (default: the system's
+    /// temporary folder).
+    pub spill_dir: Option<PathBuf>,
 }
 
 impl Default for AppendOptions {
     fn default() -> Self {
-        AppendOptions { matrix: None, max_in_flight: super::MAX_IN_FLIGHT }
+        AppendOptions { matrix: None, max_in_flight: super::MAX_IN_FLIGHT, shuffle: None, spill_dir: None }
     }
 }
 
@@ -225,7 +234,8 @@ fn append_locked(
     let staging = Within::new(ds.as_ref(), APPEND_PREFIX);
     let run = || -> anyhow::Result<_> {
         let plan = plan_staged(ds.clone(), inputs, options, time, Then::Tiles, progress)?;
-        let shard_options = super::ShardOptions { max_in_flight: options.max_in_flight, spill_dir: None };
+        let shard_options =
+            super::ShardOptions { max_in_flight: options.max_in_flight, spill_dir: options.spill_dir.clone() };
         let shard = shard_in(&staging, ds.as_ref(), 0, 1, &shard_options, progress)?;
         let (_, staged) = finalize_in(&staging, ds.as_ref())?;
         Ok((plan, shard, staged))
@@ -378,7 +388,8 @@ pub fn resume(
         }
         Leftover::Staging(record) => {
             let inputs: Vec<PathBuf> = new_inputs(&record.inputs).map(|i| i.path.clone()).collect();
-            let options = AppendOptions { matrix: Some(record.matrix.clone()), ..options.clone() };
+            let options =
+                AppendOptions { matrix: Some(record.matrix.clone()), shuffle: record.shuffle, ..options.clone() };
             let mut summary = append_locked(ds, &inputs, &options, progress)?;
             summary.outcome = "completed".into();
             Ok(summary)
@@ -399,6 +410,13 @@ pub(crate) fn lock(ds: &dyn Storage) -> anyhow::Result<crate::storage::RootLock>
 /// Why an append cannot go on.
 #[derive(Debug, thiserror::Error)]
 pub enum AppendError {
+    /// A shuffled append to a dataset whose obs does not say where its cells
+    /// were read (it was converted in the inputs' order).
+    #[error(
+        "{location}: its obs has no source_file and source_row columns (it was converted in the inputs' order), \
+         so the order of shuffled cells could not be undone"
+    )]
+    NoSourceColumns { location: String },
     #[error(
         "{location}: another append, append --resume or finalize is running on this dataset (it holds the folder's lock); \
          run this again once it has ended"
@@ -665,11 +683,11 @@ fn plan_staged(
     let stored_schema = if manifest.has_obs { Some(crate::obs::read_schema(ds.as_ref())?) } else { None };
     let recorded = recorded(&manifest, stored_schema.as_ref().map(|s| &s.schema));
     let matrix = options.matrix.clone().unwrap_or_else(|| recorded.matrix.clone());
-    if manifest.metadata.get("convert").and_then(|c| c.get("shuffle")).is_some() {
-        bail!(
-            "{root}: its cells are stored in a shuffled order, which an append cannot extend yet; \
-             convert all the inputs again, the new ones with them"
-        );
+    // A dataset converted shuffled says in obs where each cell was read; its
+    // appends go on saying it. A shuffled append needs it said.
+    let has_source = stored_schema.as_ref().is_some_and(|s| super::obs_merge::source_files(&s.schema).is_some());
+    if options.shuffle.is_some() && manifest.has_obs && !has_source {
+        return Err(AppendError::NoSourceColumns { location: root }.into());
     }
 
     // Genes: matched by name to the stored columns.
@@ -747,6 +765,7 @@ fn plan_staged(
         matrix: matrix.clone(),
         time: time.unwrap_or_else(now),
         sharded: then == Then::Nothing,
+        shuffle: options.shuffle,
     };
     let mut text = serde_json::to_vec_pretty(&record)?;
     text.push(b'\n');
@@ -790,6 +809,9 @@ fn plan_staged(
     entry.insert("matrix".into(), json!(matrix));
     entry.insert("cells".into(), json!(scanned.iter().map(|i| i.n_rows).sum::<u64>()));
     entry.insert("time".into(), json!(record.time));
+    if let Some(seed) = options.shuffle {
+        entry.insert("shuffle".into(), json!({ "seed": seed }));
+    }
     entry.insert("generator".into(), json!(format!("deltacells {}", env!("CARGO_PKG_VERSION"))));
     let new_as_strings: Vec<&String> = obs_plan
         .map(|p| p.categories_as_strings())
@@ -819,7 +841,11 @@ fn plan_staged(
         n_chunks: manifest.n_chunks as usize,
         zstd_level: manifest.zstd_level as i32,
         var_table: manifest.has_var_table,
-        obs: obs_plan.map(|_| PlanObs { names: recorded.obs.names, tiles_per_file: per_file as u64 }),
+        obs: obs_plan.map(|_| PlanObs {
+            names: recorded.obs.names,
+            tiles_per_file: per_file as u64,
+            source: has_source,
+        }),
         metadata,
         append: Some(AppendPlan {
             base: record.base.clone(),
@@ -829,7 +855,7 @@ fn plan_staged(
             kept_obs_sha256: kept_obs.iter().map(|r| r.sha256.clone()).collect(),
             restated,
         }),
-        shuffle: None,
+        shuffle: options.shuffle,
     }
     .with_id();
     let mut text = serde_json::to_vec_pretty(&plan)?;

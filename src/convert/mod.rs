@@ -666,7 +666,8 @@ fn read_in_order(
             None => shared_remap.clone(),
         };
         let obs_table = input_obs_table(input, source.as_ref(), obs_plan)?;
-        let input_obs = obs_plan.zip(obs_table.as_deref()).map(|(p, t)| p.for_input(t, i)).transpose()?;
+        let input_obs =
+            obs_plan.zip(obs_table.as_deref()).map(|(p, t)| p.for_input(t, source_code(inputs, p, i))).transpose()?;
         let mut read = |r: std::ops::Range<u64>| -> anyhow::Result<_> {
             let obs = match (obs_plan, &input_obs, obs_table.as_deref()) {
                 (Some(p), Some(maps), Some(t)) => Some(p.batch(maps, t, r.clone())?),
@@ -682,6 +683,13 @@ fn read_in_order(
         dispatch(TileCells::Parts { parts: std::mem::take(&mut parts), cells: cells_in_tile });
     }
     Ok(())
+}
+
+/// Input `i`'s code in `source_file`: its number among the inputs that are
+/// files (an append's first input may be the dataset's own last tile).
+pub(crate) fn source_code(inputs: &[Input], plan: &ObsPlan, i: usize) -> usize {
+    let tiles = inputs.iter().filter(|x| x.stored_tile.is_some()).count();
+    plan.source_code(i.saturating_sub(tiles), inputs.len() - tiles)
 }
 
 /// Opens an input for its tiles, refusing one whose size or entity tag

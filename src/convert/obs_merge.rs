@@ -119,6 +119,20 @@ pub const SOURCE_FILE: &str = "source_file";
 /// input file.
 pub const SOURCE_ROW: &str = "source_row";
 
+/// The vocabulary of [`SOURCE_FILE`] when a schema ends with the columns that
+/// say where each cell was read (a shuffled dataset's).
+pub fn source_files(schema: &ObsSchema) -> Option<Vec<String>> {
+    let n = schema.columns.len();
+    let [file, row] = schema.columns.get(n.checked_sub(2)?..)? else { return None };
+    if (file.name.as_str(), file.kind, row.name.as_str(), row.kind)
+        != (SOURCE_FILE, ObsKind::Category, SOURCE_ROW, ObsKind::Numeric)
+    {
+        return None;
+    }
+    let values = file.categories.as_ref()?;
+    Some(values.iter().map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string)).collect())
+}
+
 /// A dataset's obs, as an append extends it.
 pub struct StoredObs<'a> {
     /// The dataset, for messages.
@@ -140,7 +154,7 @@ pub struct Restated {
 /// How one input's categorical columns map into the plan, per column: local
 /// code -> global code (categorical), or the local categories (stored as strings).
 pub struct InputObs {
-    /// The input's number among the plan's inputs (its `source_file` code).
+    /// The input's code in `source_file` (see [`ObsPlan::source_code`]).
     input: usize,
     code_maps: Vec<Option<Vec<i32>>>,
     local_strings: Vec<Option<Vec<String>>>,
@@ -262,7 +276,20 @@ impl ObsPlan {
         matrix: &str,
         options: &ObsOptions,
     ) -> Result<(ObsPlan, Vec<Restated>), anyhow::Error> {
-        let plan = merge(Some(stored), inputs, matrix, options)?.expect("a stored schema gives a plan");
+        // The columns that say where each cell was read are not the inputs':
+        // merged without them, then added back, the new inputs' paths at the
+        // end of the stored vocabulary of files.
+        let stored_files = source_files(stored.schema);
+        let mut without = stored.schema.clone();
+        if stored_files.is_some() {
+            without.columns.truncate(without.columns.len() - 2);
+        }
+        let stripped = StoredObs { location: stored.location, schema: &without, ..*stored };
+        let mut plan = merge(Some(&stripped), inputs, matrix, options)?.expect("a stored schema gives a plan");
+        if let Some(files) = stored_files {
+            let new: Vec<String> = inputs.iter().map(|p| p.display().to_string()).collect();
+            plan.add_source_columns_after(&files, &new).map_err(anyhow::Error::msg)?;
+        }
         let describe = |c: &ObsColumn| match c.kind {
             ObsKind::Category => format!("categorical ({} codes)", c.arrow_type),
             kind => format!("{} ({})", kind.as_str(), c.arrow_type),
@@ -276,6 +303,14 @@ impl ObsPlan {
             .map(|(old, new)| Restated { column: old.name.clone(), was: describe(old), now: describe(new) })
             .collect();
         Ok((plan, restated))
+    }
+
+    /// The code of [`SOURCE_FILE`] of the file input `file` of `n_files` (the
+    /// inputs of this conversion or append, after the files of the appends
+    /// before it).
+    pub fn source_code(&self, file: usize, n_files: usize) -> usize {
+        let known = self.schema.columns.iter().rev().nth(1).and_then(|c| c.categories.as_ref()).map_or(0, Vec::len);
+        known.saturating_sub(n_files) + file
     }
 
     /// The plan of an obs/schema.json; `names` says whether its first column is
@@ -325,6 +360,23 @@ impl ObsPlan {
     /// Adds the columns that say where each cell was read: [`SOURCE_FILE`],
     /// a category of `inputs` (in this order), and [`SOURCE_ROW`], int64.
     pub fn add_source_columns(&mut self, inputs: &[String]) -> Result<(), String> {
+        self.add_source_columns_after(&[], inputs)
+    }
+
+    /// [`ObsPlan::add_source_columns`] for the inputs of an append to a
+    /// dataset whose vocabulary of files is `stored`: theirs follow it (a
+    /// path already there is told apart by " #2", " #3", ...).
+    pub fn add_source_columns_after(&mut self, stored: &[String], new: &[String]) -> Result<(), String> {
+        let mut inputs: Vec<String> = stored.to_vec();
+        for path in new {
+            let mut name = path.clone();
+            let mut k = 1;
+            while inputs.contains(&name) {
+                k += 1;
+                name = format!("{path} #{k}");
+            }
+            inputs.push(name);
+        }
         for name in [SOURCE_FILE, SOURCE_ROW] {
             if self.schema.columns.iter().any(|c| c.name == name) {
                 return Err(format!(
@@ -357,7 +409,8 @@ impl ObsPlan {
 
     /// Reads an input's categories (from its obs table) and maps them into
     /// the plan's vocabularies.
-    /// `input` is the input's number among the plan's inputs.
+    /// `input` is the input's code in `source_file`, when the plan has it
+    /// ([`ObsPlan::source_code`]).
     pub fn for_input(&self, obs: &dyn Table, input: usize) -> Result<InputObs, InputError> {
         let mut maps = InputObs { input, code_maps: Vec::new(), local_strings: Vec::new() };
         for c in &self.columns {

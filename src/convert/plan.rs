@@ -204,6 +204,10 @@ pub struct PlanObs {
     /// The first column is the cell names.
     pub names: bool,
     pub tiles_per_file: u64,
+    /// The last two columns say where each cell was read (`source_file`,
+    /// `source_row`: a shuffled dataset's), filled by the shards.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub source: bool,
 }
 
 /// Everything a shard worker needs besides the files the plan wrote.
@@ -495,10 +499,11 @@ pub(crate) fn plan_then(
         n_chunks: options.write.n_chunks,
         zstd_level: options.write.zstd_level,
         var_table: options.write_var,
-        obs: obs_plan
-            .as_ref()
-            .zip(options.obs.as_ref())
-            .map(|(_, o)| PlanObs { names: o.names, tiles_per_file: o.tiles_per_file.max(1) }),
+        obs: obs_plan.as_ref().zip(options.obs.as_ref()).map(|(_, o)| PlanObs {
+            names: o.names,
+            tiles_per_file: o.tiles_per_file.max(1),
+            source: options.shuffle.is_some(),
+        }),
         metadata,
         append: None,
         shuffle: options.shuffle,
@@ -601,10 +606,7 @@ pub(crate) fn shard_in(
         Some(o) => {
             let schema = crate::obs::read_schema(out)?.schema;
             let location = out.location(format::OBS_SCHEMA_KEY);
-            Some(
-                ObsPlan::from_schema(schema, o.names, plan.shuffle.is_some())
-                    .map_err(|e| anyhow::anyhow!("{location}: {e}"))?,
-            )
+            Some(ObsPlan::from_schema(schema, o.names, o.source).map_err(|e| anyhow::anyhow!("{location}: {e}"))?)
         }
     };
 
@@ -932,7 +934,7 @@ mod tests {
             n_chunks: 8,
             zstd_level: 19,
             var_table: true,
-            obs: obs_tiles.map(|t| PlanObs { names: true, tiles_per_file: t }),
+            obs: obs_tiles.map(|t| PlanObs { names: true, tiles_per_file: t, source: false }),
             metadata: Map::new(),
             append: None,
             shuffle: None,

@@ -23,7 +23,9 @@ use arrow_array::{RecordBatch, UInt32Array};
 use arrow_schema::SchemaRef;
 
 use super::input::{to_counts, BadValue, RawRows};
-use super::{describe_bad_value, input_obs_table, input_remap, open_unchanged, Dispatch, TileCells, TileJob};
+use super::{
+    describe_bad_value, input_obs_table, input_remap, open_unchanged, source_code, Dispatch, TileCells, TileJob,
+};
 use super::{ConvertProgress, SCAN_ROWS};
 use crate::format::CsrMatrix;
 
@@ -80,6 +82,24 @@ impl Permutation {
             x = self.network(x);
         }
         x
+    }
+}
+
+/// Where each cell of a conversion or an append goes: the first `kept` in
+/// place (an append's, which it does not move), the others in the order of
+/// the permutation, after them.
+struct Placement {
+    kept: u64,
+    permutation: Permutation,
+}
+
+impl Placement {
+    fn position(&self, cell: u64) -> u64 {
+        if cell < self.kept {
+            cell
+        } else {
+            self.kept + self.permutation.position(cell - self.kept)
+        }
     }
 }
 
@@ -379,29 +399,54 @@ pub(crate) fn read_shuffled(
     progress: &dyn ConvertProgress,
 ) -> anyhow::Result<u64> {
     let TileJob { inputs, matrix, source_genes, remap, obs_plan, .. } = *job;
-    if job.first_cell != 0 || job.tail.is_some() {
-        anyhow::bail!("an append cannot shuffle its cells");
-    }
     let n_genes = remap.len() as u32;
-    let n_cells: u64 = inputs.iter().map(|i| i.n_rows).sum();
-    let permutation = Permutation::new(n_cells, seed);
+    let n_cells: u64 = job.first_cell + inputs.iter().map(|i| i.n_rows).sum::<u64>();
+    // An append's cells before its new ones (those of the tiles it keeps, and
+    // of the last tile, which it rewrites) keep their places.
+    let kept = job.first_cell + inputs.iter().filter(|i| i.stored_tile.is_some()).map(|i| i.n_rows).sum::<u64>();
+    let placement = Placement { kept, permutation: Permutation::new(n_cells - kept, seed) };
     let tile_size = job.write.tile_size;
     let n_tiles = (cells.end - cells.start).div_ceil(tile_size);
     let bucket_cells = n_tiles.div_ceil(MAX_BUCKETS).max(1) * tile_size;
     let spill_dir = job.spill_dir.map_or_else(std::env::temp_dir, Path::to_path_buf);
     let mut scatter =
         Scatter::new(&spill_dir, cells.clone(), bucket_cells, obs_plan.map(|p| p.arrow_schema().clone()))?;
-    let keep_all = cells == (0..n_cells);
+    let keep_all = cells == (job.first_cell..n_cells);
 
     // Pass 1: every input, in order; reading a block (this thread, HDF5)
     // overlaps checking and spilling the one before (the pool).
-    progress.phase("shuffling", n_cells);
+    progress.phase("shuffling", n_cells - job.first_cell);
     let shared_remap = std::sync::Arc::new(remap.to_vec());
     let mut remaps: Vec<std::sync::Arc<Vec<u32>>> = Vec::with_capacity(inputs.len());
     let mut dropped = 0u64;
-    let mut offset = 0u64;
+    let mut offset = job.first_cell;
     for (i, input) in inputs.iter().enumerate() {
         progress.file(&input.path);
+        if input.stored_tile.is_some() {
+            // The dataset's last tile (an append's): its cells, in place, in
+            // the first shard's tiles only.
+            let here = offset..offset + input.n_rows;
+            if here.end <= cells.start || here.start >= cells.end {
+                offset += input.n_rows;
+                progress.advance(input.n_rows);
+                remaps.push(std::sync::Arc::new(Vec::new()));
+                continue;
+            }
+            let tail = job.tail.with_context(|| format!("{}: the stored tile was not read", input.path.display()))?;
+            let identity = (0..n_genes).collect::<Vec<u32>>();
+            let (raw, obs) = tail.read(0..input.n_rows);
+            let cells = offset..offset + input.n_rows;
+            let block = (i as u32, 0, cells);
+            if let Err((_, bad)) =
+                spill_block(&mut scatter, &placement, block, &raw, obs.as_ref(), keep_all, (n_genes, &identity))?
+            {
+                anyhow::bail!("{}: {}", input.path.display(), bad.problem);
+            }
+            remaps.push(std::sync::Arc::new(identity));
+            offset += input.n_rows;
+            progress.advance(input.n_rows);
+            continue;
+        }
         let source = open_unchanged(input, matrix)?;
         source.will_read_whole();
         let input_remap = match input_remap(source.as_ref(), source_genes, remap)? {
@@ -410,7 +455,8 @@ pub(crate) fn read_shuffled(
         };
         remaps.push(input_remap.clone());
         let obs_table = input_obs_table(input, source.as_ref(), obs_plan)?;
-        let input_obs = obs_plan.zip(obs_table.as_deref()).map(|(p, t)| p.for_input(t, i)).transpose()?;
+        let input_obs =
+            obs_plan.zip(obs_table.as_deref()).map(|(p, t)| p.for_input(t, source_code(inputs, p, i))).transpose()?;
         // (obs tables are read on this thread only: they are not Sync)
         let read_obs = |rows: Range<u64>| -> anyhow::Result<Option<RecordBatch>> {
             match (obs_plan, &input_obs, obs_table.as_deref()) {
@@ -432,7 +478,7 @@ pub(crate) fn read_shuffled(
                         let cells = offset + first..offset + first + rows;
                         let spilled = spill_block(
                             &mut scatter,
-                            &permutation,
+                            &placement,
                             (i as u32, first, cells),
                             &raw,
                             obs.as_ref(),
@@ -492,14 +538,14 @@ pub(crate) fn read_shuffled(
 #[allow(clippy::type_complexity)]
 fn spill_block(
     scatter: &mut Scatter,
-    permutation: &Permutation,
+    placement: &Placement,
     (input, first, cells): (u32, u64, Range<u64>),
     raw: &RawRows,
     obs: Option<&RecordBatch>,
     keep_all: bool,
     (n_genes, remap): (u32, &[u32]),
 ) -> anyhow::Result<Result<u64, (u64, BadValue)>> {
-    let positions: Vec<u64> = cells.clone().map(|c| permutation.position(c)).collect();
+    let positions: Vec<u64> = cells.clone().map(|c| placement.position(c)).collect();
     let kept: Vec<usize> = if keep_all {
         (0..positions.len()).collect()
     } else {

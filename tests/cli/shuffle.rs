@@ -144,12 +144,13 @@ fn shuffle_errors_name_the_argument_and_leave_nothing() {
     let r = run(&["--shuffle", "1", "--spill-dir", missing.to_str().unwrap()], "o4").expect_code(2);
     assert!(r.stderr().contains("no/such/dir"), "{}", r.stderr());
     assert!(!t.join("o4").exists(), "nothing is created");
-    // Appending to a shuffled dataset is refused, and changes nothing.
-    run(&["--shuffle", "5"], "shuffled").expect_code(0);
-    let before = std::fs::read(t.join("shuffled/manifest.json")).unwrap();
-    let r = t.run(&["append", "-q", "shuffled", "a.h5ad"]).expect_code(2);
-    assert!(r.stderr().contains("shuffled order"), "{}", r.stderr());
-    assert_eq!(std::fs::read(t.join("shuffled/manifest.json")).unwrap(), before);
+    // A shuffled append needs obs that says where the cells were read.
+    run(&[], "unshuffled").expect_code(0);
+    let before = std::fs::read(t.join("unshuffled/manifest.json")).unwrap();
+    let r = t.run(&["append", "-q", "--shuffle", "5", "unshuffled", "a.h5ad"]).expect_code(2);
+    assert!(r.stderr().contains("no source_file and source_row columns"), "{}", r.stderr());
+    assert_eq!(std::fs::read(t.join("unshuffled/manifest.json")).unwrap(), before);
+    assert!(!t.join("unshuffled/.append").exists());
     // A dataset that was not shuffled has no source order to give back.
     run(&[], "plain").expect_code(0);
     let r = t.run(&["export", "-q", "--source-order", "plain", "x.h5ad"]).expect_code(2);
@@ -159,4 +160,92 @@ fn shuffle_errors_name_the_argument_and_leave_nothing() {
         r.stderr()
     );
     assert!(!t.join("x.h5ad").exists());
+}
+
+/// Checks that every cell of `dataset` holds the counts and obs of the cell of
+/// `plain` (the same inputs converted in order) that its source_file and
+/// source_row name, given where each input starts in `plain`; returns the
+/// (input, row) of each cell.
+fn check_against_plain(t: &TestDir, dataset: &str, plain: &str, offsets: &[u64]) -> Vec<(u64, u64)> {
+    let a = crate::convert::source_order(&open(&t.join(plain)));
+    let b = crate::convert::source_order(&open(&t.join(dataset)));
+    let (_, plain_obs) = crate::obs::obs_values(&t.join(plain));
+    let (schema, obs) = crate::obs::obs_values(&t.join(dataset));
+    let n = schema.columns.len();
+    assert_eq!(b.len(), a.len());
+    let mut seen = vec![false; a.len()];
+    let mut origins = Vec::new();
+    for cell in 0..b.len() {
+        let (file, row) = (obs[n - 2][cell].as_u64().unwrap(), obs[n - 1][cell].as_u64().unwrap());
+        let source = (offsets[file as usize] + row) as usize;
+        assert!(!std::mem::replace(&mut seen[source], true), "{dataset}: cell {source} stored twice");
+        assert_eq!(b[cell], a[source], "{dataset}: cell {cell} (input {file}, row {row})");
+        for (column, values) in plain_obs.iter().enumerate() {
+            assert_eq!(obs[column][cell], values[source], "{dataset}: {} of cell {cell}", schema.columns[column].name);
+        }
+        origins.push((file, row));
+    }
+    origins
+}
+
+#[test]
+fn appending_to_a_shuffled_dataset_keeps_its_cells_and_says_where_the_new_ones_were_read() {
+    let t = TestDir::new();
+    three_inputs(&t);
+    // a (23 cells) and c (31): 54 cells, the last tile of 5 holds 4.
+    convert(&t, &["a.h5ad", "c.h5ad"], &["--shuffle", "7"], "ds");
+    convert(&t, &["a.h5ad", "c.h5ad", "b.h5ad"], &[], "plain");
+    for copy in ["shuffled_append", "plain_append", "sharded_append"] {
+        let status = std::process::Command::new("cp").arg("-r").arg(t.join("ds")).arg(t.join(copy)).status().unwrap();
+        assert!(status.success());
+    }
+    const EPOCH: [(&str, &str); 1] = [("SOURCE_DATE_EPOCH", "1700000000")];
+    t.run_env(&["append", "-q", "--shuffle", "9", "shuffled_append", "b.h5ad"], &EPOCH).expect_code(0);
+    t.run_env(&["append", "-q", "plain_append", "b.h5ad"], &EPOCH).expect_code(0);
+    for ds in ["shuffled_append", "plain_append"] {
+        t.run(&["verify", "-q", ds]).expect_code(0);
+    }
+    let offsets = [0, 23, 54];
+    convert(&t, &["a.h5ad", "c.h5ad"], &[], "plain_ac");
+    let before = check_against_plain(&t, "ds", "plain_ac", &offsets[..2]);
+    let shuffled = check_against_plain(&t, "shuffled_append", "plain", &offsets);
+    let in_order = check_against_plain(&t, "plain_append", "plain", &offsets);
+    // The dataset's cells keep their places, the tiles it kept their bytes.
+    assert_eq!(shuffled[..54], before[..]);
+    assert_eq!(in_order[..54], before[..]);
+    for tile in 0..10 {
+        let key = deltacells::format::tile_key(tile);
+        let kept = std::fs::read(t.join("ds").join(&key)).unwrap();
+        assert_eq!(std::fs::read(t.join("shuffled_append").join(&key)).unwrap(), kept, "{key}");
+    }
+    // b's cells come after them: in order, or shuffled among themselves.
+    let b_rows = |origins: &[(u64, u64)]| origins[54..].iter().map(|&(f, r)| (f == 2).then_some(r)).collect::<Vec<_>>();
+    assert_eq!(b_rows(&in_order), (0..17).map(Some).collect::<Vec<_>>());
+    let mut rows = b_rows(&shuffled);
+    assert_ne!(rows, b_rows(&in_order));
+    rows.sort();
+    assert_eq!(rows, b_rows(&in_order));
+    // b's path follows the dataset's inputs in source_file.
+    let (schema, _) = crate::obs::obs_values(&t.join("shuffled_append"));
+    let files = schema.column("source_file").unwrap().categories.clone().unwrap();
+    assert_eq!(files, vec![Value::from("a.h5ad"), Value::from("c.h5ad"), Value::from("b.h5ad")]);
+
+    // Planned for shards: the same bytes.
+    t.run_env(&["plan", "-q", "--append", "sharded_append", "--shuffle", "9", "b.h5ad"], &EPOCH).expect_code(0);
+    for k in ["1/2", "0/2"] {
+        t.run(&["shard", "-q", "sharded_append", "--shard", k]).expect_code(0);
+    }
+    t.run(&["finalize", "-q", "sharded_append"]).expect_code(0);
+    crate::sharded::assert_same_tree(&t.join("sharded_append"), &t.join("shuffled_append"));
+
+    // The source order is the inputs' order, the appended ones last.
+    // (genes in the inputs' order: the two were converted from other inputs,
+    // so their stored gene orders differ)
+    t.run(&["export", "-q", "--source-gene-order", "plain", "plain.h5ad"]).expect_code(0);
+    t.run(&["export", "-q", "--source-gene-order", "--source-order", "shuffled_append", "back.h5ad"]).expect_code(0);
+    for (input, out) in [("plain.h5ad", "plain2"), ("back.h5ad", "back2")] {
+        t.run(&["convert", "-q", "--gene-order-files", "0", "--level", "3", input, out]).expect_code(0);
+    }
+    assert_eq!(open(&t.join("plain2")).read_cells(0..71).unwrap(), open(&t.join("back2")).read_cells(0..71).unwrap());
+    assert_eq!(crate::obs::obs_values(&t.join("plain2")), crate::obs::obs_values(&t.join("back2")));
 }
