@@ -76,23 +76,44 @@ def dataset_bytes(root: Path) -> tuple[int, int]:
     return sum(p.stat().st_size for p in files if p.parent.name == "tiles"), sum(p.stat().st_size for p in files)
 
 
+def child_hwm(pid: int) -> int:
+    """A running process's peak resident memory so far (VmHWM), in bytes; 0
+    once it has exited."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def time_conversions(work: Path, inputs: list[str], rounds: int) -> list[dict]:
     """Converts the inputs in order and with --shuffle 0, alternating, ROUNDS
     times each; the median seconds and the sizes of each."""
     binary = os.environ.get("DELTACELLS_BIN", str(REPO / "target" / "release" / "deltacells"))
     env = dict(os.environ, HDF5_USE_FILE_LOCKING="FALSE")
     times: dict[str, list[float]] = {"ordered": [], "shuffled": []}
+    peaks: dict[str, int] = {}
     for _ in range(rounds):
         for which, extra in (("ordered", []), ("shuffled", ["--shuffle", "0", "--spill-dir", str(work)])):
             started = time.perf_counter()
-            subprocess.run([binary, "convert", "-q", "--overwrite", *extra, *inputs, str(work / which)],
-                           check=True, env=env)
+            child = subprocess.Popen([binary, "convert", "-q", "--overwrite", *extra, *inputs, str(work / which)],
+                                     env=env)
+            peak = 0
+            while child.poll() is None:
+                peak = max(peak, child_hwm(child.pid))
+                time.sleep(0.05)
             times[which].append(time.perf_counter() - started)
+            if child.returncode != 0:
+                raise SystemExit(f"convert failed ({child.returncode})")
+            peaks[which] = max(peaks.get(which, 0), peak)
     rows = []
     for which, seconds in times.items():
         tiles, total = dataset_bytes(work / which)
         rows.append({"dataset": which, "seconds": statistics.median(seconds), "tile_bytes": tiles,
-                     "bytes": total})
+                     "bytes": total, "peak_rss": peaks[which]})
     return rows
 
 
@@ -212,12 +233,13 @@ def main() -> None:
     inputs = make_inputs(Path(args.work), args.copies)
     conversions = time_conversions(work, inputs, args.convert_rounds)
     print(f"| conversion of {len(inputs)} inputs | seconds (median of {args.convert_rounds}) | x in order "
-          f"| tile bytes | x in order | all bytes |")
-    print("|---|---|---|---|---|---|")
+          f"| tile bytes | x in order | all bytes | peak RSS |")
+    print("|---|---|---|---|---|---|---|")
     base = conversions[0]
     for c in conversions:
         print(f"| {c['dataset']:<8} | {c['seconds']:.1f} | {c['seconds'] / base['seconds']:.2f} | "
-              f"{c['tile_bytes']:,} | {c['tile_bytes'] / base['tile_bytes']:.3f} | {c['bytes']:,} |", flush=True)
+              f"{c['tile_bytes']:,} | {c['tile_bytes'] / base['tile_bytes']:.3f} | {c['bytes']:,} "
+              f"| {c['peak_rss'] / 2**20:.0f} MiB |", flush=True)
     datasets = {"ordered": work / "ordered", "shuffled": work / "shuffled"}
     dataset = datasets["ordered"]
     cache = work / "cache"

@@ -10,15 +10,8 @@
 //! is restated in every obs shard. The result is what converting the original
 //! inputs and the new ones in one run would have written.
 //!
-//! Nothing of the old dataset is lost at any moment:
-//! 1. `.append/append.json` records the append (its inputs, the manifest it
-//!    extends); every new or rewritten file is written under `.append/`, and
-//!    the new manifest last, as `.append/manifest.json`. Until then the old
-//!    dataset is complete and untouched.
-//! 2. Commit: manifest.json is removed (the dataset is now incomplete, and
-//!    says an append was interrupted), the staged files are moved into place,
-//!    and the staged manifest is written as manifest.json.
-//! 3. `.append/` is removed, its record first.
+//! Nothing of the old dataset is lost at any moment: it is staged, then
+//! committed (see [`super::staging`]).
 //!
 //! A run that finds `.append/` picks up where the last one stopped: it
 //! completes a commit that began (everything it needs is staged), and redoes
@@ -29,75 +22,26 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{json, Map, Value};
 
+use super::base::{recorded, restated_rows};
+use super::finalize::finalize_in;
+use super::job::{AppendPlan, Plan, PlanObs, PLAN_FORMAT, PLAN_KEY};
 use super::obs_merge::{ObsPlan, Restated, StoredObs};
 use super::obs_shards::{ShardRecord, ShardWriter};
-use super::plan::{finalize_in, shard_in, AppendPlan, Plan, PlanObs, Then, PLAN_KEY};
-use super::{scan_inputs, ConvertProgress, GeneSet, GivenOrder, Input, ObsOptions, StoredTail};
+use super::plan::Then;
+use super::shard::shard_in;
+use super::staging::{
+    clean_up, commit, commit_staged, leftover, lock, new_inputs, AppendError, AppendRecord, Leftover, APPEND_PREFIX,
+    RECORD_FORMAT, RECORD_KEY,
+};
+use super::{scan_inputs, ConvertProgress, GeneSet, GivenOrder, Input};
 use crate::dataset::{read_manifest, Dataset};
-use crate::format::{self, fingerprint, Manifest, TileExpectation};
+use crate::format::{self, fingerprint, Manifest};
 use crate::storage::{Storage, Within};
-
-/// Where an append stages its files, in the dataset.
-pub(crate) const APPEND_PREFIX: &str = ".append";
-/// The record of the append in progress.
-pub(crate) const RECORD_KEY: &str = crate::dataset::APPEND_KEY;
-/// The staged manifest, within [`APPEND_PREFIX`]: its presence means every
-/// staged file is complete.
-const STAGED_MANIFEST: &str = "manifest.json";
-const RECORD_FORMAT: &str = "deltacells-append";
-
-/// What an append is, as `.append/append.json` records it.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct AppendRecord {
-    format: String,
-    version: u32,
-    /// SHA-256 of the manifest.json appended to.
-    base: String,
-    inputs: Vec<Input>,
-    matrix: String,
-    /// When the append began (RFC 3339), as the manifest records it.
-    time: String,
-    /// Planned for shards (`plan --append`): other processes write its
-    /// staging until its finalize.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    sharded: bool,
-    /// The seed of the appended cells' order, when shuffled.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    shuffle: Option<u64>,
-}
-
-/// The inputs that are files (not the dataset's own last tile).
-fn new_inputs(inputs: &[Input]) -> impl Iterator<Item = &Input> {
-    inputs.iter().filter(|i| i.stored_tile.is_none())
-}
-
-impl AppendRecord {
-    /// Whether `inputs` (the same files, by their sizes too) and `matrix`
-    /// are this append's.
-    fn is_of(&self, inputs: &[PathBuf], matrix: Option<&str>) -> bool {
-        let file = |p: &PathBuf| {
-            if crate::h5ad::remote::is_url(p) {
-                p.clone()
-            } else {
-                std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())
-            }
-        };
-        let files: Vec<(PathBuf, u64)> = new_inputs(&self.inputs).map(|i| (file(&i.path), i.bytes)).collect();
-        let asked: Vec<(PathBuf, u64)> =
-            inputs.iter().map(|p| (file(p), super::input::input_size(p).unwrap_or(0))).collect();
-        files == asked && matrix.is_none_or(|m| m == self.matrix)
-    }
-
-    fn input_list(&self) -> String {
-        let names: Vec<String> = new_inputs(&self.inputs).map(|i| i.path.display().to_string()).collect();
-        names.join(", ")
-    }
-}
 
 /// How to append.
 #[derive(Clone, Debug)]
@@ -141,62 +85,6 @@ pub struct AppendSummary {
     /// Obs columns whose stored type changed (every obs shard was rewritten).
     pub obs_restated: Vec<Restated>,
     pub seconds: f64,
-}
-
-/// An append's leftovers in a dataset, and what they mean.
-enum Leftover {
-    /// None.
-    Clean,
-    /// Staging began but did not finish: the old dataset is intact.
-    Staging(AppendRecord),
-    /// Everything is staged; the commit has not begun (the old dataset is intact).
-    Staged(AppendRecord, Bytes),
-    /// The commit began: the dataset is incomplete until it is finished.
-    Committing(AppendRecord, Bytes),
-    /// The append finished but its staging folder is still there (or the
-    /// dataset was replaced since): only cleaning up is left.
-    Finished(Option<AppendRecord>),
-}
-
-fn leftover(ds: &dyn Storage) -> anyhow::Result<Leftover> {
-    let staging = Within::new(ds, APPEND_PREFIX);
-    let Some(record_bytes) = ds.get(RECORD_KEY)? else {
-        // Files without a record: a cleanup that was interrupted.
-        let stray = ds.can_list() && !ds.list(APPEND_PREFIX)?.is_empty();
-        return Ok(if stray { Leftover::Finished(None) } else { Leftover::Clean });
-    };
-    let location = ds.location(RECORD_KEY);
-    let record: AppendRecord = serde_json::from_slice(&record_bytes)
-        .ok()
-        .filter(|r: &AppendRecord| r.format == RECORD_FORMAT && r.version == 1)
-        .with_context(|| format!("{location}: not the record of an append of this version"))?;
-    let current = ds.get(format::MANIFEST_KEY)?;
-    let staged = staging.get(STAGED_MANIFEST)?;
-    Ok(match (current, staged) {
-        (None, Some(staged)) => Leftover::Committing(record, staged),
-        (None, None) => bail!(
-            "{}: incomplete dataset: an append into it was interrupted and its staged manifest is missing ({})",
-            ds.location(""),
-            staging.location(STAGED_MANIFEST)
-        ),
-        (Some(current), Some(staged)) if current == staged => Leftover::Finished(Some(record)),
-        (Some(current), staged) if fingerprint::sha256_hex(&current) == record.base => match staged {
-            Some(staged) => Leftover::Staged(record, staged),
-            None => Leftover::Staging(record),
-        },
-        // The dataset is not the one the append began from.
-        (Some(_), _) => Leftover::Finished(None),
-    })
-}
-
-/// Removes `.append/`, its record first (so that what is left is never taken
-/// for an append in progress).
-pub(crate) fn clean_up(ds: &dyn Storage) -> anyhow::Result<()> {
-    ds.delete(RECORD_KEY)?;
-    for key in ds.list(APPEND_PREFIX)? {
-        ds.delete(&key)?;
-    }
-    Ok(())
 }
 
 /// Appends the cells of `inputs` to the dataset in `ds`.
@@ -397,43 +285,6 @@ pub fn resume(
     }
 }
 
-/// Takes the dataset's lock for an append, a resume or a finalize, so that
-/// two of them never change one dataset at once (a local folder's; a bucket
-/// has none, see [`Storage::try_lock_root`]).
-pub(crate) fn lock(ds: &dyn Storage) -> anyhow::Result<crate::storage::RootLock> {
-    match ds.try_lock_root()? {
-        crate::storage::RootLock::Busy => Err(AppendError::Busy { location: ds.location("") }.into()),
-        lock => Ok(lock),
-    }
-}
-
-/// Why an append cannot go on.
-#[derive(Debug, thiserror::Error)]
-pub enum AppendError {
-    /// A shuffled append to a dataset whose obs does not say where its cells
-    /// were read (it was converted in the inputs' order).
-    #[error(
-        "{location}: its obs has no source_file and source_row columns (it was converted in the inputs' order), \
-         so the order of shuffled cells could not be undone"
-    )]
-    NoSourceColumns { location: String },
-    #[error(
-        "{location}: another append, append --resume or finalize is running on this dataset (it holds the folder's lock); \
-         run this again once it has ended"
-    )]
-    Busy { location: String },
-    #[error(
-        "{location}: a planned append of {inputs} is under way (plan --append; its shards write into .append/): \
-         run `deltacells finalize` on the dataset once they are done, or remove its .append folder to discard it"
-    )]
-    Planned { location: String, inputs: String },
-    #[error(
-        "{location}: incomplete dataset: an append of {inputs} into it was interrupted while it replaced files; \
-         it must be completed first"
-    )]
-    Interrupted { location: String, inputs: String },
-}
-
 /// Commits what is staged, then cleans up.
 fn finish(
     ds: &dyn Storage,
@@ -444,15 +295,6 @@ fn finish(
 ) -> anyhow::Result<AppendSummary> {
     let manifest = commit_staged(ds, staged)?;
     Ok(summary_of(record, &manifest, outcome, started))
-}
-
-/// Checks the staged manifest, commits and cleans up; the manifest written.
-fn commit_staged(ds: &dyn Storage, staged: &Bytes) -> anyhow::Result<Manifest> {
-    let manifest = Manifest::parse_checked(staged)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", Within::new(ds, APPEND_PREFIX).location(STAGED_MANIFEST)))?;
-    commit(ds, staged)?;
-    clean_up(ds)?;
-    Ok(manifest)
 }
 
 /// What the manifest after `record`'s append says of it.
@@ -473,86 +315,6 @@ fn summary_of(record: &AppendRecord, after: &Manifest, outcome: &str, started: I
     }
 }
 
-/// Step 2: removes the manifest, moves every staged file into place, writes
-/// the staged manifest. Running it again after an interruption completes it.
-pub(crate) fn commit(ds: &dyn Storage, staged_manifest: &Bytes) -> anyhow::Result<()> {
-    // The crash tests stop the process here for real (SIGABRT) after this many
-    // moves (-1: before the manifest is removed, -2: before the new one is
-    // written): a kill cannot be timed into a commit of a few renames. Only
-    // in builds with the test-only feature `fault-injection`.
-    #[cfg(feature = "fault-injection")]
-    let stop_here = {
-        let abort_after: Option<i64> =
-            std::env::var("DELTACELLS_TEST_ABORT_COMMIT_AFTER").ok().and_then(|v| v.parse().ok());
-        move |moved: i64| {
-            if abort_after == Some(moved) {
-                std::process::abort();
-            }
-        }
-    };
-    #[cfg(not(feature = "fault-injection"))]
-    let stop_here = |_moved: i64| {};
-    let mut moved = 0;
-    stop_here(-1);
-    ds.delete(format::MANIFEST_KEY)?;
-    stop_here(moved);
-    for key in ds.list(APPEND_PREFIX)? {
-        // Only the dataset's files move; the record, the staged manifest and
-        // what is left of the plan go with the clean-up.
-        let target = key.strip_prefix(APPEND_PREFIX).and_then(|k| k.strip_prefix('/')).unwrap_or(&key);
-        if !(target.starts_with("tiles/") || target.starts_with("obs/")) {
-            continue;
-        }
-        // A temporary file of a write that was killed is not a staged file.
-        if key.contains("/.deltacells-") {
-            ds.delete(&key)?;
-            continue;
-        }
-        ds.rename(&key, target)?;
-        moved += 1;
-        stop_here(moved);
-    }
-    stop_here(-2);
-    ds.put(format::MANIFEST_KEY, staged_manifest.clone())?;
-    Ok(())
-}
-
-/// What convert recorded of itself in the manifest, with what appends added.
-struct Recorded {
-    matrix: String,
-    obs: ObsOptions,
-    categories_as_strings: Vec<String>,
-}
-
-fn recorded(manifest: &Manifest, schema: Option<&format::obs_schema::ObsSchema>) -> Recorded {
-    let convert = manifest.metadata.get("convert");
-    let obs = convert.and_then(|c| c.get("obs"));
-    let strings = |v: Option<&Value>| -> Vec<String> {
-        v.and_then(Value::as_array).into_iter().flatten().filter_map(|s| s.as_str().map(str::to_string)).collect()
-    };
-    let defaults = ObsOptions::default();
-    let mut categories_as_strings = strings(obs.and_then(|o| o.get("categories_as_strings")));
-    for a in manifest.metadata.get("appends").and_then(Value::as_array).into_iter().flatten() {
-        categories_as_strings.extend(strings(a.get("categories_as_strings")));
-    }
-    Recorded {
-        matrix: convert.and_then(|c| c.get("matrix")).and_then(Value::as_str).unwrap_or("X").to_string(),
-        obs: ObsOptions {
-            names: obs
-                .and_then(|o| o.get("names"))
-                .and_then(Value::as_bool)
-                .unwrap_or_else(|| schema.and_then(|s| s.columns.first()).is_some_and(|c| c.name == "obs_names")),
-            exclude: strings(obs.and_then(|o| o.get("exclude"))),
-            max_categories: obs
-                .and_then(|o| o.get("max_categories"))
-                .and_then(Value::as_u64)
-                .map_or(defaults.max_categories, |n| n as usize),
-            tiles_per_file: manifest.obs_tiles_per_file.unwrap_or(defaults.tiles_per_file),
-        },
-        categories_as_strings,
-    }
-}
-
 /// The time an append records: now, or `SOURCE_DATE_EPOCH` when set (the
 /// convention of reproducible builds; tests use it).
 fn now() -> String {
@@ -561,107 +323,6 @@ fn now() -> String {
         .and_then(|s| s.trim().parse::<u64>().ok())
         .map_or_else(std::time::SystemTime::now, |s| std::time::UNIX_EPOCH + std::time::Duration::from_secs(s));
     humantime::format_rfc3339_seconds(at).to_string()
-}
-
-/// The staging folder of `ds` when it holds the plan of an append (and `ds`
-/// no plan of a conversion): where shards and finalize work.
-pub(crate) fn planned_staging(ds: &dyn Storage) -> anyhow::Result<Option<Within<'_>>> {
-    if ds.size(PLAN_KEY)?.is_some() {
-        return Ok(None);
-    }
-    let staging = Within::new(ds, APPEND_PREFIX);
-    Ok(staging.size(PLAN_KEY)?.is_some().then_some(staging))
-}
-
-/// Completes an append whose files are all staged (its finalize, or its
-/// commit, was interrupted); the manifest written, or None when there is none.
-pub(crate) fn finish_interrupted(ds: &dyn Storage) -> anyhow::Result<Option<Manifest>> {
-    match leftover(ds)? {
-        Leftover::Committing(_, staged) | Leftover::Staged(_, staged) => Ok(Some(commit_staged(ds, &staged)?)),
-        _ => Ok(None),
-    }
-}
-
-/// The manifest of the dataset an append extends, checked to be the one it
-/// was planned on.
-pub(crate) fn check_base(base: &dyn Storage, append: &AppendPlan) -> anyhow::Result<Manifest> {
-    let bytes = base.get(format::MANIFEST_KEY)?.ok_or_else(|| crate::dataset::no_manifest(base))?;
-    if fingerprint::sha256_hex(&bytes) != append.base {
-        bail!(
-            "{}: the dataset changed since the append was planned (its manifest is not the one planned on); \
-             plan the append again",
-            base.location(format::MANIFEST_KEY)
-        );
-    }
-    Manifest::parse_checked(&bytes).map_err(|source| {
-        crate::dataset::DatasetError::Manifest { location: base.location(format::MANIFEST_KEY), source }.into()
-    })
-}
-
-/// The obs rows of obs shard `s` of `base`, one batch per tile, restated into
-/// `plan`'s schema.
-fn restated_rows(
-    base: &dyn Storage,
-    s: usize,
-    old: &format::obs_schema::ObsSchema,
-    plan: &ObsPlan,
-) -> anyhow::Result<Vec<arrow_array::RecordBatch>> {
-    let key = format::obs_shard_key(s);
-    let location = base.location(&key);
-    let bytes = base.get(&key)?.with_context(|| format!("{location}: missing (the manifest lists it)"))?;
-    let groups = crate::obs::row_groups(bytes).map_err(|e| anyhow::anyhow!("{location}: {e}"))?;
-    groups.iter().map(|g| plan.restate(old, g).map_err(|e| anyhow::anyhow!("{location}: {e}"))).collect()
-}
-
-/// What an append's first shard keeps of `base`: the cells of its last tile
-/// when the plan rewrites it (decoded, with their obs rows), and the obs rows
-/// of the tiles before it in its obs shard, restated into the plan's schema.
-pub(crate) fn kept_rows(
-    base: &dyn Storage,
-    plan: &Plan,
-    obs_plan: Option<&ObsPlan>,
-) -> anyhow::Result<(Option<StoredTail>, Vec<arrow_array::RecordBatch>)> {
-    let a = plan.append.as_ref().expect("an append's plan");
-    let manifest = check_base(base, a)?;
-    let per = plan.tiles_per_unit();
-    let shard = a.first_tile / per;
-    let tail_tile = plan.inputs.first().and_then(|i| i.stored_tile);
-    let mut prefix = Vec::new();
-    let mut tail_obs = None;
-    if let Some(obs_plan) = obs_plan {
-        if !a.first_tile.is_multiple_of(per) || tail_tile.is_some() {
-            let old = crate::obs::read_schema(base)?;
-            let mut rows = restated_rows(base, shard, &old.schema, obs_plan)?;
-            let in_shard = a.first_tile - shard * per;
-            if tail_tile.is_some() {
-                tail_obs = Some(rows.get(in_shard).cloned().with_context(|| {
-                    format!("{}: no row group for tile {}", base.location(&format::obs_shard_key(shard)), a.first_tile)
-                })?);
-            }
-            rows.truncate(in_shard);
-            prefix = rows;
-        }
-    }
-    let tail = match tail_tile {
-        Some(t) => {
-            let key = format::tile_key(t);
-            let location = base.location(&key);
-            let blob = base.get(&key)?.with_context(|| format!("{location}: missing (tile {t})"))?;
-            if blob.len() as u64 != manifest.tile_bytes[t] {
-                bail!("{location}: tile is {} bytes, the manifest says {}", blob.len(), manifest.tile_bytes[t]);
-            }
-            let expect = TileExpectation {
-                n_cells: manifest.tile_cells[t],
-                nnz: manifest.tile_nnz[t],
-                n_genes: plan.n_genes as u32,
-            };
-            let rows = format::decode_tile(&blob, Some(&expect))
-                .map_err(|source| crate::dataset::DatasetError::Tile { location, tile: t, source })?;
-            Some(StoredTail { rows, obs: tail_obs })
-        }
-        None => None,
-    };
-    Ok((tail, prefix))
 }
 
 /// Checks the dataset and the inputs, and writes the plan of the append under
@@ -830,7 +491,7 @@ fn plan_staged(
     }
 
     let plan = Plan {
-        format: super::plan::PLAN_FORMAT.into(),
+        format: PLAN_FORMAT.into(),
         version: 1,
         id: String::new(),
         matrix,

@@ -26,23 +26,32 @@ use obs_merge::ObsPlan;
 use obs_shards::{ShardRecord, ShardWriter};
 
 pub mod append;
+mod base;
+mod finalize;
 pub mod gene_order;
 pub mod genes;
 pub mod input;
+mod job;
 pub mod obs_merge;
 mod obs_shards;
 mod plan;
+mod shard;
 pub mod shuffle;
+mod staging;
+mod totals;
 mod var_table;
 
-pub use append::{append, plan_append, resume, AppendError, AppendOptions, AppendSummary, Planned};
+pub use append::{append, plan_append, resume, AppendOptions, AppendSummary, Planned};
+pub use finalize::finalize;
 pub use gene_order::{GeneOrderError, GivenOrder};
 pub use genes::GeneSet;
+pub use job::{AppendPlan, Plan, ShardResult};
 pub use obs_merge::ObsOptions;
 pub use obs_merge::{SOURCE_FILE, SOURCE_ROW};
-pub use plan::{
-    finalize, plan, plan_totals_shard, read_planned, run_shard, AppendPlan, Plan, ShardResult, TotalsSummary,
-};
+pub use plan::plan;
+pub use shard::{read_planned, run_shard};
+pub use staging::AppendError;
+pub use totals::{plan_totals_shard, TotalsSummary};
 
 /// Tiles read but not yet written, by default. Each tile's chunks already use
 /// every core; one tile encoding while the next is read keeps memory at two
@@ -235,18 +244,18 @@ struct EncodedTile {
 pub(crate) fn prepare_output(out: &dyn Storage, overwrite: bool) -> anyhow::Result<()> {
     let keys = out.list("").with_context(|| format!("cannot list the output {}", out.location("")))?;
     // Gene totals of `plan --totals-shard` are this plan's input, not a dataset.
-    let keys: Vec<String> = keys.into_iter().filter(|k| !k.starts_with(plan::TOTALS_PREFIX)).collect();
+    let keys: Vec<String> = keys.into_iter().filter(|k| !k.starts_with(totals::TOTALS_PREFIX)).collect();
     if keys.is_empty() {
         return Ok(());
     }
     if !overwrite {
-        if keys.iter().any(|k| k == plan::PLAN_KEY) && !keys.iter().any(|k| k == format::MANIFEST_KEY) {
+        if keys.iter().any(|k| k == job::PLAN_KEY) && !keys.iter().any(|k| k == format::MANIFEST_KEY) {
             return Err(crate::dataset::DatasetError::Unfinished { location: out.location("") }.into());
         }
         return Err(ConvertError::NotEmpty { location: out.location("") }.into());
     }
     // Not while an append or finalize changes it.
-    let _lock = append::lock(out)?;
+    let _lock = staging::lock(out)?;
     out.delete(format::MANIFEST_KEY)?;
     for key in keys.iter().filter(|k| is_dataset_key(k)) {
         out.delete(key)?;
@@ -297,7 +306,7 @@ pub fn convert(
     let started = Instant::now();
     plan::plan_then(inputs, out, options, plan::Then::Tiles, progress)?;
     let shard = ShardOptions { max_in_flight: options.max_in_flight, spill_dir: options.spill_dir.clone() };
-    let done = plan::run_shard(out, 0, 1, &shard, progress).and_then(|_| plan::finalize(out));
+    let done = shard::run_shard(out, 0, 1, &shard, progress).and_then(|_| finalize::finalize(out));
     match done {
         Ok(mut summary) => {
             summary.seconds = started.elapsed().as_secs_f64();

@@ -1,0 +1,131 @@
+//! The dataset an append extends: what its conversion recorded (matrix, obs
+//! options), the check that it is the one the append was planned on, and
+//! what the append's first shard keeps of it (its last tile's cells, the obs
+//! rows before them in their shard, restated when a column's type changes).
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+use super::job::{AppendPlan, Plan};
+use super::obs_merge::ObsPlan;
+use super::{ObsOptions, StoredTail};
+use crate::format::{self, fingerprint, Manifest, TileExpectation};
+use crate::storage::Storage;
+
+/// What convert recorded of itself in the manifest, with what appends added.
+pub(crate) struct Recorded {
+    pub(crate) matrix: String,
+    pub(crate) obs: ObsOptions,
+    pub(crate) categories_as_strings: Vec<String>,
+}
+
+pub(crate) fn recorded(manifest: &Manifest, schema: Option<&format::obs_schema::ObsSchema>) -> Recorded {
+    let convert = manifest.metadata.get("convert");
+    let obs = convert.and_then(|c| c.get("obs"));
+    let strings = |v: Option<&Value>| -> Vec<String> {
+        v.and_then(Value::as_array).into_iter().flatten().filter_map(|s| s.as_str().map(str::to_string)).collect()
+    };
+    let defaults = ObsOptions::default();
+    let mut categories_as_strings = strings(obs.and_then(|o| o.get("categories_as_strings")));
+    for a in manifest.metadata.get("appends").and_then(Value::as_array).into_iter().flatten() {
+        categories_as_strings.extend(strings(a.get("categories_as_strings")));
+    }
+    Recorded {
+        matrix: convert.and_then(|c| c.get("matrix")).and_then(Value::as_str).unwrap_or("X").to_string(),
+        obs: ObsOptions {
+            names: obs
+                .and_then(|o| o.get("names"))
+                .and_then(Value::as_bool)
+                .unwrap_or_else(|| schema.and_then(|s| s.columns.first()).is_some_and(|c| c.name == "obs_names")),
+            exclude: strings(obs.and_then(|o| o.get("exclude"))),
+            max_categories: obs
+                .and_then(|o| o.get("max_categories"))
+                .and_then(Value::as_u64)
+                .map_or(defaults.max_categories, |n| n as usize),
+            tiles_per_file: manifest.obs_tiles_per_file.unwrap_or(defaults.tiles_per_file),
+        },
+        categories_as_strings,
+    }
+}
+
+/// The manifest of the dataset an append extends, checked to be the one it
+/// was planned on.
+pub(crate) fn check_base(base: &dyn Storage, append: &AppendPlan) -> anyhow::Result<Manifest> {
+    let bytes = base.get(format::MANIFEST_KEY)?.ok_or_else(|| crate::dataset::no_manifest(base))?;
+    if fingerprint::sha256_hex(&bytes) != append.base {
+        bail!(
+            "{}: the dataset changed since the append was planned (its manifest is not the one planned on); \
+             plan the append again",
+            base.location(format::MANIFEST_KEY)
+        );
+    }
+    Manifest::parse_checked(&bytes).map_err(|source| {
+        crate::dataset::DatasetError::Manifest { location: base.location(format::MANIFEST_KEY), source }.into()
+    })
+}
+
+/// The obs rows of obs shard `s` of `base`, one batch per tile, restated into
+/// `plan`'s schema.
+pub(crate) fn restated_rows(
+    base: &dyn Storage,
+    s: usize,
+    old: &format::obs_schema::ObsSchema,
+    plan: &ObsPlan,
+) -> anyhow::Result<Vec<arrow_array::RecordBatch>> {
+    let key = format::obs_shard_key(s);
+    let location = base.location(&key);
+    let bytes = base.get(&key)?.with_context(|| format!("{location}: missing (the manifest lists it)"))?;
+    let groups = crate::obs::row_groups(bytes).map_err(|e| anyhow::anyhow!("{location}: {e}"))?;
+    groups.iter().map(|g| plan.restate(old, g).map_err(|e| anyhow::anyhow!("{location}: {e}"))).collect()
+}
+
+/// What an append's first shard keeps of `base`: the cells of its last tile
+/// when the plan rewrites it (decoded, with their obs rows), and the obs rows
+/// of the tiles before it in its obs shard, restated into the plan's schema.
+pub(crate) fn kept_rows(
+    base: &dyn Storage,
+    plan: &Plan,
+    obs_plan: Option<&ObsPlan>,
+) -> anyhow::Result<(Option<StoredTail>, Vec<arrow_array::RecordBatch>)> {
+    let a = plan.append.as_ref().expect("an append's plan");
+    let manifest = check_base(base, a)?;
+    let per = plan.tiles_per_unit();
+    let shard = a.first_tile / per;
+    let tail_tile = plan.inputs.first().and_then(|i| i.stored_tile);
+    let mut prefix = Vec::new();
+    let mut tail_obs = None;
+    if let Some(obs_plan) = obs_plan {
+        if !a.first_tile.is_multiple_of(per) || tail_tile.is_some() {
+            let old = crate::obs::read_schema(base)?;
+            let mut rows = restated_rows(base, shard, &old.schema, obs_plan)?;
+            let in_shard = a.first_tile - shard * per;
+            if tail_tile.is_some() {
+                tail_obs = Some(rows.get(in_shard).cloned().with_context(|| {
+                    format!("{}: no row group for tile {}", base.location(&format::obs_shard_key(shard)), a.first_tile)
+                })?);
+            }
+            rows.truncate(in_shard);
+            prefix = rows;
+        }
+    }
+    let tail = match tail_tile {
+        Some(t) => {
+            let key = format::tile_key(t);
+            let location = base.location(&key);
+            let blob = base.get(&key)?.with_context(|| format!("{location}: missing (tile {t})"))?;
+            if blob.len() as u64 != manifest.tile_bytes[t] {
+                bail!("{location}: tile is {} bytes, the manifest says {}", blob.len(), manifest.tile_bytes[t]);
+            }
+            let expect = TileExpectation {
+                n_cells: manifest.tile_cells[t],
+                nnz: manifest.tile_nnz[t],
+                n_genes: plan.n_genes as u32,
+            };
+            let rows = format::decode_tile(&blob, Some(&expect))
+                .map_err(|source| crate::dataset::DatasetError::Tile { location, tile: t, source })?;
+            Some(StoredTail { rows, obs: tail_obs })
+        }
+        None => None,
+    };
+    Ok((tail, prefix))
+}

@@ -1,0 +1,165 @@
+//! Gene totals summed ahead of a plan (`plan --totals-shard K/N`): N jobs
+//! each sum a share of the inputs sampled for the gene order and store it in
+//! the output, and the plan that follows adds them up instead of reading
+//! those inputs' X itself; totals of other inputs or options are refused.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::{gene_totals, sampled_inputs, scan_inputs, ConvertOptions, ConvertProgress, Input};
+use crate::format::fingerprint;
+use crate::storage::Storage;
+
+/// Where `plan --totals-shard` puts the gene totals of its share of the
+/// sampled inputs, in the output.
+pub(crate) const TOTALS_PREFIX: &str = ".plan/totals";
+
+const TOTALS_FORMAT: &str = "deltacells-gene-totals";
+
+fn totals_key(k: usize, n: usize) -> String {
+    format!("{TOTALS_PREFIX}/shard-{k:05}-of-{n:05}.json")
+}
+
+/// The gene totals of one share of the sampled inputs.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct TotalsShard {
+    format: String,
+    /// What the totals are of (the sampled inputs with their sizes, the
+    /// matrix, the source genes): a plan takes only totals of what it samples.
+    of: String,
+    shard: usize,
+    shards: usize,
+    inputs: Vec<String>,
+    cells: u64,
+    totals: Vec<u64>,
+}
+
+/// What a totals shard did.
+#[derive(Clone, Debug, Serialize)]
+pub struct TotalsSummary {
+    pub shard: usize,
+    pub shards: usize,
+    /// The sampled inputs this share summed.
+    pub inputs: Vec<PathBuf>,
+    pub cells: u64,
+    pub seconds: f64,
+}
+
+/// The identity of the totals a plan of `scanned` samples.
+pub(crate) fn totals_identity(scanned: &[Input], sampled: &[usize], matrix: &str, genes: &[String]) -> String {
+    let files: Vec<_> = sampled.iter().map(|&i| (&scanned[i].path, scanned[i].bytes, scanned[i].n_rows)).collect();
+    let text = serde_json::to_vec(&json!({"files": files, "matrix": matrix, "genes": genes})).expect("serializes");
+    fingerprint::sha256_hex(&text)[..24].to_string()
+}
+
+/// The sampled inputs (indices into `sampled`) that share `k` of `n` sums:
+/// consecutive, as even as they go.
+fn totals_share(n_sampled: usize, k: usize, n: usize) -> Range<usize> {
+    k * n_sampled / n..(k + 1) * n_sampled / n
+}
+
+/// Plan step 0, optional: sums the gene totals of share `k` of `n` (0-based)
+/// of the inputs the plan samples, and stores them in `out` for [`plan()`] to
+/// add up instead of reading those inputs' X itself. Run with the inputs and
+/// options the plan will have; the plan refuses totals of anything else.
+pub fn plan_totals_shard(
+    inputs: &[PathBuf],
+    out: &dyn Storage,
+    options: &ConvertOptions,
+    k: usize,
+    n: usize,
+    progress: &dyn ConvertProgress,
+) -> anyhow::Result<TotalsSummary> {
+    let started = std::time::Instant::now();
+    if n == 0 || k >= n {
+        bail!("--totals-shard {k}/{n}: K must be from 0 to N-1");
+    }
+    if inputs.is_empty() {
+        bail!("no input files");
+    }
+    let sampled = sampled_inputs(inputs.len(), options.gene_order_files);
+    let mine: Vec<usize> = sampled[totals_share(sampled.len(), k, n)].to_vec();
+    let (scanned, var_names) = scan_inputs(inputs, &options.matrix, options.genes, &mine, progress)?;
+    let keys = out.list("").with_context(|| format!("cannot list the output {}", out.location("")))?;
+    if keys.iter().any(|key| !key.starts_with(TOTALS_PREFIX)) {
+        return Err(super::ConvertError::NotEmpty { location: out.location("") }.into());
+    }
+    let totals = gene_totals(&scanned, &mine, &options.matrix, &var_names, progress)?;
+    let record = TotalsShard {
+        format: TOTALS_FORMAT.into(),
+        of: totals_identity(&scanned, &sampled, &options.matrix, &var_names),
+        shard: k,
+        shards: n,
+        inputs: mine.iter().map(|&i| scanned[i].path.display().to_string()).collect(),
+        cells: mine.iter().map(|&i| scanned[i].n_rows).sum(),
+        totals,
+    };
+    let mut text = serde_json::to_vec(&record)?;
+    text.push(b'\n');
+    out.put(&totals_key(k, n), Bytes::from(text))?;
+    Ok(TotalsSummary {
+        shard: k,
+        shards: n,
+        inputs: mine.iter().map(|&i| scanned[i].path.clone()).collect(),
+        cells: record.cells,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Whether `out` holds gene totals of `plan --totals-shard` (checked by
+/// [`stored_totals`] once the inputs are scanned).
+pub(crate) fn has_stored_totals(out: &dyn Storage) -> bool {
+    out.list(TOTALS_PREFIX).is_ok_and(|keys| !keys.is_empty())
+}
+
+/// The gene totals `plan --totals-shard` stored in `out`, summed, when there
+/// are any: every share of one count N must be there, and of the inputs and
+/// options this plan samples (`identity`).
+pub(crate) fn stored_totals(out: &dyn Storage, identity: &str, n_genes: usize) -> anyhow::Result<Option<Vec<u64>>> {
+    let keys = out.list(TOTALS_PREFIX)?;
+    if keys.is_empty() {
+        return Ok(None);
+    }
+    let again = format!(
+        "run `deltacells plan --totals-shard K/N` with this plan's inputs and options, or remove {} to sum them here",
+        out.location(TOTALS_PREFIX)
+    );
+    let mut shares: BTreeMap<usize, TotalsShard> = BTreeMap::new();
+    let mut count = None;
+    for key in &keys {
+        let location = out.location(key);
+        let bytes = out.get(key)?.with_context(|| format!("{location}: vanished while planning"))?;
+        let r: TotalsShard = serde_json::from_slice(&bytes)
+            .ok()
+            .filter(|r: &TotalsShard| r.format == TOTALS_FORMAT && r.shard < r.shards && r.totals.len() == n_genes)
+            .with_context(|| format!("{location}: not gene totals of this plan's {n_genes} genes; {again}"))?;
+        if r.of != identity {
+            bail!(
+                "{location}: gene totals of other inputs or options (--matrix, --genes, --gene-order-files, \
+                 or an input changed since); {again}"
+            );
+        }
+        if *count.get_or_insert(r.shards) != r.shards {
+            bail!("{location}: totals of {} shares beside totals of {}; {again}", r.shards, count.unwrap_or(0));
+        }
+        shares.insert(r.shard, r);
+    }
+    let n = count.unwrap_or(0);
+    let missing: Vec<String> = (0..n).filter(|k| !shares.contains_key(k)).map(|k| format!("{k}/{n}")).collect();
+    if !missing.is_empty() {
+        bail!("{}: the gene totals of shares {} are missing; {again}", out.location(TOTALS_PREFIX), missing.join(", "));
+    }
+    let mut totals = vec![0u64; n_genes];
+    for share in shares.values() {
+        for (t, s) in totals.iter_mut().zip(&share.totals) {
+            *t = t.saturating_add(*s);
+        }
+    }
+    Ok(Some(totals))
+}
