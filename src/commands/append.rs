@@ -5,7 +5,7 @@ use indicatif::{HumanBytes, HumanCount};
 
 use deltacells::convert::{append, resume, AppendOptions};
 
-use super::convert::{plural, Bar};
+use super::progress::{plural, Bar};
 use crate::cli::AppendArgs;
 
 pub(crate) fn run(args: &AppendArgs) -> anyhow::Result<ExitCode> {

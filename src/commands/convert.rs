@@ -1,11 +1,11 @@
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use indicatif::{HumanBytes, HumanCount, ProgressBar, ProgressState, ProgressStyle};
+use indicatif::{HumanBytes, HumanCount};
 use serde_json::{Map, Value};
 
-use deltacells::convert::{convert, ConvertOptions, ConvertProgress};
+use deltacells::convert::{convert, ConvertOptions};
 use deltacells::convert::{GivenOrder, ObsOptions};
 use deltacells::dataset::Dataset;
 use std::sync::Arc;
@@ -13,72 +13,8 @@ use std::sync::Arc;
 use deltacells::storage::{self, Storage};
 use deltacells::writer::WriteOptions;
 
+use super::progress::{plural, Bar};
 use crate::cli::ConvertArgs;
-
-/// The progress bar: cells done of the phase's total, rate, ETA, current file.
-/// Notes go above it (or straight to stderr when there is no bar).
-pub(crate) struct Bar {
-    pub(crate) bar: ProgressBar,
-    pub(crate) quiet: bool,
-}
-
-impl Bar {
-    pub(crate) fn new(quiet: bool) -> Bar {
-        Bar { bar: progress_bar(quiet), quiet }
-    }
-}
-
-impl ConvertProgress for Bar {
-    fn note(&self, message: &str) {
-        if !self.quiet {
-            self.bar.suspend(|| eprintln!("deltacells: note: {message}"));
-        }
-    }
-    fn phase(&self, name: &str, total_cells: u64) {
-        super::phase_started(name);
-        // A phase of unknown length (scanning) spins instead of showing a full bar at 0/0.
-        self.bar.set_style(if total_cells == 0 { spinner_style() } else { bar_style() });
-        self.bar.set_length(total_cells);
-        self.bar.set_position(0);
-        self.bar.set_prefix(name.to_string());
-    }
-    fn file(&self, path: &Path) {
-        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-        self.bar.set_message(name);
-    }
-    fn advance(&self, cells: u64) {
-        self.bar.inc(cells);
-    }
-}
-
-/// A rate in human units: `950 cells/s`, `19.5 k cells/s`, `1.25 M cells/s`.
-pub(crate) fn human_rate(per_second: f64, unit: &str) -> String {
-    if per_second >= 1e6 {
-        format!("{:.2} M {unit}/s", per_second / 1e6)
-    } else if per_second >= 1e4 {
-        format!("{:.1} k {unit}/s", per_second / 1e3)
-    } else {
-        format!("{} {unit}/s", HumanCount(per_second as u64))
-    }
-}
-
-/// `1 tile`, `2 tiles`.
-pub(crate) fn plural(n: u64, one: &str, many: &str) -> String {
-    format!("{} {}", HumanCount(n), if n == 1 { one } else { many })
-}
-
-/// The file on a line of its own (so that a long name is never cut), the bar below.
-fn bar_style() -> ProgressStyle {
-    ProgressStyle::with_template("{prefix:>10} {msg}\n{bar:30} {human_pos}/{human_len} cells, {rate}, ETA {eta}")
-        .expect("valid template")
-        .with_key("rate", |state: &ProgressState, w: &mut dyn std::fmt::Write| {
-            let _ = w.write_str(&human_rate(state.per_sec(), "cells"));
-        })
-}
-
-fn spinner_style() -> ProgressStyle {
-    ProgressStyle::with_template("{prefix:>10} {spinner} {msg}").expect("valid template")
-}
 
 fn inputs_and_output(args: &ConvertArgs) -> anyhow::Result<(Vec<PathBuf>, String)> {
     let (out, given) = args.paths.split_last().expect("clap requires at least one path");
@@ -218,15 +154,6 @@ fn plan_append(args: &ConvertArgs, dataset: &str, started: std::time::Instant) -
     Ok(ExitCode::SUCCESS)
 }
 
-/// A progress bar on a terminal, else nothing.
-pub(crate) fn progress_bar(quiet: bool) -> ProgressBar {
-    if super::show_progress(quiet) {
-        ProgressBar::new(0).with_style(spinner_style())
-    } else {
-        ProgressBar::hidden()
-    }
-}
-
 pub(crate) fn run_plan(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
     let started = std::time::Instant::now();
     if let Some(dataset) = &args.append {
@@ -235,7 +162,7 @@ pub(crate) fn run_plan(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
     let Conversion { inputs, out_path, store, options, _downloads } = conversion(args).context("plan")?;
     let progress = Bar::new(args.quiet);
     if let Some(spec) = &args.totals_shard {
-        let (k, n) = super::shard::parse_k_of_n("--totals-shard", spec)?;
+        let (k, n) = super::parse_k_of_n("--totals-shard", spec)?;
         let done = deltacells::convert::plan_totals_shard(&inputs, store.as_ref(), &options, k, n, &progress)
             .context("plan --totals-shard")?;
         progress.bar.finish_and_clear();

@@ -7,7 +7,7 @@ use indicatif::{HumanBytes, HumanCount};
 use deltacells::info::dataset_info;
 use deltacells::Dataset;
 
-use super::convert::plural;
+use super::progress::plural;
 use crate::cli::InfoArgs;
 
 pub(crate) fn run(args: &InfoArgs) -> anyhow::Result<ExitCode> {

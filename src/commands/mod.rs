@@ -17,6 +17,7 @@ mod convert;
 mod export;
 mod info;
 mod obs;
+mod progress;
 mod shard;
 mod verify;
 
@@ -67,7 +68,7 @@ pub(crate) fn download_inputs(
         }
     };
     let urls: Vec<&std::path::PathBuf> = urls.iter().filter(|p| deltacells::h5ad::remote::is_url(p)).collect();
-    let bytes: u64 = urls.iter().filter_map(|p| deltacells::convert::input::input_size(p)).sum();
+    let bytes: u64 = urls.iter().filter_map(|p| deltacells::convert::sources::input_size(p)).sum();
     eprintln!(
         "deltacells: note: --download-inputs: {} inputs at URLs are downloaded whole into {} before they are read: {}{} of free disk needed there",
         urls.len(),
@@ -200,5 +201,15 @@ pub(crate) fn check_spill_dir(dir: Option<&std::path::Path>) -> anyhow::Result<(
     match dir {
         Some(d) if !d.is_dir() => anyhow::bail!("--spill-dir {}: not a folder (it must exist)", d.display()),
         _ => Ok(()),
+    }
+}
+
+/// Parses the `K/N` of option `flag`.
+pub(crate) fn parse_k_of_n(flag: &str, text: &str) -> anyhow::Result<(usize, usize)> {
+    let parsed = text.split_once('/').and_then(|(k, n)| Some((k.trim().parse().ok()?, n.trim().parse().ok()?)));
+    match parsed {
+        Some((k, n)) if n > 0 && k < n => Ok((k, n)),
+        Some((k, n)) => anyhow::bail!("{flag} {k}/{n}: K must be from 0 to N-1"),
+        None => anyhow::bail!("{flag} {text:?}: expected K/N, for example 0/8"),
     }
 }

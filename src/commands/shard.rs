@@ -11,22 +11,13 @@ use indicatif::{HumanBytes, HumanCount};
 
 use deltacells::convert::{finalize, run_shard, ConvertProgress, ShardOptions, MAX_IN_FLIGHT};
 
-use super::convert::{human_rate, plural, Bar};
+use super::parse_k_of_n;
+use super::progress::{human_rate, plural, Bar};
 use crate::cli::{FinalizeArgs, ShardArgs};
 
 /// Parses `K/N`.
 fn parse_shard(text: &str) -> anyhow::Result<(usize, usize)> {
     parse_k_of_n("--shard", text)
-}
-
-/// Parses the `K/N` of option `flag`.
-pub(crate) fn parse_k_of_n(flag: &str, text: &str) -> anyhow::Result<(usize, usize)> {
-    let parsed = text.split_once('/').and_then(|(k, n)| Some((k.trim().parse().ok()?, n.trim().parse().ok()?)));
-    match parsed {
-        Some((k, n)) if n > 0 && k < n => Ok((k, n)),
-        Some((k, n)) => bail!("{flag} {k}/{n}: K must be from 0 to N-1"),
-        None => bail!("{flag} {text:?}: expected K/N, for example 0/8"),
-    }
 }
 
 fn env_number(name: &str) -> anyhow::Result<Option<usize>> {

@@ -51,8 +51,8 @@ pub(crate) fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
         }
         let summary = format!(
             "{}, {}, {} nonzeros, {} read in {:.2} s",
-            super::convert::plural(report.tiles_checked as u64, "tile", "tiles"),
-            super::convert::plural(report.cells, "cell", "cells"),
+            super::progress::plural(report.tiles_checked as u64, "tile", "tiles"),
+            super::progress::plural(report.cells, "cell", "cells"),
             HumanCount(report.nnz),
             HumanBytes(report.bytes_read),
             started.elapsed().as_secs_f64()
@@ -60,7 +60,7 @@ pub(crate) fn run(args: &VerifyArgs) -> anyhow::Result<ExitCode> {
         if report.ok {
             writeln!(out, "ok: {}: {summary}", report.dataset)?;
         } else {
-            let problems = super::convert::plural(report.problems.len() as u64, "problem", "problems");
+            let problems = super::progress::plural(report.problems.len() as u64, "problem", "problems");
             writeln!(out, "FAILED: {}: {problems}; {summary}", report.dataset)?;
         }
     }

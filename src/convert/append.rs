@@ -11,7 +11,7 @@
 //! inputs and the new ones in one run would have written.
 //!
 //! Nothing of the old dataset is lost at any moment: it is staged, then
-//! committed (see [`super::staging`]).
+//! committed (see `convert/staging.rs`).
 //!
 //! A run that finds `.append/` picks up where the last one stopped: it
 //! completes a commit that began (everything it needs is staged), and redoes
@@ -377,7 +377,7 @@ fn plan_staged(
             // Said, not silently dropped: a convert of these inputs would store them.
             let mut with_obs = Vec::new();
             for input in &scanned {
-                if super::input::open(&input.path, &matrix)?.obs()?.is_some() {
+                if super::sources::open(&input.path, &matrix)?.obs()?.is_some() {
                     with_obs.push(input.path.display().to_string());
                 }
             }

@@ -4,7 +4,7 @@
 //! tables, obs (one row per cell) and var (one row per gene), whose columns
 //! come as [`FrameColumn`]s. `.h5ad` (in `crate::h5ad`) is the one format
 //! today; another is a new module implementing [`InputSource`], and a case in
-//! [`open`].
+//! [`super::sources::open`].
 //!
 //! Turning stored values into counts ([`to_counts`]) is the same for every
 //! format, so it is here too.
@@ -180,36 +180,6 @@ pub trait InputSource: Send + Sync {
         }
         Ok(names)
     }
-}
-
-/// The size of an input in bytes (of the object, for a URL), if it can be had.
-pub fn input_size(path: &Path) -> Option<u64> {
-    input_version(path).map(|v| v.size)
-}
-
-/// The size of an input and, for an object at a URL, its entity tag: what a
-/// shard compares with the plan's record to refuse a file that changed.
-pub fn input_version(path: &Path) -> Option<crate::storage::Version> {
-    if crate::h5ad::remote::is_url(path) {
-        return crate::h5ad::remote::object_version(&path.to_string_lossy()).ok();
-    }
-    std::fs::metadata(path).map(|m| crate::storage::Version { size: m.len(), etag: None }).ok()
-}
-
-/// How a version reads in a message: `37393704 bytes`, `, ETag "..."` after
-/// it when there is one.
-pub(crate) fn describe_version(version: &crate::storage::Version) -> String {
-    match &version.etag {
-        Some(tag) => format!("{} bytes, ETag {tag}", version.size),
-        None => format!("{} bytes", version.size),
-    }
-}
-
-/// Opens `path` (a local file, or an s3://, gs:// or http(s):// URL, read by
-/// ranges) for conversion of its matrix `matrix` (`X`, `raw/X`,
-/// `layers/NAME`). Every input is an .h5ad file today.
-pub fn open(path: &Path, matrix: &str) -> Result<Box<dyn InputSource>, InputError> {
-    Ok(Box::new(crate::h5ad::H5adSource::open(path, matrix)?))
 }
 
 /// A value that is not a count, found by [`to_counts`].

@@ -37,6 +37,7 @@ mod obs_shards;
 mod plan;
 mod shard;
 pub mod shuffle;
+pub mod sources;
 mod staging;
 mod totals;
 mod var_table;
@@ -355,7 +356,7 @@ pub(crate) fn scan_inputs(
     let mut source_genes: Option<genes::SourceGenes> = None;
     for (i, path) in inputs.iter().enumerate() {
         progress.file(path);
-        let source = input::open(path, matrix)?;
+        let source = sources::open(path, matrix)?;
         if read_whole.contains(&i) {
             source.will_read_whole();
         }
@@ -369,7 +370,7 @@ pub(crate) fn scan_inputs(
             None => source_genes = Some(genes::SourceGenes::new(genes, path, names)),
             Some(s) => s.add(path, &names)?,
         }
-        let version = input::input_version(path);
+        let version = sources::input_version(path);
         scanned.push(Input {
             path: path.clone(),
             n_rows: source.n_rows(),
@@ -418,7 +419,7 @@ pub(crate) fn gene_totals(
     for &i in sampled {
         let input = &scanned[i];
         progress.file(&input.path);
-        let source = input::open(&input.path, matrix)?;
+        let source = sources::open(&input.path, matrix)?;
         source.will_read_whole();
         // The input's column -> source gene (None: the same by position).
         let map = genes::column_map(source.path(), &source.gene_names()?, source_genes)?;
@@ -596,7 +597,7 @@ pub(crate) fn write_tiles(
         // A failure of the writer comes first: it is why the reader stopped.
         Err((_, TileFailure::Other(e))) => Err(e),
         Err((_, TileFailure::BadValue { input, row, gene, problem })) => {
-            let source = input::open(&inputs[input].path, matrix)?;
+            let source = sources::open(&inputs[input].path, matrix)?;
             Err(describe_bad_value(source.as_ref(), matrix, row, &BadValue { row, gene, problem }).into())
         }
     }
@@ -705,7 +706,7 @@ pub(crate) fn source_code(inputs: &[Input], plan: &ObsPlan, i: usize) -> usize {
 /// changed since the plan scanned it.
 pub(crate) fn open_unchanged(input: &Input, matrix: &str) -> anyhow::Result<Box<dyn InputSource>> {
     // (a file that cannot be read at all fails in open, below)
-    if let Some(now) = input::input_version(&input.path) {
+    if let Some(now) = sources::input_version(&input.path) {
         let was = crate::storage::Version { size: input.bytes, etag: input.etag.clone() };
         // (tags are compared when both sides have one: a plan made before
         // they were recorded has none)
@@ -713,13 +714,13 @@ pub(crate) fn open_unchanged(input: &Input, matrix: &str) -> anyhow::Result<Box<
         if now.size != was.size || retagged {
             return Err(InputError::Changed {
                 path: input.path.clone(),
-                was: input::describe_version(&was),
-                now: input::describe_version(&now),
+                was: sources::describe_version(&was),
+                now: sources::describe_version(&now),
             }
             .into());
         }
     }
-    Ok(input::open(&input.path, matrix)?)
+    Ok(sources::open(&input.path, matrix)?)
 }
 
 /// An input's obs table, when the plan stores obs.

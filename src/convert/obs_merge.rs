@@ -19,7 +19,8 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use serde_json::Value;
 
-use super::input::{self, Categories, FrameColumn, InputError, Table};
+use super::input::{Categories, FrameColumn, InputError, Table};
+use super::sources;
 use crate::format::obs_schema::{ObsColumn, ObsKind, ObsSchema, SCHEMA_FORMAT, SCHEMA_VERSION};
 use crate::obs::{arrow_type_from_name, arrow_type_name};
 
@@ -582,7 +583,7 @@ fn merge(
     // One pass, each file opened once: which inputs have obs, and the
     // columns and shapes of those that do.
     for (i, path) in inputs.iter().enumerate() {
-        let source = input::open(path, matrix)?;
+        let source = sources::open(path, matrix)?;
         let Some(obs) = source.obs()? else {
             first_without.get_or_insert(i);
             continue;

@@ -22,7 +22,7 @@ pub fn read_planned(out: &dyn Storage) -> anyhow::Result<Plan> {
 }
 
 /// Step 2: encodes shard `k` of `n` (0-based): its tiles, its obs shards, and
-/// its result record, last. `out` is the output of [`plan()`], or a dataset
+/// its result record, last. `out` is the output of [`super::plan()`], or a dataset
 /// that `plan --append` planned an append to.
 pub fn run_shard(
     out: &dyn Storage,

@@ -74,7 +74,7 @@ impl AppendRecord {
         };
         let files: Vec<(PathBuf, u64)> = new_inputs(&self.inputs).map(|i| (file(&i.path), i.bytes)).collect();
         let asked: Vec<(PathBuf, u64)> =
-            inputs.iter().map(|p| (file(p), super::input::input_size(p).unwrap_or(0))).collect();
+            inputs.iter().map(|p| (file(p), super::sources::input_size(p).unwrap_or(0))).collect();
         files == asked && matrix.is_none_or(|m| m == self.matrix)
     }
 

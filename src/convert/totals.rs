@@ -65,7 +65,7 @@ fn totals_share(n_sampled: usize, k: usize, n: usize) -> Range<usize> {
 }
 
 /// Plan step 0, optional: sums the gene totals of share `k` of `n` (0-based)
-/// of the inputs the plan samples, and stores them in `out` for [`plan()`] to
+/// of the inputs the plan samples, and stores them in `out` for [`super::plan()`] to
 /// add up instead of reading those inputs' X itself. Run with the inputs and
 /// options the plan will have; the plan refuses totals of anything else.
 pub fn plan_totals_shard(

@@ -91,7 +91,7 @@ pub fn obs_table(ds: &Dataset, range: Range<u64>) -> Result<Option<Table>, Expor
 /// Also returns the table without those two columns. An error names what is
 /// missing when the dataset was not shuffled.
 pub fn source_ranks(table: &Table) -> Result<(Vec<u64>, Table), String> {
-    use crate::convert::{SOURCE_FILE, SOURCE_ROW};
+    use crate::convert::obs_merge::{SOURCE_FILE, SOURCE_ROW};
     let find = |name: &str| table.columns.iter().find(|(n, _)| n == name).map(|(_, c)| &c.values);
     let (Some(file), Some(row)) = (find(SOURCE_FILE), find(SOURCE_ROW)) else {
         return Err(format!(
