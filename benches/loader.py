@@ -18,7 +18,7 @@ with one obs column (cell_type), each batch turned into a SciPy CSR matrix:
   the uncompressed .h5ad, timed on 30 batches and scaled to an epoch.
 
 - deltacells.torch.CellDataset in torch's DataLoader (when torch is
-  installed), as the README writes it: no workers, 2 workers started afresh
+  installed), as docs/python.md writes it: no workers, 2 workers started afresh
   each epoch (the DataLoader's default), and 2 persistent workers;
 - with --baseline-python, the one-process row again with an earlier build.
 
@@ -26,7 +26,7 @@ Each runs in a process of its own, so that its peak RSS (VmHWM, resident
 memory) is its own; each loader first reads one epoch untimed (its buffers
 and the page cache warm up; that first epoch's time is printed apart), then
 the median of EPOCHS more (each a different shuffle) is reported.
-Not run by the tests (see README, "Performance").
+Not run by the tests (see docs/performance.md).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def peak_rss() -> int:
 
 
 def measure_torch(dataset: str, epochs: int, cache: str, workers: int, persistent: bool) -> dict:
-    """deltacells.torch.CellDataset in torch's DataLoader as the README writes
+    """deltacells.torch.CellDataset in torch's DataLoader as docs/python.md writes
     it (batch_size=None), yielding the default dicts of tensors."""
     import torch
 

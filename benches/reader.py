@@ -15,7 +15,7 @@ cells), with the default settings of `deltacells convert`, and an uncompressed
 - obs.take of 5,000 random cells for 3 columns (median of 200).
 
 Needs the deltacells package (pip install ./python), anndata, and the
-binary (cargo build --release). Not run by the tests (see README, "Performance").
+binary (cargo build --release). Not run by the tests (see docs/performance.md).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ fi
 cargo test --release --features fault-injection "$@"
 # The reading core's own tests, without HDF5, clap or indicatif.
 cargo test --release --no-default-features --lib --quiet
-# The benchmarks are not run here (see README, "Performance"), only compiled,
+# The benchmarks are not run here (see docs/performance.md), only compiled,
 # in the same profile so that nothing is built twice.
 cargo test --release --features fault-injection --benches --no-run --quiet
 # The Python package: built (into the same target folder) and installed into

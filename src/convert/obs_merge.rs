@@ -286,7 +286,8 @@ impl ObsPlan {
             without.columns.truncate(without.columns.len() - 2);
         }
         let stripped = StoredObs { location: stored.location, schema: &without, ..*stored };
-        let mut plan = merge(Some(&stripped), inputs, matrix, options)?.expect("a stored schema gives a plan");
+        let mut plan = merge(Some(&stripped), inputs, matrix, options)?
+            .ok_or_else(|| anyhow::anyhow!("{}: no obs plan from a stored schema", stored.location))?;
         if let Some(files) = stored_files {
             let new: Vec<String> = inputs.iter().map(|p| p.display().to_string()).collect();
             plan.add_source_columns_after(&files, &new).map_err(anyhow::Error::msg)?;
@@ -507,6 +508,10 @@ impl ObsPlan {
     }
 
     /// The exact text of obs/schema.json.
+    ///
+    /// # Panics
+    ///
+    /// Never: a schema holds strings and JSON values, which always serialize.
     pub fn schema_text(&self) -> String {
         let mut text = serde_json::to_string_pretty(&self.schema).expect("a schema serializes");
         text.push('\n');

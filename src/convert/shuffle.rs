@@ -278,10 +278,10 @@ impl Scatter {
                 let start = arena_indices.len();
                 let mut gene = 0u32;
                 arena_indices.extend(indices.chunks_exact(4).map(|c| {
-                    gene = gene.wrapping_add(u32::from_le_bytes(c.try_into().expect("4")));
+                    gene = gene.wrapping_add(u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
                     gene
                 }));
-                arena_data.extend(data.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4"))));
+                arena_data.extend(data.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])));
                 if !range.contains(&pos) {
                     return Err(corrupt(&format!("position {pos} outside {}..{}", range.start, range.end)));
                 }

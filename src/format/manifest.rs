@@ -210,6 +210,11 @@ impl Manifest {
     }
 
     /// The manifest as the writer emits it: pretty JSON with a final newline.
+    ///
+    /// # Panics
+    ///
+    /// Never: a manifest holds numbers, strings and JSON values, which always
+    /// serialize.
     pub fn to_json(&self) -> String {
         let mut text = serde_json::to_string_pretty(self).expect("a manifest always serializes");
         text.push('\n');

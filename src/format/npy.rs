@@ -22,7 +22,7 @@ const MAGIC: &[u8] = b"\x93NUMPY";
 pub fn read_i32(bytes: &[u8]) -> Result<Vec<i32>, NpyError> {
     let (dtype, data) = parse(bytes, &[("<i4", "int32", 4)])?;
     debug_assert_eq!(dtype, "<i4");
-    Ok(data.chunks_exact(4).map(|w| i32::from_le_bytes(w.try_into().expect("4"))).collect())
+    Ok(data.chunks_exact(4).map(|w| i32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect())
 }
 
 /// Reads a 1-D array of little-endian int32 or int64 (`<i4` or `<i8`: what
@@ -30,9 +30,9 @@ pub fn read_i32(bytes: &[u8]) -> Result<Vec<i32>, NpyError> {
 pub fn read_indices(bytes: &[u8]) -> Result<Vec<i64>, NpyError> {
     let (dtype, data) = parse(bytes, &[("<i4", "int32", 4), ("<i8", "int64", 8)])?;
     Ok(if dtype == "<i4" {
-        data.chunks_exact(4).map(|w| i64::from(i32::from_le_bytes(w.try_into().expect("4")))).collect()
+        data.chunks_exact(4).map(|w| i64::from(i32::from_le_bytes([w[0], w[1], w[2], w[3]]))).collect()
     } else {
-        data.chunks_exact(8).map(|w| i64::from_le_bytes(w.try_into().expect("8"))).collect()
+        data.chunks_exact(8).map(|w| i64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]])).collect()
     })
 }
 

@@ -804,7 +804,8 @@ struct DriverClass {
     fl_map: [c_int; 7],
 }
 
-// The class is immutable and only read by HDF5.
+// SAFETY: the class is immutable (a static of plain values and function
+// pointers) and only read by HDF5, so sharing it between threads is sound.
 unsafe impl Sync for DriverClass {}
 
 const H5FD_MEM_SUPER: c_int = 1;

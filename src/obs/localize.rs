@@ -470,10 +470,10 @@ pub fn localize(
             let _ = std::fs::remove_file(checksum_path(&path));
             report.replaced.push(name.clone());
         }
-        if source.is_none() {
-            source = Some(ObsSource::open(storage, manifest)?);
-        }
-        let src = source.as_ref().expect("set above");
+        let src = match &mut source {
+            Some(src) => &*src,
+            slot => &*slot.insert(ObsSource::open(storage, manifest)?),
+        };
         let index = src
             .schema
             .columns

@@ -251,7 +251,7 @@ pub fn chunk_boundaries(indptr: &[u64], n_chunks: usize) -> Vec<usize> {
                 best = lo;
             }
         }
-        let previous = *bounds.last().expect("starts with 0");
+        let previous = bounds.last().copied().unwrap_or(0);
         bounds.push(best.max(previous + 1).min(n_cells - (c - k)));
     }
     bounds.push(n_cells);

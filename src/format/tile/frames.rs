@@ -71,14 +71,17 @@ pub fn compress_frame(data: &[u8], level: i32) -> Result<Vec<u8>, EncodeError> {
     COMPRESSOR
         .with(|cell| {
             let mut slot = cell.borrow_mut();
-            if !matches!(&*slot, Some((l, _)) if *l == level) {
-                let mut c = zstd::bulk::Compressor::new(level)?;
-                c.include_contentsize(true)?;
-                c.include_checksum(false)?;
-                c.include_dictid(false)?;
-                *slot = Some((level, c));
-            }
-            slot.as_mut().expect("set above").1.compress(data)
+            let compressor = match &mut *slot {
+                Some((l, c)) if *l == level => c,
+                slot => {
+                    let mut c = zstd::bulk::Compressor::new(level)?;
+                    c.include_contentsize(true)?;
+                    c.include_checksum(false)?;
+                    c.include_dictid(false)?;
+                    &mut slot.insert((level, c)).1
+                }
+            };
+            compressor.compress(data)
         })
         .map_err(|e| EncodeError::Zstd(e.to_string()))
 }

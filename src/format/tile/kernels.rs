@@ -46,14 +46,19 @@ unsafe fn recombine_counts_avx2(lo: &[u8], hi: &[u8], out: &mut [u32]) -> bool {
     let mut any = zeros;
     for b in 0..blocks {
         let at = head + 8 * b;
-        // SAFETY: each load reads the 8 bytes at `at` of `lo` and `hi`, and
-        // the store writes the 8 u32 at `at` of `out` (32-byte aligned), all
-        // below n.
-        let l = _mm_loadl_epi64(lo.as_ptr().add(at) as *const __m128i);
-        let h = _mm_loadl_epi64(hi.as_ptr().add(at) as *const __m128i);
+        // SAFETY: each load reads the 8 bytes at `at` of `lo` and `hi`, all
+        // below n (at + 8 <= head + 8 * blocks <= n).
+        let (l, h) = unsafe {
+            (
+                _mm_loadl_epi64(lo.as_ptr().add(at) as *const __m128i),
+                _mm_loadl_epi64(hi.as_ptr().add(at) as *const __m128i),
+            )
+        };
         let x = _mm256_cvtepu16_epi32(_mm_unpacklo_epi8(l, h));
         any = _mm256_or_si256(any, _mm256_cmpeq_epi32(x, zeros));
-        _mm256_stream_si256(out.as_mut_ptr().add(at) as *mut __m256i, x);
+        // SAFETY: the store writes the 8 u32 at `at` of `out`, below n, at a
+        // 32-byte boundary (`head` is the first one, and 8 u32 are 32 bytes).
+        unsafe { _mm256_stream_si256(out.as_mut_ptr().add(at) as *mut __m256i, x) };
     }
     zero |= _mm256_testz_si256(any, any) == 0;
     let t = head + 8 * blocks;
@@ -114,10 +119,14 @@ pub(super) unsafe fn cell_gaps_avx2(lo: &[u8], hi: &[u8], out: &mut [u32]) -> (u
     let last = _mm256_set1_epi32(7);
     let upper_half = _mm256_set_epi32(-1, -1, -1, -1, 0, 0, 0, 0);
     for b in 0..blocks {
-        // SAFETY: each load reads the 8 bytes at 8 * b of `lo` and `hi`, and the
-        // store writes the 8 u32 at 8 * b of `out`, all below n.
-        let l = _mm_loadl_epi64(lo.as_ptr().add(8 * b) as *const __m128i);
-        let h = _mm_loadl_epi64(hi.as_ptr().add(8 * b) as *const __m128i);
+        // SAFETY: each load reads the 8 bytes at 8 * b of `lo` and `hi`, below
+        // n (8 * b + 8 <= 8 * blocks <= n).
+        let (l, h) = unsafe {
+            (
+                _mm_loadl_epi64(lo.as_ptr().add(8 * b) as *const __m128i),
+                _mm_loadl_epi64(hi.as_ptr().add(8 * b) as *const __m128i),
+            )
+        };
         let mut x = _mm256_cvtepu16_epi32(_mm_unpacklo_epi8(l, h));
         zeros = _mm256_sub_epi32(zeros, _mm256_cmpeq_epi32(x, zero));
         x = _mm256_add_epi32(x, _mm256_slli_si256::<4>(x));
@@ -125,11 +134,13 @@ pub(super) unsafe fn cell_gaps_avx2(lo: &[u8], hi: &[u8], out: &mut [u32]) -> (u
         let first_total = _mm256_and_si256(_mm256_permutevar8x32_epi32(x, last_of_first_half), upper_half);
         x = _mm256_add_epi32(x, first_total);
         let total = _mm256_permutevar8x32_epi32(x, last);
-        _mm256_storeu_si256(out.as_mut_ptr().add(8 * b) as *mut __m256i, _mm256_add_epi32(x, carry));
+        // SAFETY: the store writes the 8 u32 at 8 * b of `out`, below n.
+        unsafe { _mm256_storeu_si256(out.as_mut_ptr().add(8 * b) as *mut __m256i, _mm256_add_epi32(x, carry)) };
         carry = _mm256_add_epi32(carry, total);
     }
     let mut lanes = [0u32; 8];
-    _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, zeros);
+    // SAFETY: `lanes` is 8 u32, the 32 bytes the store writes.
+    unsafe { _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, zeros) };
     let block_zeros = lanes.iter().fold(0u32, |a, &z| a.wrapping_add(z));
     let acc = _mm256_extract_epi32::<0>(carry) as u32;
     let t = 8 * blocks;

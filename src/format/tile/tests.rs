@@ -443,6 +443,7 @@ fn every_gaps_kernel_agrees_with_the_scalar_one() {
         {
             kernels.push(("sse2", cell_gaps_sse2));
             if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the processor supports AVX2, checked above.
                 kernels.push(("avx2", |lo, hi, out| unsafe { cell_gaps_avx2(lo, hi, out) }));
             }
         }
