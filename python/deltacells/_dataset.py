@@ -87,10 +87,11 @@ class Dataset:
         self._pid = os.getpid() if raw is not None else None
 
     @property
-    def _raw(self) -> _deltacells.RawDataset:
-        """The Rust dataset of this process: opened on first use, and opened again
-        in a process forked from the one that opened it (threads, runtimes and
-        connections do not survive a fork)."""
+    def native(self) -> _deltacells.RawDataset:
+        """The Rust dataset behind this one, in this process: opened on first
+        use, and opened again in a process forked from the one that opened it
+        (threads, runtimes and connections do not survive a fork). The
+        package's modules (obs, the loader) read through it; users need not."""
         if self._pid != os.getpid():
             inherited = self._handle
             raw = _deltacells.RawDataset(self.root, **self._options)
@@ -113,37 +114,37 @@ class Dataset:
     @property
     def n_cells(self) -> int:
         """Cells (rows)."""
-        return self._raw.n_cells
+        return self.native.n_cells
 
     @property
     def n_genes(self) -> int:
         """Genes (columns)."""
-        return self._raw.n_genes
+        return self.native.n_genes
 
     @property
     def n_tiles(self) -> int:
         """Tiles: blocks of consecutive cells, each read and decoded as a unit."""
-        return self._raw.n_tiles
+        return self.native.n_tiles
 
     @cached_property
     def tile_cells(self) -> np.ndarray:
         """Cells of each tile (int64)."""
-        return self._raw.tile_cells()
+        return self.native.tile_cells()
 
     @cached_property
     def manifest(self) -> dict[str, Any]:
         """manifest.json, as a dict."""
-        return json.loads(self._raw.manifest_json())
+        return json.loads(self.native.manifest_json())
 
     @cached_property
     def var_names(self) -> list[str] | None:
         """Gene names in stored column order, or None without var_names.txt."""
-        return self._raw.var_names()
+        return self.native.var_names()
 
     @cached_property
     def var(self) -> pd.DataFrame | None:
         """The gene table (var.parquet) in stored column order, with its index; None without one."""
-        data = self._raw.var_parquet()
+        data = self.native.var_parquet()
         if data is None:
             return None
         import pandas as pd
@@ -155,7 +156,7 @@ class Dataset:
         """int32 array: stored column ``j`` was column ``gene_order[j]`` of the source
         files; None without gene_order.npy. ``np.argsort(gene_order)`` gives, for each
         source gene, its stored column."""
-        return self._raw.gene_order()
+        return self.native.gene_order()
 
     def _slice_range(self, cells: slice) -> range:
         try:
@@ -208,12 +209,12 @@ class Dataset:
         if isinstance(cells, (range, slice)):
             r = cells if isinstance(cells, range) else self._slice_range(cells)
             if r.step == 1 and 0 <= r.start <= r.stop <= self.n_cells:
-                return Batch(*self._raw.get_range(r.start, r.stop), self.n_genes)
-        return Batch(*self._raw.get_batch(self._cell_array(cells)), self.n_genes)
+                return Batch(*self.native.get_range(r.start, r.stop), self.n_genes)
+        return Batch(*self.native.get_batch(self._cell_array(cells)), self.n_genes)
 
     def read_tile(self, tile: int) -> Batch:
         """Tile ``tile``, whole, as a :class:`Batch`."""
-        return Batch(*self._raw.read_tile(tile), self.n_genes)
+        return Batch(*self.native.read_tile(tile), self.n_genes)
 
     def batches(
         self,
@@ -380,14 +381,7 @@ class Dataset:
         )
         if names:
             self.obs.localize([c for c in (["obs_names"] if "obs_names" in names else []) + wanted])
-            obs = self.obs.take_pandas(index, wanted)
-            # Back to what anndata wrote: pandas' nullable integer, boolean and
-            # string types for columns with missing values (take gives float64
-            # NaN and None for those).
-            for name in wanted:
-                is_float = self.obs.arrow_type(name) in ("float", "double")
-                if self.obs.kind(name) in ("numeric", "bool", "string") and not is_float and self.obs._get(name).null_count:
-                    obs[name] = self.obs._nullable(name, index)
+            obs = self.obs.take_anndata(index, wanted)
         else:
             obs = pd.DataFrame(index=range(len(index)))
         obs.index = pd.Index(

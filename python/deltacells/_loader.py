@@ -111,7 +111,7 @@ class Loader:
 
     def _epoch_size(self) -> tuple[int, int]:
         if self._size is None:
-            self._size = self.dataset._raw.epoch_size(self.cells, self.options, self.weights, self.num_samples)
+            self._size = self.dataset.native.epoch_size(self.cells, self.options, self.weights, self.num_samples)
         return self._size
 
     @property
@@ -127,10 +127,8 @@ class Loader:
         dataset = self.dataset
         obs = dataset.obs
         if self.obs_columns:
-            missing = [c for c in self.obs_columns if c not in obs._loaded]
-            if missing:
-                obs.localize(missing)
-        raw = dataset._raw.batches(self.cells, self.options, self.weights, self.num_samples)
+            obs.ensure_local(self.obs_columns)
+        raw = dataset.native.batches(self.cells, self.options, self.weights, self.num_samples)
         n_genes = dataset.n_genes
         columns = self.obs_columns
         for cells, indptr, indices, data in raw:

@@ -54,7 +54,7 @@ class Obs:
         self._dataset = dataset
         self._cache_dir = cache_dir
         self._loaded: dict[str, pa.ChunkedArray] = {}
-        text = dataset._raw.obs_schema_json()
+        text = dataset.native.obs_schema_json()
         self._schema: list[dict[str, Any]] = json.loads(text)["columns"] if text else []
         self._by_name = {c["name"]: c for c in self._schema}
 
@@ -114,7 +114,7 @@ class Obs:
         for name in names:
             self._column(name)
         self._fingerprint()
-        report = json.loads(self._dataset._raw.localize(names, self.cache_root, threads=threads))
+        report = json.loads(self._dataset.native.localize(names, self.cache_root, threads=threads))
         for name in names:
             self._loaded.pop(name, None)
             self._open(name)
@@ -146,6 +146,14 @@ class Obs:
             )
             self.localize([name])
         return self._loaded[name]
+
+    def ensure_local(self, columns: Sequence[str]) -> None:
+        """Localizes those of ``columns`` that this process has not opened yet
+        (a loader calls it before its first batch, so that no batch waits on
+        a fetch or warns about one)."""
+        missing = [name for name in columns if name not in self._loaded]
+        if missing:
+            self.localize(missing)
 
     def column_array(self, column: str) -> pa.ChunkedArray:
         """Every value of ``column``, in cell order, as a pyarrow ChunkedArray
@@ -211,6 +219,19 @@ class Obs:
         documentation for each kind), in the order of ``cells``."""
         index = self._dataset.cell_indices(cells)
         return {name: self._values(name, index) for name in columns}
+
+    def take_anndata(self, cells: Cells, columns: Sequence[str]) -> pd.DataFrame:
+        """:meth:`take_pandas` with the dtypes anndata gives a column it
+        wrote: integer, boolean and string columns with missing values in
+        pandas' nullable types (``Int64``, ``boolean``, ``string``...),
+        floats as float64 with NaN, categoricals with the whole vocabulary."""
+        index = self._dataset.cell_indices(cells)
+        frame = self.take_pandas(index, columns)
+        for name in columns:
+            is_float = self.arrow_type(name) in ("float", "double")
+            if self.kind(name) in ("numeric", "bool", "string") and not is_float and self._get(name).null_count:
+                frame[name] = self._nullable(name, index)
+        return frame
 
     def take_pandas(self, cells: Cells, columns: Sequence[str]) -> pd.DataFrame:
         """:meth:`take` as a pandas DataFrame; category columns are pandas

@@ -187,7 +187,7 @@ def test_repr_and_manifest(golden: Path) -> None:
     # A dataset pickles to its root and options (the Rust handle never
     # crosses processes) and opens again on first use.
     with pytest.raises(TypeError):
-        pickle.dumps(ds._raw)
+        pickle.dumps(ds.native)
     again = pickle.loads(pickle.dumps(ds))
     assert again._handle is None and again.root == ds.root
     assert again.n_cells == 10 and (again.get_batch([9, 0]).to_scipy() != ds.get_batch([9, 0]).to_scipy()).nnz == 0
@@ -246,7 +246,7 @@ def test_the_tile_cache_gives_the_same_batches(golden: Path, cache_bytes: int) -
     with pytest.raises(IndexError):
         cached.get_batch([plain.n_cells])
     with pytest.raises(IndexError):
-        cached._raw.get_range(0, plain.n_cells + 1)
+        cached.native.get_range(0, plain.n_cells + 1)
 
 
 @pytest.mark.parametrize("source", ["golden", "pbmc"])
