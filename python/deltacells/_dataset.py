@@ -7,7 +7,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -15,6 +15,7 @@ from . import _deltacells
 from ._args import flag, integer
 from ._errors import ArgumentTypeError, CellIndexError, DeltacellsError, InvalidArgumentError
 from ._obs import Obs, index_array
+from ._options import DEFAULTS, loader_options
 
 if TYPE_CHECKING:
     import anndata
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 _INHERITED: list[Any] = []
 
 #: What ``get_batch`` accepts as cells: a list, an integer array, a range or a slice.
-Cells = Union[Sequence[int], np.ndarray, range, slice]
+Cells = Sequence[int] | np.ndarray | range | slice
 
 
 class Batch:
@@ -98,8 +99,11 @@ class Dataset:
             if inherited is not None:
                 _INHERITED.append(inherited)
                 if raw.manifest_json() != inherited.manifest_json():
-                    raise DeltacellsError(f"{self.root}: the dataset changed since it was opened in process {self._pid}")
+                    raise DeltacellsError(
+                        f"{self.root}: the dataset changed since it was opened in process {self._pid}"
+                    )
             self._handle, self._pid = raw, os.getpid()
+        assert self._handle is not None  # opened above in this process
         return self._handle
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -218,21 +222,21 @@ class Dataset:
 
     def batches(
         self,
-        batch_size: int = 1024,
+        batch_size: int = DEFAULTS["batch_size"],
         *,
-        shuffle: bool = True,
-        seed: int = 0,
-        epoch: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        worker: int = 0,
-        num_workers: int = 1,
+        shuffle: bool = DEFAULTS["shuffle"],
+        seed: int = DEFAULTS["seed"],
+        epoch: int = DEFAULTS["epoch"],
+        rank: int = DEFAULTS["rank"],
+        world_size: int = DEFAULTS["world_size"],
+        worker: int = DEFAULTS["worker"],
+        num_workers: int = DEFAULTS["num_workers"],
         obs_columns: Sequence[str] | None = None,
         cells: Cells | None = None,
-        drop_last: bool = False,
-        window_tiles: int = 8,
-        mix_chunks: int = 16,
-        prefetch: int = 4,
+        drop_last: bool = DEFAULTS["drop_last"],
+        window_tiles: int = DEFAULTS["window_tiles"],
+        mix_chunks: int = DEFAULTS["mix_chunks"],
+        prefetch: int = DEFAULTS["prefetch"],
         weights: Sequence[float] | np.ndarray | None = None,
         num_samples: int | None = None,
         balance: str | None = None,
@@ -407,37 +411,6 @@ class Dataset:
         )
 
 
-#: Largest batch_size and prefetch accepted (the loader's queue is
-#: reserved at its size; a batch never holds more cells than its share).
-MAX_BATCH_SIZE = 1 << 31
-MAX_PREFETCH = 1024
-MAX_U64 = (1 << 64) - 1
-
-
-def loader_options(
-    *, batch_size: Any, shuffle: Any, seed: Any, epoch: Any, rank: Any, world_size: Any, worker: Any,
-    num_workers: Any, drop_last: Any, window_tiles: Any, mix_chunks: Any, prefetch: Any,
-) -> dict[str, Any]:
-    """The loader's options checked (each named in the error that refuses
-    it), as the dict the Rust loader takes."""
-    world = integer("world_size", world_size, 1, 1 << 32)
-    workers = integer("num_workers", num_workers, 1, 1 << 32)
-    return dict(
-        batch_size=integer("batch_size", batch_size, 1, MAX_BATCH_SIZE),
-        shuffle=flag("shuffle", shuffle),
-        seed=integer("seed", seed, 0, MAX_U64),
-        epoch=integer("epoch", epoch, 0, MAX_U64),
-        rank=integer("rank", rank, 0, world - 1),
-        world_size=world,
-        worker=integer("worker", worker, 0, workers - 1),
-        num_workers=workers,
-        drop_last=flag("drop_last", drop_last),
-        window_tiles=integer("window_tiles", window_tiles, 1, 1 << 32),
-        mix_chunks=integer("mix_chunks", mix_chunks, 1, 1 << 32),
-        prefetch=integer("prefetch", prefetch, 1, MAX_PREFETCH),
-    )
-
-
 def open_dataset(
     root: str,
     obs_columns: Sequence[str] | None = None,
@@ -480,7 +453,9 @@ def open_dataset(
 
     >>> ds = open_dataset("gs://bucket/atlas", obs_columns=["cell_type"])
     """
-    options = dict(threads=threads, anonymous=anonymous, endpoint=endpoint, cache_bytes=int(cache_bytes))
+    options: dict[str, Any] = dict(
+        threads=threads, anonymous=anonymous, endpoint=endpoint, cache_bytes=int(cache_bytes)
+    )
     raw = _deltacells.RawDataset(str(root), **options)
     ds = Dataset(str(root), options, cache_dir, raw)
     if obs_columns:

@@ -2,22 +2,26 @@
 (deltacells.open_dataset) rather than these directly."""
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Self, final
 
 import numpy as np
 import numpy.typing as npt
 
-__version__: str
+from ._options import LoaderOptions
 
+__version__: str
+__all__ = ["RawBatches", "RawDataset", "__version__", "cache_root", "column_path", "loader_defaults"]
+
+@final
 class RawDataset:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         root: str,
         threads: int | None = None,
         anonymous: bool = False,
         endpoint: str | None = None,
         cache_bytes: int = 0,
-    ) -> None: ...
+    ) -> Self: ...
     @property
     def n_cells(self) -> int: ...
     @property
@@ -44,14 +48,14 @@ class RawDataset:
     def epoch_size(
         self,
         cells: npt.NDArray[np.int64] | None,
-        options: dict[str, Any],
+        options: LoaderOptions,
         weights: npt.NDArray[np.float64] | None = None,
         num_samples: int | None = None,
     ) -> tuple[int, int]: ...
     def batches(
         self,
         cells: npt.NDArray[np.int64] | None,
-        options: dict[str, Any],
+        options: LoaderOptions,
         weights: npt.NDArray[np.float64] | None = None,
         num_samples: int | None = None,
     ) -> RawBatches: ...
@@ -60,6 +64,7 @@ class RawDataset:
         self, columns: list[str], cache_root: str, force: bool = False, threads: int | None = None
     ) -> str: ...
 
+@final
 class RawBatches:
     @property
     def n_cells(self) -> int: ...
@@ -74,3 +79,4 @@ class RawBatches:
 
 def cache_root(explicit: str | None = None) -> str: ...
 def column_path(root: str, fingerprint: str, column: str) -> str: ...
+def loader_defaults() -> LoaderOptions: ...

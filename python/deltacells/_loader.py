@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._args import integer
-from ._dataset import MAX_U64, Batch
+from ._dataset import Batch
 from ._errors import InvalidArgumentError
+from ._options import MAX_U64, LoaderOptions
 
 if TYPE_CHECKING:
     from ._dataset import Cells, Dataset
@@ -59,7 +60,7 @@ class Loader:
     def __init__(
         self,
         dataset: Dataset,
-        options: dict[str, Any],
+        options: LoaderOptions,
         obs_columns: Sequence[str] | None,
         cells: Cells | None,
         *,
@@ -69,7 +70,7 @@ class Loader:
         class_weights: Mapping[Any, float] | None = None,
     ) -> None:
         self.dataset = dataset
-        self.options = dict(options)
+        self.options = LoaderOptions(**options)
         if obs_columns is not None and (isinstance(obs_columns, str) or not isinstance(obs_columns, Sequence)):
             raise InvalidArgumentError(f"obs_columns must be a list of column names, not {obs_columns!r}")
         self.obs_columns = list(obs_columns) if obs_columns else []

@@ -121,12 +121,11 @@ class Obs:
         return report
 
     def _open(self, name: str) -> pa.ChunkedArray:
-        import pyarrow as pa
-
         # pyarrow's take() and to_numpy() import pandas the first time, about
         # 0.5 s: paid here, when a column is opened, not by the first batch
         # of a training loop.
         import pandas  # noqa: F401
+        import pyarrow as pa
 
         path = _deltacells.column_path(self.cache_root, self._fingerprint(), name)
         table = pa.ipc.open_file(pa.memory_map(path, "r")).read_all()

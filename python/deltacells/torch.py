@@ -34,9 +34,9 @@ import torch
 import torch.utils.data
 
 from ._args import integer
-from ._dataset import Cells, Dataset, loader_options
+from ._dataset import Cells, Dataset
 from ._loader import CellBatch
-
+from ._options import DEFAULTS, loader_options
 
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
                  torch.int32: np.int32, torch.int64: np.int64}
@@ -106,16 +106,16 @@ class CellDataset(torch.utils.data.IterableDataset):
     def __init__(
         self,
         root: str,
-        batch_size: int = 1024,
+        batch_size: int = DEFAULTS["batch_size"],
         *,
-        shuffle: bool = True,
-        seed: int = 0,
+        shuffle: bool = DEFAULTS["shuffle"],
+        seed: int = DEFAULTS["seed"],
         obs_columns: Sequence[str] | None = None,
         cells: Cells | None = None,
-        drop_last: bool = False,
-        window_tiles: int = 8,
-        mix_chunks: int = 16,
-        prefetch: int = 4,
+        drop_last: bool = DEFAULTS["drop_last"],
+        window_tiles: int = DEFAULTS["window_tiles"],
+        mix_chunks: int = DEFAULTS["mix_chunks"],
+        prefetch: int = DEFAULTS["prefetch"],
         weights: Sequence[float] | np.ndarray | None = None,
         num_samples: int | None = None,
         balance: str | None = None,
@@ -134,7 +134,7 @@ class CellDataset(torch.utils.data.IterableDataset):
             world_size=1 if world_size is None else world_size, worker=0,
             num_workers=1, drop_last=drop_last, window_tiles=window_tiles, mix_chunks=mix_chunks, prefetch=prefetch,
         )
-        self.batch_options = dict(
+        self.batch_options: dict[str, Any] = dict(
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, window_tiles=window_tiles,
             mix_chunks=mix_chunks, prefetch=prefetch, weights=weights, num_samples=num_samples, balance=balance,
             class_weights=class_weights,
@@ -178,7 +178,7 @@ class CellDataset(torch.utils.data.IterableDataset):
 
     def _new_dataset(self, num_workers: int) -> Dataset:
         threads = self.threads or max(1, (os.cpu_count() or 1) // num_workers)
-        options = dict(threads=threads, anonymous=False, endpoint=None, cache_bytes=0)
+        options: dict[str, Any] = dict(threads=threads, anonymous=False, endpoint=None, cache_bytes=0)
         options.update(self.open_options)
         cache_dir = options.pop("cache_dir", None)
         return Dataset(self.root, options, cache_dir)

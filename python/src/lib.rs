@@ -580,7 +580,45 @@ impl RawDataset {
     }
 }
 
-/// The loader's options, from a dict with every field of `LoaderOptions`.
+/// The Rust loader's default options, as the dict `RawDataset.batches`
+/// takes: the one definition of the defaults, which the Python signatures
+/// (`Dataset.batches`, `CellDataset`) take theirs from.
+#[pyfunction]
+fn loader_defaults(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    // Every field by name: a field added to LoaderOptions fails to compile
+    // here until it is exported.
+    let LoaderOptions {
+        batch_size,
+        shuffle,
+        seed,
+        epoch,
+        rank,
+        world_size,
+        worker,
+        num_workers,
+        drop_last,
+        window_tiles,
+        mix_chunks,
+        prefetch,
+    } = LoaderOptions::default();
+    let dict = pyo3::types::PyDict::new(py);
+    dict.set_item("batch_size", batch_size)?;
+    dict.set_item("shuffle", shuffle)?;
+    dict.set_item("seed", seed)?;
+    dict.set_item("epoch", epoch)?;
+    dict.set_item("rank", rank)?;
+    dict.set_item("world_size", world_size)?;
+    dict.set_item("worker", worker)?;
+    dict.set_item("num_workers", num_workers)?;
+    dict.set_item("drop_last", drop_last)?;
+    dict.set_item("window_tiles", window_tiles)?;
+    dict.set_item("mix_chunks", mix_chunks)?;
+    dict.set_item("prefetch", prefetch)?;
+    Ok(dict)
+}
+
+/// The loader's options, from a dict with every field of `LoaderOptions`
+/// (the keys of `loader_defaults`).
 struct LoaderArgs(LoaderOptions);
 
 impl<'a, 'py> FromPyObject<'a, 'py> for LoaderArgs {
@@ -673,6 +711,7 @@ fn _deltacells(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RawBatches>()?;
     m.add_function(wrap_pyfunction!(cache_root, m)?)?;
     m.add_function(wrap_pyfunction!(column_path, m)?)?;
+    m.add_function(wrap_pyfunction!(loader_defaults, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from loader_workers import read_share
 
 import deltacells
 from conftest import S3_ENV, run
-from loader_workers import read_share
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +160,7 @@ def test_a_bucket_gives_the_local_batches_and_forks(
     options = dict(batch_size=300, epoch=7, world_size=2, rank=1, obs_columns=["obs_names"])
     a, b = list(here.batches(**options)), list(remote.batches(**options))
     assert len(a) == len(b) > 1
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         np.testing.assert_array_equal(x.cells, y.cells)
         assert (x.X.to_scipy() != y.X.to_scipy()).nnz == 0
         np.testing.assert_array_equal(x.obs["obs_names"], y.obs["obs_names"])
@@ -170,3 +170,24 @@ def test_a_bucket_gives_the_local_batches_and_forks(
         for worker, (cells, _) in enumerate(shares):
             np.testing.assert_array_equal(cells, epoch_cells(here, batch_size=256, epoch=1, worker=worker,
                                                              num_workers=2))
+
+
+def test_the_loader_options_have_one_definition() -> None:
+    """The Python type of the options, the Rust loader's defaults and the
+    signatures of Dataset.batches and CellDataset all agree."""
+    import inspect
+    import typing
+
+    from deltacells import _deltacells
+    from deltacells._dataset import Dataset
+    from deltacells._options import DEFAULTS, LoaderOptions
+
+    rust = _deltacells.loader_defaults()
+    hints = typing.get_type_hints(LoaderOptions)
+    assert set(hints) == set(rust) == set(DEFAULTS)
+    for name, value in rust.items():
+        assert type(value) is hints[name], name
+    signature = inspect.signature(Dataset.batches).parameters
+    for name in set(signature) & set(rust):
+        assert signature[name].default == rust[name], name
+    assert {"batch_size", "shuffle", "window_tiles", "mix_chunks", "prefetch"} <= set(signature)

@@ -128,10 +128,10 @@ def test_split_keeps_every_group_whole(sds) -> None:
     groups = [set(donor[p].tolist()) for p in parts]
     assert all(not (a & b) for i, a in enumerate(groups) for b in groups[i + 1:]), groups
     # 4 donors of 2,000 cells: each part within one group's size of its target.
-    for part, fraction in zip(parts, (0.5, 0.25, 0.25)):
+    for part, fraction in zip(parts, (0.5, 0.25, 0.25), strict=True):
         assert abs(len(part) - fraction * sds.n_cells) <= 2000
     again = sds.split(by="donor", fractions=(0.5, 0.25, 0.25), seed=0)
-    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
     by_seed = {tuple(sorted(set(donor[sds.split(by="donor", fractions=(0.5, 0.5), seed=s)[0]].tolist())))
                for s in range(8)}
     assert len(by_seed) > 1, "the seed chooses which groups go where"

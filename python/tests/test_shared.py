@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import deltacells
-from conftest import REPO, S3_ENV, run
+from conftest import S3_ENV, run
+
 
 def test_a_dataset_in_a_bucket_reads_like_the_local_copy(
     binary: Path, golden: Path, s3_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -59,7 +60,8 @@ def test_processes_localizing_at_once_each_fetch_a_column_once(binary: Path, gol
         if i % 2 == 0:
             cmd = [sys.executable, "-c", LOCALIZE_IN_PYTHON, dataset, cache, ",".join(columns)]
         else:
-            cmd = [str(binary), "obs", "localize", dataset, "--columns", ",".join(columns), "--cache-dir", cache, "--json"]
+            cmd = [str(binary), "obs", "localize", dataset, "--columns", ",".join(columns), "--cache-dir", cache,
+                   "--json"]
         processes.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
     reports = []
     for p in processes:

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from torch_workers import cells_of, distributed_rank
 
 import deltacells
 from conftest import run
 from samples import make_samples_dataset
-from torch_workers import cells_of, distributed_rank
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,7 @@ def test_a_linear_classifier_learns_the_condition(torch, binary: Path, pbmc, tmp
     import pandas as pd
 
     inputs = []
-    for path, condition in zip(pbmc, ["ctrl", "stim"]):
+    for path, condition in zip(pbmc, ["ctrl", "stim"], strict=True):
         adata = anndata.read_h5ad(path)
         adata.obs = pd.DataFrame({"condition": pd.Categorical([condition] * adata.n_obs,
                                                                categories=["ctrl", "stim"])},
