@@ -8,11 +8,27 @@ use deltacells::convert::obs_merge::ObsMergeError;
 use deltacells::convert::{AppendError, ConvertError};
 use deltacells::DatasetError;
 
+/// The command an error happened in, when the advice depends on it: given
+/// as the error's context (`.context(Step::Append)`, which reads `append`),
+/// and found again by type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    Append,
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Step::Append => f.write_str("append"),
+        }
+    }
+}
+
 /// The advice for the first error in `err`'s chain that has one.
 pub(crate) fn advice(err: &anyhow::Error) -> Option<String> {
     // An append keeps the dataset's obs columns and genes: convert's flags
     // that choose them are not append's.
-    let appending = err.to_string() == "append";
+    let appending = err.downcast_ref::<Step>() == Some(&Step::Append);
     err.chain().find_map(|cause| {
         if let Some(e) = cause.downcast_ref::<ObsMergeError>() {
             if appending {
@@ -47,6 +63,11 @@ pub(crate) fn advice(err: &anyhow::Error) -> Option<String> {
         }
         if let Some(AppendError::Interrupted { location, .. }) = cause.downcast_ref::<AppendError>() {
             return Some(format!("complete it with `deltacells append --resume {location}`"));
+        }
+        if let Some(AppendError::NoSourceColumns { .. }) = cause.downcast_ref::<AppendError>() {
+            return Some(
+                "append without --shuffle, or convert every input again with --shuffle, the new ones with them".into(),
+            );
         }
         if let Some(DatasetError::AppendUnfinished { location }) = cause.downcast_ref::<DatasetError>() {
             return Some(format!("complete it with `deltacells append --resume {location}`"));

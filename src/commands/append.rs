@@ -33,7 +33,7 @@ pub(crate) fn run(args: &AppendArgs) -> anyhow::Result<ExitCode> {
         }
         append(store.clone(), &inputs, &options, &progress)
     }
-    .context("append")?;
+    .context(super::advice::Step::Append)?;
     progress.bar.finish_and_clear();
     if args.json {
         super::print_json(&summary)?;
