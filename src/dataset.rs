@@ -46,6 +46,9 @@ pub enum DatasetError {
     /// A cell index at or past the number of cells.
     #[error("cell {cell} is out of range: the dataset has {n_cells} cells")]
     CellOutOfRange { cell: u64, n_cells: u64 },
+    /// A cell index below 0 (from a signed array: NumPy's, Python's).
+    #[error("cell {cell} is out of range: the dataset has {n_cells} cells")]
+    NegativeCell { cell: i64, n_cells: u64 },
 }
 
 /// An open dataset.
@@ -135,6 +138,42 @@ impl Dataset {
     pub fn tile_cells(&self, tile: usize) -> Range<u64> {
         let start = if tile == 0 { 0 } else { self.limits[tile - 1] };
         start..self.limits[tile]
+    }
+
+    /// Signed cell indices (NumPy's int64) as cells of this dataset, each
+    /// checked to be from 0 to `n_cells() - 1`; the first that is not is the
+    /// error.
+    pub fn checked_cells(&self, cells: &[i64]) -> Result<Vec<u64>, DatasetError> {
+        let n_cells = self.n_cells();
+        cells
+            .iter()
+            .map(|&cell| match u64::try_from(cell) {
+                Ok(c) if c < n_cells => Ok(c),
+                Ok(c) => Err(DatasetError::CellOutOfRange { cell: c, n_cells }),
+                Err(_) => Err(DatasetError::NegativeCell { cell, n_cells }),
+            })
+            .collect()
+    }
+
+    /// The listed cells, in order, from whole decoded tiles kept in `cache`
+    /// (decoded now, in parallel and each once, when not there, and put
+    /// there): for callers that come back to the same tiles.
+    pub fn read_cell_list_cached(
+        &self,
+        cells: &[u64],
+        cache: &std::sync::Mutex<TileCache>,
+    ) -> Result<CsrMatrix, DatasetError> {
+        self.read_cell_list_with(cells, |tile, _rows| {
+            let hit = cache.lock().unwrap_or_else(|p| p.into_inner()).get(tile);
+            match hit {
+                Some(m) => Ok(m),
+                None => {
+                    let m = Arc::new(self.read_tile(tile)?);
+                    cache.lock().unwrap_or_else(|p| p.into_inner()).put(tile, m.clone());
+                    Ok::<_, DatasetError>(m)
+                }
+            }
+        })
     }
 
     /// The tile holding global cell `cell`, and its row in that tile.
@@ -474,4 +513,91 @@ fn gather_rows(tile: &CsrMatrix, rows: &[u64], n_genes: u32) -> CsrMatrix {
         out.push_row_from(tile, r as usize);
     }
     out
+}
+
+/// Decoded tiles kept for repeated reads, least recently used out first,
+/// within a byte budget (8 bytes per nonzero and per cell): see
+/// [`Dataset::read_cell_list_cached`].
+#[derive(Default)]
+pub struct TileCache {
+    budget: u64,
+    used: u64,
+    /// (tile, decoded), most recently used last.
+    tiles: Vec<(usize, Arc<CsrMatrix>)>,
+}
+
+fn decoded_bytes(m: &CsrMatrix) -> u64 {
+    8 * (m.nnz() as u64 + m.n_rows() as u64 + 1)
+}
+
+impl TileCache {
+    /// A cache of at most `budget` bytes of decoded tiles (0 keeps none).
+    pub fn new(budget: u64) -> TileCache {
+        TileCache { budget, ..TileCache::default() }
+    }
+
+    /// Its budget in bytes.
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// Tile `tile`, when kept (it becomes the most recently used).
+    pub fn get(&mut self, tile: usize) -> Option<Arc<CsrMatrix>> {
+        let at = self.tiles.iter().position(|(t, _)| *t == tile)?;
+        let entry = self.tiles.remove(at);
+        let found = entry.1.clone();
+        self.tiles.push(entry);
+        Some(found)
+    }
+
+    /// Keeps tile `tile`, dropping the least recently used ones to make room;
+    /// a tile larger than the whole budget is not kept.
+    pub fn put(&mut self, tile: usize, decoded: Arc<CsrMatrix>) {
+        let size = decoded_bytes(&decoded);
+        if size > self.budget || self.tiles.iter().any(|(t, _)| *t == tile) {
+            return;
+        }
+        while self.used + size > self.budget {
+            let (_, old) = self.tiles.remove(0);
+            self.used -= decoded_bytes(&old);
+        }
+        self.used += size;
+        self.tiles.push((tile, decoded));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tile(cells: usize, nnz_per_cell: u32) -> Arc<CsrMatrix> {
+        let mut m = CsrMatrix::empty(100);
+        for _ in 0..cells {
+            m.indices.extend(0..nnz_per_cell);
+            m.data.extend(std::iter::repeat_n(1, nnz_per_cell as usize));
+            m.indptr.push(m.indices.len() as u64);
+        }
+        Arc::new(m)
+    }
+
+    #[test]
+    fn the_tile_cache_keeps_the_most_recently_used_within_its_budget() {
+        // each tile: 8 * (10 * 3 + 10 + 1) = 328 bytes; room for three
+        let mut cache = TileCache::new(1000);
+        for t in 0..3 {
+            cache.put(t, tile(10, 3));
+        }
+        assert!(cache.get(0).is_some()); // 0 is now the most recent: 1 is the oldest
+        cache.put(3, tile(10, 3));
+        assert!(cache.get(1).is_none());
+        assert!([0, 2, 3].iter().all(|&t| cache.get(t).is_some()));
+        // a tile larger than the budget is not kept, and drops nothing
+        cache.put(9, tile(100, 3));
+        assert!(cache.get(9).is_none());
+        assert!([0, 2, 3].iter().all(|&t| cache.get(t).is_some()));
+        // a budget of 0 keeps nothing
+        let mut none = TileCache::new(0);
+        none.put(0, tile(1, 1));
+        assert!(none.get(0).is_none());
+    }
 }

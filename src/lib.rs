@@ -48,7 +48,7 @@ pub mod storage;
 pub mod verify;
 pub mod writer;
 
-pub use dataset::{Dataset, DatasetError};
+pub use dataset::{Dataset, DatasetError, TileCache};
 pub use format::CsrMatrix;
 
 /// An error and its causes on one line, `outer: inner: innermost`, each printed

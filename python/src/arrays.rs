@@ -1,0 +1,83 @@
+//! Buffers handed to NumPy without copying: decoded tiles and batches as
+//! int64 / int32 arrays, pooled buffers that go back to their pool when
+//! NumPy frees them, and NumPy inputs copied out before the GIL is released.
+
+use std::mem::ManuallyDrop;
+use std::sync::Arc;
+
+use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
+use pyo3::prelude::*;
+
+use deltacells::loader::BufferPool;
+use deltacells::CsrMatrix;
+
+/// A Vec<u32> as a Vec<i32>, without copying (the format's indices and counts
+/// are below 2^31, so every value is the same number).
+pub(crate) fn as_i32(v: Vec<u32>) -> Vec<i32> {
+    let mut v = ManuallyDrop::new(v);
+    // SAFETY: u32 and i32 have the same size and alignment, and every bit
+    // pattern is a valid i32; the allocation is handed over whole.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<i32>(), v.len(), v.capacity()) }
+}
+
+/// A Vec<u64> as a Vec<i64>, without copying (offsets are far below 2^63).
+pub(crate) fn as_i64(v: Vec<u64>) -> Vec<i64> {
+    let mut v = ManuallyDrop::new(v);
+    // SAFETY: as in `as_i32`, for u64 and i64.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<i64>(), v.len(), v.capacity()) }
+}
+
+/// The cells of a NumPy int64 array (contiguous or not), copied out so that
+/// the GIL can be released while they are used.
+pub(crate) fn cell_vec(cells: &PyReadonlyArray1<'_, i64>) -> Vec<i64> {
+    cells.as_slice().map(<[i64]>::to_vec).unwrap_or_else(|_| cells.as_array().to_vec())
+}
+
+/// A NumPy float64 array's values, copied out as `cell_vec` copies cells.
+pub(crate) fn weight_vec(weights: &PyReadonlyArray1<'_, f64>) -> Vec<f64> {
+    weights.as_slice().map(<[f64]>::to_vec).unwrap_or_else(|_| weights.as_array().to_vec())
+}
+
+pub(crate) type CsrArrays<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>);
+
+pub(crate) fn csr_arrays(py: Python<'_>, m: CsrMatrix) -> CsrArrays<'_> {
+    (as_i64(m.indptr).into_pyarray(py), as_i32(m.indices).into_pyarray(py), as_i32(m.data).into_pyarray(py))
+}
+
+/// Buffers kept for whole tiles: two per tile (indices and data), for a loop
+/// that holds a tile or two at a time.
+pub(crate) const POOLED_BUFFERS: usize = 4;
+
+/// The owner of a pooled buffer while a NumPy array is made over it; it
+/// returns the buffer to the pool when NumPy lets the array go.
+#[pyclass(frozen)]
+pub(crate) struct PooledBuffer {
+    data: std::sync::Mutex<Vec<u32>>,
+    pool: Arc<BufferPool>,
+}
+
+impl Drop for PooledBuffer {
+    fn drop(&mut self) {
+        if let Ok(data) = self.data.get_mut() {
+            self.pool.give(std::mem::take(data));
+        }
+    }
+}
+
+/// A NumPy int32 array over `v` (no copy), whose buffer goes back to `pool`.
+pub(crate) fn pooled_array<'py>(
+    py: Python<'py>,
+    v: Vec<u32>,
+    pool: &Arc<BufferPool>,
+) -> PyResult<Bound<'py, PyArray1<i32>>> {
+    let (ptr, len) = (v.as_ptr().cast::<i32>(), v.len());
+    let owner = Bound::new(py, PooledBuffer { data: std::sync::Mutex::new(v), pool: pool.clone() })?;
+    // SAFETY: the view covers the `len` initialized entries of the buffer,
+    // whose allocation `owner` keeps, unmoved and unchanged, for as long as
+    // the array lives (NumPy holds `owner` as the array's base); u32 values
+    // below 2^31 are the same i32 values.
+    unsafe {
+        let view = numpy::ndarray::ArrayView1::from_shape_ptr(len, ptr);
+        Ok(PyArray1::borrow_from_array(&view, owner.into_any()))
+    }
+}

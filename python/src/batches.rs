@@ -1,0 +1,130 @@
+//! The loader's options as the binding takes them, and `RawBatches`: one
+//! epoch's share of batches read on background threads.
+
+use std::sync::Arc;
+
+use numpy::{IntoPyArray, PyArray1};
+use pyo3::prelude::*;
+
+use deltacells::loader::{self, BufferPool, LoaderOptions};
+
+use crate::arrays::{as_i64, pooled_array};
+use crate::errors::{detached, Failure};
+
+/// The Rust loader's default options, as the dict `RawDataset.batches`
+/// takes: the one definition of the defaults, which the Python signatures
+/// (`Dataset.batches`, `CellDataset`) take theirs from.
+#[pyfunction]
+pub(crate) fn loader_defaults(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    // Every field by name: a field added to LoaderOptions fails to compile
+    // here until it is exported.
+    let LoaderOptions {
+        batch_size,
+        shuffle,
+        seed,
+        epoch,
+        rank,
+        world_size,
+        worker,
+        num_workers,
+        drop_last,
+        window_tiles,
+        mix_chunks,
+        prefetch,
+    } = LoaderOptions::default();
+    let dict = pyo3::types::PyDict::new(py);
+    dict.set_item("batch_size", batch_size)?;
+    dict.set_item("shuffle", shuffle)?;
+    dict.set_item("seed", seed)?;
+    dict.set_item("epoch", epoch)?;
+    dict.set_item("rank", rank)?;
+    dict.set_item("world_size", world_size)?;
+    dict.set_item("worker", worker)?;
+    dict.set_item("num_workers", num_workers)?;
+    dict.set_item("drop_last", drop_last)?;
+    dict.set_item("window_tiles", window_tiles)?;
+    dict.set_item("mix_chunks", mix_chunks)?;
+    dict.set_item("prefetch", prefetch)?;
+    Ok(dict)
+}
+
+/// The loader's options, from a dict with every field of `LoaderOptions`
+/// (the keys of `loader_defaults`).
+pub(crate) struct LoaderArgs(pub(crate) LoaderOptions);
+
+impl<'a, 'py> FromPyObject<'a, 'py> for LoaderArgs {
+    type Error = PyErr;
+
+    fn extract(ob: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let get = |name: &str| ob.get_item(name);
+        Ok(LoaderArgs(LoaderOptions {
+            batch_size: get("batch_size")?.extract()?,
+            shuffle: get("shuffle")?.extract()?,
+            seed: get("seed")?.extract()?,
+            epoch: get("epoch")?.extract()?,
+            rank: get("rank")?.extract()?,
+            world_size: get("world_size")?.extract()?,
+            worker: get("worker")?.extract()?,
+            num_workers: get("num_workers")?.extract()?,
+            drop_last: get("drop_last")?.extract()?,
+            window_tiles: get("window_tiles")?.extract()?,
+            mix_chunks: get("mix_chunks")?.extract()?,
+            prefetch: get("prefetch")?.extract()?,
+        }))
+    }
+}
+
+/// One epoch's share of batches being read on background threads
+/// (`RawDataset.batches`). Dropping it stops them.
+#[pyclass(module = "deltacells._deltacells")]
+pub(crate) struct RawBatches {
+    batches: std::sync::Mutex<loader::Batches>,
+    /// Where each batch's indices and data go back when NumPy frees them.
+    buffers: Arc<BufferPool>,
+    n_cells: u64,
+    n_batches: u64,
+}
+
+pub(crate) type BatchArrays<'py> =
+    (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>);
+
+impl RawBatches {
+    /// Batches being read, whose buffers go back to `buffers`.
+    pub(crate) fn new(batches: loader::Batches, buffers: Arc<BufferPool>, n_cells: u64, n_batches: u64) -> Self {
+        RawBatches { batches: std::sync::Mutex::new(batches), buffers, n_cells, n_batches }
+    }
+}
+
+#[pymethods]
+impl RawBatches {
+    #[getter]
+    fn n_cells(&self) -> u64 {
+        self.n_cells
+    }
+
+    #[getter]
+    fn n_batches(&self) -> u64 {
+        self.n_batches
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// The next batch: (cells int64, indptr int64, indices int32, data int32),
+    /// waiting without the GIL until it is ready.
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<BatchArrays<'py>>> {
+        let next = detached(py, || {
+            let mut batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
+            batches.next().transpose().map_err(Failure::from)
+        })?;
+        let Some(batch) = next else { return Ok(None) };
+        let x = batch.x;
+        Ok(Some((
+            as_i64(batch.cells).into_pyarray(py),
+            as_i64(x.indptr).into_pyarray(py),
+            pooled_array(py, x.indices, &self.buffers)?,
+            pooled_array(py, x.data, &self.buffers)?,
+        )))
+    }
+}

@@ -1,0 +1,340 @@
+//! `RawDataset`: an open dataset, its thread pool, its cache of decoded
+//! tiles and its buffers; reading cells, tiles and obs columns.
+
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use deltacells::format::{self, CsrMatrix};
+use deltacells::loader::{self, BufferPool, EpochPlan, LoaderBuffers, LoaderOptions};
+use deltacells::obs::localize;
+use deltacells::storage::{self, StoreOptions};
+use deltacells::{Dataset, TileCache};
+
+use crate::arrays::{as_i64, cell_vec, csr_arrays, pooled_array, weight_vec, CsrArrays, POOLED_BUFFERS};
+use crate::batches::{LoaderArgs, RawBatches};
+use crate::errors::{detached, Failure, Kind};
+
+/// An open dataset (`deltacells.open_dataset` wraps it).
+#[pyclass(frozen, module = "deltacells._deltacells")]
+pub(crate) struct RawDataset {
+    dataset: Arc<Dataset>,
+    threads: Option<usize>,
+    pool: OnceLock<Result<Arc<rayon::ThreadPool>, String>>,
+    /// Decoded tiles, when `cache_bytes` > 0.
+    cache: std::sync::Mutex<TileCache>,
+    /// Output buffers for whole tiles: taken back when NumPy frees the arrays
+    /// made over them, so that a loop over tiles decodes into memory that is
+    /// already mapped instead of faulting in fresh pages for every tile.
+    buffers: Arc<BufferPool>,
+    /// The loader's buffers, kept from one epoch to the next.
+    loader_buffers: std::sync::Mutex<Option<LoaderBuffers>>,
+}
+
+impl RawDataset {
+    /// Runs `f` on this dataset's thread pool (made on first use).
+    fn install<T: Send>(&self, f: impl FnOnce() -> Result<T, Failure> + Send) -> Result<T, Failure> {
+        self.thread_pool()?.install(f)
+    }
+
+    /// This dataset's thread pool, made on first use.
+    fn thread_pool(&self) -> Result<Arc<rayon::ThreadPool>, Failure> {
+        let pool = self.pool.get_or_init(|| {
+            let mut builder = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("deltacells-{i}"));
+            if let Some(n) = self.threads {
+                builder = builder.num_threads(n.max(1));
+            }
+            builder.build().map(Arc::new).map_err(|e| e.to_string())
+        });
+        pool.clone().map_err(|e| Failure { kind: Kind::Other, message: format!("cannot start threads: {e}") })
+    }
+
+    /// Whether decoded tiles are kept (`cache_bytes` > 0).
+    fn caching(&self) -> bool {
+        self.cache.lock().map_or(0, |c| c.budget()) > 0
+    }
+
+    /// The listed cells, in order, from whole decoded tiles: the cache's, or
+    /// decoded now (in parallel, each once) and put in the cache.
+    fn cells_via_cache(&self, cells: &[u64]) -> Result<CsrMatrix, Failure> {
+        Ok(self.dataset.read_cell_list_cached(cells, &self.cache)?)
+    }
+
+    /// The loader's buffers, kept from one epoch to the next (and made larger
+    /// when a loader's windows or queue need more).
+    fn loader_buffers(&self, options: &LoaderOptions) -> LoaderBuffers {
+        let mut kept = self.loader_buffers.lock().unwrap_or_else(|p| p.into_inner());
+        let wanted = LoaderBuffers::new(options);
+        match &*kept {
+            Some(b) if b.planes.keep() >= wanted.planes.keep() && b.batches.keep() >= wanted.batches.keep() => {
+                b.clone()
+            }
+            _ => kept.insert(wanted).clone(),
+        }
+    }
+
+    /// One epoch's share over `cells` (or every cell); with `weights`, over
+    /// `num_samples` cells drawn from them by weight (default: as many as
+    /// there are).
+    fn plan(
+        &self,
+        cells: Option<&[i64]>,
+        weights: Option<&[f64]>,
+        num_samples: Option<u64>,
+        options: &LoaderArgs,
+    ) -> Result<EpochPlan, Failure> {
+        let cells = cells.map(|c| self.check_cells(c)).transpose()?;
+        let Some(weights) = weights else {
+            return Ok(EpochPlan::new(&self.dataset, cells.as_deref(), &options.0)?);
+        };
+        let n = self.dataset.n_cells();
+        let draws = num_samples.unwrap_or_else(|| cells.as_ref().map_or(n, |c| c.len() as u64));
+        let drawn = loader::draw_by_weight(n, cells.as_deref(), weights, draws, &options.0)?;
+        Ok(EpochPlan::new(&self.dataset, Some(&drawn), &options.0)?)
+    }
+
+    fn check_cells(&self, cells: &[i64]) -> Result<Vec<u64>, Failure> {
+        Ok(self.dataset.checked_cells(cells)?)
+    }
+}
+
+#[pymethods]
+impl RawDataset {
+    #[new]
+    #[pyo3(signature = (root, threads=None, anonymous=false, endpoint=None, cache_bytes=0))]
+    fn new(
+        py: Python<'_>,
+        root: String,
+        threads: Option<usize>,
+        anonymous: bool,
+        endpoint: Option<String>,
+        cache_bytes: u64,
+    ) -> PyResult<Self> {
+        let dataset = detached(py, move || {
+            let options = StoreOptions { anonymous, endpoint };
+            let store = storage::open_with(&root, &options)?;
+            Ok(Dataset::from_storage(store)?)
+        })?;
+        let cache = std::sync::Mutex::new(TileCache::new(cache_bytes));
+        Ok(RawDataset {
+            dataset: Arc::new(dataset),
+            threads,
+            pool: OnceLock::new(),
+            cache,
+            buffers: Arc::new(BufferPool::new(POOLED_BUFFERS)),
+            loader_buffers: std::sync::Mutex::new(None),
+        })
+    }
+
+    #[getter]
+    fn n_cells(&self) -> u64 {
+        self.dataset.n_cells()
+    }
+
+    #[getter]
+    fn n_genes(&self) -> u32 {
+        self.dataset.n_genes()
+    }
+
+    #[getter]
+    fn n_tiles(&self) -> usize {
+        self.dataset.n_tiles()
+    }
+
+    #[getter]
+    fn location(&self) -> String {
+        self.dataset.storage().location("")
+    }
+
+    /// Cells per tile, as an int64 array.
+    fn tile_cells<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i64>> {
+        as_i64(self.dataset.manifest().tile_cells.clone()).into_pyarray(py)
+    }
+
+    /// manifest.json as the dataset holds it, checked.
+    fn manifest_json(&self) -> String {
+        self.dataset.manifest().to_json()
+    }
+
+    fn var_names(&self, py: Python<'_>) -> PyResult<Option<Vec<String>>> {
+        let dataset = self.dataset.clone();
+        detached(py, move || Ok(dataset.var_names()?))
+    }
+
+    fn gene_order<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
+        let dataset = self.dataset.clone();
+        Ok(detached(py, move || Ok(dataset.gene_order()?))?.map(|o| o.into_pyarray(py)))
+    }
+
+    /// The bytes of var.parquet, when the dataset has it.
+    fn var_parquet<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        if !self.dataset.manifest().has_var_table {
+            return Ok(None);
+        }
+        let dataset = self.dataset.clone();
+        let bytes = detached(py, move || {
+            let storage = dataset.storage();
+            storage.get(format::VAR_TABLE_KEY)?.ok_or_else(|| Failure {
+                kind: Kind::Corrupt,
+                message: format!("{}: missing (has_var_table is true)", storage.location(format::VAR_TABLE_KEY)),
+            })
+        })?;
+        Ok(Some(PyBytes::new(py, &bytes)))
+    }
+
+    /// The listed cells (int64 array), in the order given, as CSR arrays
+    /// (indptr int64, indices int32, data int32). Each tile needed is read and
+    /// decoded once, on the dataset's threads, without the GIL.
+    fn get_batch<'py>(&self, py: Python<'py>, cells: PyReadonlyArray1<'py, i64>) -> PyResult<CsrArrays<'py>> {
+        let cells = cell_vec(&cells);
+        let m = detached(py, || {
+            let cells = self.check_cells(&cells)?;
+            self.install(|| {
+                if self.caching() {
+                    self.cells_via_cache(&cells)
+                } else {
+                    Ok(self.dataset.read_cell_list(&cells)?)
+                }
+            })
+        })?;
+        Ok(csr_arrays(py, m))
+    }
+
+    /// Cells `start..end` as CSR arrays (through the tile cache when there is
+    /// one, so that consecutive ranges of one tile decode it once).
+    fn get_range<'py>(&self, py: Python<'py>, start: u64, end: u64) -> PyResult<CsrArrays<'py>> {
+        let m = detached(py, || {
+            self.install(|| {
+                let n = self.dataset.n_cells();
+                if self.caching() && start <= end && end <= n {
+                    self.cells_via_cache(&(start..end).collect::<Vec<u64>>())
+                } else {
+                    Ok(self.dataset.read_cells(start..end)?)
+                }
+            })
+        })?;
+        Ok(csr_arrays(py, m))
+    }
+
+    /// Tile `tile`, whole, as CSR arrays, decoded into pooled buffers.
+    fn read_tile<'py>(&self, py: Python<'py>, tile: usize) -> PyResult<CsrArrays<'py>> {
+        let n = self.dataset.n_tiles();
+        let m = detached(py, || {
+            if tile >= n {
+                return Err(Failure {
+                    kind: Kind::Index,
+                    message: format!("tile {tile} is out of range: the dataset has {n} tiles"),
+                });
+            }
+            let mut out = self.buffers.take_matrix();
+            self.install(|| Ok(self.dataset.read_tile_into(tile, &mut out)?))?;
+            Ok(out)
+        })?;
+        let indptr = as_i64(m.indptr).into_pyarray(py);
+        Ok((indptr, pooled_array(py, m.indices, &self.buffers)?, pooled_array(py, m.data, &self.buffers)?))
+    }
+
+    /// Reads and decodes every tile in order, on this dataset's threads, into
+    /// one reused buffer: the Rust ceiling a pass through Python is measured
+    /// against (benches/reader.py). Returns (seconds, cells, nonzeros).
+    fn decode_all(&self, py: Python<'_>) -> PyResult<(f64, u64, u64)> {
+        detached(py, || {
+            self.install(|| {
+                let started = std::time::Instant::now();
+                let mut out = CsrMatrix::default();
+                let (mut cells, mut nnz) = (0u64, 0u64);
+                for tile in 0..self.dataset.n_tiles() {
+                    self.dataset.read_tile_into(tile, &mut out)?;
+                    cells += out.n_rows() as u64;
+                    nnz += out.nnz() as u64;
+                }
+                Ok((started.elapsed().as_secs_f64(), cells, nnz))
+            })
+        })
+    }
+
+    /// Plans one epoch's share (see `deltacells::loader::EpochPlan`):
+    /// (cells, batches) it yields.
+    #[pyo3(signature = (cells, options, weights=None, num_samples=None))]
+    fn epoch_size(
+        &self,
+        py: Python<'_>,
+        cells: Option<PyReadonlyArray1<'_, i64>>,
+        options: LoaderArgs,
+        weights: Option<PyReadonlyArray1<'_, f64>>,
+        num_samples: Option<u64>,
+    ) -> PyResult<(u64, u64)> {
+        let cells = cells.as_ref().map(cell_vec);
+        let weights = weights.as_ref().map(weight_vec);
+        detached(py, || {
+            let plan = self.plan(cells.as_deref(), weights.as_deref(), num_samples, &options)?;
+            Ok((plan.n_cells(), plan.n_batches()))
+        })
+    }
+
+    /// Starts reading one epoch's share in batches, on background threads.
+    #[pyo3(signature = (cells, options, weights=None, num_samples=None))]
+    fn batches(
+        &self,
+        py: Python<'_>,
+        cells: Option<PyReadonlyArray1<'_, i64>>,
+        options: LoaderArgs,
+        weights: Option<PyReadonlyArray1<'_, f64>>,
+        num_samples: Option<u64>,
+    ) -> PyResult<RawBatches> {
+        let cells = cells.as_ref().map(cell_vec);
+        let weights = weights.as_ref().map(weight_vec);
+        detached(py, || {
+            let plan = self.plan(cells.as_deref(), weights.as_deref(), num_samples, &options)?;
+            let (n_cells, n_batches) = (plan.n_cells(), plan.n_batches());
+            let buffers = self.loader_buffers(&options.0);
+            let batches = loader::Batches::start(self.dataset.clone(), plan, Some(self.thread_pool()?), &buffers)?;
+            Ok(RawBatches::new(batches, buffers.batches, n_cells, n_batches))
+        })
+    }
+
+    /// obs/schema.json's text, when the dataset has obs.
+    fn obs_schema_json(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        if self.dataset.manifest().obs().is_none() {
+            return Ok(None);
+        }
+        let dataset = self.dataset.clone();
+        Ok(Some(detached(py, move || Ok(deltacells::obs::read_schema(dataset.storage().as_ref())?.text))?))
+    }
+
+    /// Localizes `columns` into the cache under `cache_root`; the report as
+    /// JSON. `threads` is the requests in flight (the dataset's threads when
+    /// None).
+    #[pyo3(signature = (columns, cache_root, force=false, threads=None))]
+    fn localize(
+        &self,
+        py: Python<'_>,
+        columns: Vec<String>,
+        cache_root: String,
+        force: bool,
+        threads: Option<usize>,
+    ) -> PyResult<String> {
+        detached(py, || {
+            let run = || {
+                let report = localize::localize(
+                    self.dataset.storage().as_ref(),
+                    self.dataset.manifest(),
+                    &columns,
+                    Path::new(&cache_root),
+                    force,
+                )?;
+                Ok(serde_json::to_string(&report).unwrap_or_default())
+            };
+            match threads {
+                None => self.install(run),
+                Some(n) => match rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build() {
+                    Ok(pool) => pool.install(run),
+                    Err(e) => Err(Failure { kind: Kind::Other, message: format!("cannot start threads: {e}") }),
+                },
+            }
+        })
+    }
+}

@@ -1,0 +1,124 @@
+//! Library errors as the exceptions of `deltacells._errors`, and calls that
+//! release the GIL and catch panics, so that none reaches Python.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use pyo3::prelude::*;
+
+use deltacells::loader::LoaderError;
+use deltacells::obs::localize::ObsError;
+use deltacells::storage::StorageError;
+use deltacells::{error_chain, DatasetError};
+
+/// Which exception of `deltacells._errors` an error is.
+#[derive(Clone, Copy)]
+pub(crate) enum Kind {
+    /// No dataset, or an incomplete one (also a FileNotFoundError).
+    NotFound,
+    /// Bytes that break a rule of the format (also a ValueError).
+    Corrupt,
+    /// A cell index out of range (also an IndexError).
+    Index,
+    /// An argument out of its range (an InvalidArgumentError, also a ValueError).
+    Value,
+    /// Anything else: storage unreachable, cache not writable...
+    Other,
+}
+
+/// A library error, as the exception to raise.
+pub(crate) struct Failure {
+    pub(crate) kind: Kind,
+    pub(crate) message: String,
+}
+
+impl Failure {
+    fn new(kind: Kind, error: &(dyn std::error::Error + 'static)) -> Failure {
+        Failure { kind, message: error_chain(error) }
+    }
+}
+
+impl From<DatasetError> for Failure {
+    fn from(e: DatasetError) -> Failure {
+        let kind = match &e {
+            DatasetError::Incomplete { .. }
+            | DatasetError::Unfinished { .. }
+            | DatasetError::AppendUnfinished { .. }
+            | DatasetError::Nothing { .. } => Kind::NotFound,
+            DatasetError::Manifest { .. }
+            | DatasetError::Missing { .. }
+            | DatasetError::Invalid { .. }
+            | DatasetError::Tile { .. } => Kind::Corrupt,
+            DatasetError::CellOutOfRange { .. } | DatasetError::NegativeCell { .. } => Kind::Index,
+            DatasetError::Storage(_) => Kind::Other,
+        };
+        Failure::new(kind, &e)
+    }
+}
+
+impl From<StorageError> for Failure {
+    fn from(e: StorageError) -> Failure {
+        Failure::new(Kind::Other, &e)
+    }
+}
+
+impl From<ObsError> for Failure {
+    fn from(e: ObsError) -> Failure {
+        match e {
+            ObsError::Dataset(d) => d.into(),
+            ObsError::Shard { .. } | ObsError::RowGroup { .. } | ObsError::Missing { .. } => {
+                Failure::new(Kind::Corrupt, &e)
+            }
+            ObsError::NoObs { .. } | ObsError::NoColumn { .. } => Failure::new(Kind::Index, &e),
+            _ => Failure::new(Kind::Other, &e),
+        }
+    }
+}
+
+impl From<LoaderError> for Failure {
+    fn from(e: LoaderError) -> Failure {
+        match e {
+            LoaderError::Dataset(d) => d.into(),
+            LoaderError::Options(_) => Failure::new(Kind::Value, &e),
+            LoaderError::Internal(_) => Failure::new(Kind::Other, &e),
+        }
+    }
+}
+
+impl Failure {
+    fn into_pyerr(self, py: Python<'_>) -> PyErr {
+        let name = match self.kind {
+            Kind::NotFound => "DatasetNotFoundError",
+            Kind::Corrupt => "CorruptDatasetError",
+            Kind::Index => "CellIndexError",
+            Kind::Value => "InvalidArgumentError",
+            Kind::Other => "DeltacellsError",
+        };
+        let class = py.import("deltacells._errors").and_then(|m| m.getattr(name));
+        match class {
+            Ok(class) => match class.call1((self.message.clone(),)) {
+                Ok(instance) => PyErr::from_value(instance),
+                Err(e) => e,
+            },
+            Err(e) => e,
+        }
+    }
+}
+
+/// Runs `f` without the GIL, catching panics: a panic becomes a
+/// DeltacellsError that says it is a bug, never a PanicException.
+pub(crate) fn detached<T: Send>(py: Python<'_>, f: impl FnOnce() -> Result<T, Failure> + Send) -> PyResult<T> {
+    let result = py.detach(|| catch_unwind(AssertUnwindSafe(f)));
+    match result {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(failure)) => Err(failure.into_pyerr(py)),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(Failure { kind: Kind::Other, message: format!("internal error (a bug in deltacells): {what}") }
+                .into_pyerr(py))
+        }
+    }
+}
