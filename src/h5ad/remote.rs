@@ -296,9 +296,14 @@ pub(crate) struct RangedFile {
 
 /// Files opened lately, most recent last: a conversion opens each input
 /// several times (scan, obs, gene totals, tiles), and their HDF5 metadata and
-/// the blocks still cached are not fetched again.
+/// the blocks still cached are not fetched again. What is kept is bounded by
+/// the block budget ([`cache_budget`], which [`evict_other_files`] enforces),
+/// not by a count of files: a file is forgotten only once none of its blocks
+/// is cached and nothing has it open, and then only past [`RECENT_FILES`]
+/// files. (Bounding the files by count made every pass over more inputs than
+/// that fetch them all again.)
 static RECENT: Mutex<Vec<(String, Arc<RangedFile>)>> = Mutex::new(Vec::new());
-/// How many files [`RECENT`] keeps.
+/// How many files [`RECENT`] keeps at least, cached blocks or not.
 const RECENT_FILES: usize = 32;
 
 impl RangedFile {
@@ -315,9 +320,7 @@ impl RangedFile {
         let file = Self::open_new(url)?;
         let mut recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
         recent.push((url.to_string(), file.clone()));
-        if recent.len() > RECENT_FILES {
-            recent.remove(0);
-        }
+        forget_empty_files(&mut recent);
         Ok(file)
     }
 
@@ -710,6 +713,23 @@ fn prefetcher() {
         }
         p = PREFETCH.lock().unwrap_or_else(|e| e.into_inner());
     }
+}
+
+/// Forgets, oldest first, the files past [`RECENT_FILES`] that hold no
+/// cached block and that no reader has open.
+fn forget_empty_files(recent: &mut Vec<(String, Arc<RangedFile>)>) {
+    let mut excess = recent.len().saturating_sub(RECENT_FILES);
+    recent.retain(|(_, file)| {
+        if excess == 0 || Arc::strong_count(file) > 1 {
+            return true;
+        }
+        // try_lock: a file whose reader holds its lock is in use.
+        let empty = file.cache.try_lock().is_ok_and(|c| c.blocks.is_empty() && c.pending.is_empty());
+        if empty {
+            excess -= 1;
+        }
+        !empty
+    });
 }
 
 /// Frees the cached blocks of the files opened longest ago (not `keep`'s)

@@ -797,3 +797,27 @@ fn an_object_replaced_while_it_is_read_stops_the_conversion_and_leaves_no_manife
     assert!(stderr.contains(&format!("{url}: the object changed while it was being read")), "{stderr}");
     assert!(!t.join("out/manifest.json").exists());
 }
+
+#[test]
+fn more_inputs_at_urls_than_files_kept_open_are_each_fetched_once() {
+    // 34 inputs (more than the 32 files the reader keeps whatever their
+    // blocks): every pass (scan, obs, gene totals, tiles) used to fetch them
+    // all again, 3.0x their bytes; the blocks now stay while the budget holds.
+    let t = TestDir::new();
+    std::fs::create_dir(t.join("inputs")).unwrap();
+    let example = example();
+    let n = 34;
+    for i in 0..n {
+        std::fs::copy(&example, t.join(&format!("inputs/in_{i:02}.h5ad"))).unwrap();
+    }
+    let Some(http) = Server::start("http", &[t.join("inputs").to_str().unwrap()]) else { return };
+    let urls: Vec<String> = (0..n).map(|i| format!("{}/in_{i:02}.h5ad", http.url())).collect();
+    let mut args = vec!["convert", "-q", "--stats", "--json", "--level", "3"];
+    args.extend(urls.iter().map(String::as_str));
+    args.push("out");
+    let run = t.run(&args).expect_code(0);
+    let total = n as u64 * std::fs::metadata(&example).unwrap().len();
+    let fetched = input_bytes(&run.stderr());
+    assert!(fetched <= total + total / 10, "{fetched} bytes fetched for {total} bytes of inputs");
+    t.run(&["verify", "-q", "out"]).expect_code(0);
+}
