@@ -16,18 +16,19 @@ pub(crate) fn run(args: &AppendArgs) -> anyhow::Result<ExitCode> {
         bail!("{}: an HTTP server is read-only; append to a local folder, s3:// or gs://", args.dataset);
     }
     let store = super::open_store(&args.dataset, &args.store)?;
+    let inputs = if args.resume { Vec::new() } else { super::input_paths(&args.inputs, args.inputs_from.as_deref())? };
+    let (reach, _downloads) = super::input_options(&args.store, &args.download, &inputs, false)?;
     let options = AppendOptions {
         matrix: args.matrix.clone(),
         shuffle: args.shuffle,
         spill_dir: args.spill_dir.clone(),
+        inputs: reach,
         ..AppendOptions::default()
     };
     let progress = Bar::new(args.quiet);
     let summary = if args.resume {
         resume(store.clone(), &options, &progress)
     } else {
-        let inputs = super::input_paths(&args.inputs, args.inputs_from.as_deref())?;
-        let _downloads = super::download_inputs(&args.download, &inputs, false)?;
         if inputs.is_empty() {
             bail!("no input files: give DATASET INPUTS..., DATASET --inputs-from FILE, or --resume DATASET");
         }

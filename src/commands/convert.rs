@@ -66,7 +66,7 @@ fn conversion(args: &ConvertArgs) -> anyhow::Result<Conversion> {
     super::set_threads(args.threads)?;
     super::check_spill_dir(args.spill_dir.as_deref())?;
     let (inputs, out) = inputs_and_output(args)?;
-    let downloads = super::download_inputs(&args.download, &inputs, false)?;
+    let (reach, downloads) = super::input_options(&args.store, &args.download, &inputs, false)?;
     let out_path = match storage::Location::parse(&out)? {
         storage::Location::Http { .. } => {
             bail!("{out}: an HTTP server is read-only; write to a local folder, s3:// or gs://")
@@ -93,6 +93,7 @@ fn conversion(args: &ConvertArgs) -> anyhow::Result<Conversion> {
         metadata: parse_metadata(&args.metadata)?,
         shuffle: args.shuffle,
         spill_dir: args.spill_dir.clone(),
+        inputs: reach,
         ..ConvertOptions::default()
     };
     Ok(Conversion { inputs, _downloads: downloads, out_path: out_path.to_string(), store, options })
@@ -116,9 +117,13 @@ fn plan_append(args: &ConvertArgs, dataset: &str, started: std::time::Instant) -
     super::set_threads(args.threads)?;
     let inputs = super::input_paths(&args.paths, args.inputs_from.as_deref())?;
     let store = super::open_store(dataset, &args.store)?;
-    let _downloads = super::download_inputs(&args.download, &inputs, false)?;
-    let options =
-        deltacells::convert::AppendOptions { matrix: args.matrix.clone(), shuffle: args.shuffle, ..Default::default() };
+    let (reach, _downloads) = super::input_options(&args.store, &args.download, &inputs, false)?;
+    let options = deltacells::convert::AppendOptions {
+        matrix: args.matrix.clone(),
+        shuffle: args.shuffle,
+        inputs: reach,
+        ..Default::default()
+    };
     let progress = Bar::new(args.quiet);
     let planned =
         deltacells::convert::plan_append(store.clone(), &inputs, &options, &progress).context("plan --append")?;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
+use deltacells::convert::sources::InputOptions;
 use deltacells::storage::{self, Storage, StoreOptions};
 
 use crate::cli::{Cli, Command, StoreArgs};
@@ -48,19 +49,25 @@ pub(crate) fn input_paths(given: &[String], inputs_from: Option<&str>) -> anyhow
     Ok(inputs)
 }
 
-/// With `--download-inputs`, makes inputs at URLs download whole into `dir`
-/// (else a temporary folder, returned to be removed when the command ends)
-/// and says how much disk that needs; `urls` are the inputs that may be
-/// read (all of a plan's, for a shard: hence "up to").
-pub(crate) fn download_inputs(
-    args: &crate::cli::DownloadArgs,
+/// How the command reaches its inputs at URLs: the object-store options
+/// and, with `--download-inputs`, the folder they are downloaded into whole
+/// (`--download-dir`, else a temporary folder, returned to be removed when
+/// the command ends), saying how much disk that needs; `urls` are the inputs
+/// that may be read (all of a plan's, for a shard: hence "up to").
+pub(crate) fn input_options(
+    store: &StoreArgs,
+    download: &crate::cli::DownloadArgs,
     urls: &[std::path::PathBuf],
     up_to: bool,
-) -> anyhow::Result<Option<tempfile::TempDir>> {
-    if !args.download_inputs {
-        return Ok(None);
+) -> anyhow::Result<(InputOptions, Option<tempfile::TempDir>)> {
+    let mut options = InputOptions {
+        store: StoreOptions { anonymous: store.anonymous, endpoint: store.endpoint.clone() },
+        download_dir: None,
+    };
+    if !download.download_inputs {
+        return Ok((options, None));
     }
-    let (dir, temp) = match args.download_dir.as_deref() {
+    let (dir, temp) = match download.download_dir.as_deref() {
         Some(dir) => (dir.to_path_buf(), None),
         None => {
             let temp = tempfile::Builder::new().prefix("deltacells-inputs-").tempdir()?;
@@ -68,7 +75,7 @@ pub(crate) fn download_inputs(
         }
     };
     let urls: Vec<&std::path::PathBuf> = urls.iter().filter(|p| deltacells::h5ad::remote::is_url(p)).collect();
-    let bytes: u64 = urls.iter().filter_map(|p| deltacells::convert::sources::input_size(p)).sum();
+    let bytes: u64 = urls.iter().filter_map(|p| deltacells::convert::sources::input_size(p, &options)).sum();
     eprintln!(
         "deltacells: note: --download-inputs: {} inputs at URLs are downloaded whole into {} before they are read: {}{} of free disk needed there",
         urls.len(),
@@ -76,8 +83,8 @@ pub(crate) fn download_inputs(
         if up_to { "up to " } else { "" },
         indicatif::HumanBytes(bytes)
     );
-    deltacells::h5ad::remote::set_download_dir(Some(dir));
-    Ok(temp)
+    options.download_dir = Some(dir);
+    Ok((options, temp))
 }
 
 /// Sets the number of rayon worker threads, when asked.
@@ -102,11 +109,10 @@ pub(crate) fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Opens a dataset root as `--anonymous` and `--endpoint` say; inputs at
-/// URLs are reached the same way.
+/// Opens a dataset root as `--anonymous` and `--endpoint` say (inputs at
+/// URLs are reached the same way: see [`input_options`]).
 pub(crate) fn open_store(dataset: &str, args: &StoreArgs) -> anyhow::Result<Arc<dyn Storage>> {
     let options = StoreOptions { anonymous: args.anonymous, endpoint: args.endpoint.clone() };
-    deltacells::h5ad::remote::set_input_store_options(options.clone());
     Ok(storage::open_with(dataset, &options)?)
 }
 

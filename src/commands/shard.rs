@@ -90,17 +90,16 @@ pub(crate) fn run(args: &ShardArgs) -> anyhow::Result<ExitCode> {
     };
     let label = format!("shard {k}/{n}");
     let store = super::open_store(&args.out, &args.store)?;
-    let _downloads = if args.download.download_inputs {
+    let inputs: Vec<std::path::PathBuf> = if args.download.download_inputs {
         // The plan's inputs (of a conversion, or of an append to a dataset);
         // without a plan, run_shard says so below.
         let plan = deltacells::convert::read_planned(store.as_ref()).ok();
-        let inputs: Vec<std::path::PathBuf> =
-            plan.map(|p| p.inputs.into_iter().map(|i| i.path).collect()).unwrap_or_default();
-        super::download_inputs(&args.download, &inputs, true)?
+        plan.map(|p| p.inputs.into_iter().map(|i| i.path).collect()).unwrap_or_default()
     } else {
-        None
+        Vec::new()
     };
-    let in_flight = ShardOptions { max_in_flight: MAX_IN_FLIGHT, spill_dir: args.spill_dir.clone() };
+    let (reach, _downloads) = super::input_options(&args.store, &args.download, &inputs, true)?;
+    let in_flight = ShardOptions { max_in_flight: MAX_IN_FLIGHT, spill_dir: args.spill_dir.clone(), inputs: reach };
     let result = if super::show_progress(args.quiet) {
         let progress = Bar::new(false);
         progress.bar.set_prefix(label.clone());

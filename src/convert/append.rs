@@ -56,11 +56,19 @@ pub struct AppendOptions {
     /// Where a shuffled append spills its cells (default: the system's
     /// temporary folder).
     pub spill_dir: Option<PathBuf>,
+    /// How inputs at URLs are reached.
+    pub inputs: super::sources::InputOptions,
 }
 
 impl Default for AppendOptions {
     fn default() -> Self {
-        AppendOptions { matrix: None, max_in_flight: super::MAX_IN_FLIGHT, shuffle: None, spill_dir: None }
+        AppendOptions {
+            matrix: None,
+            max_in_flight: super::MAX_IN_FLIGHT,
+            shuffle: None,
+            spill_dir: None,
+            inputs: super::sources::InputOptions::default(),
+        }
     }
 }
 
@@ -115,15 +123,18 @@ fn append_locked(
     if inputs.is_empty() {
         bail!("no input files");
     }
-    let time = match settle(ds.as_ref(), inputs, options.matrix.as_deref(), progress, started)? {
+    let time = match settle(ds.as_ref(), inputs, options.matrix.as_deref(), &options.inputs, progress, started)? {
         Settled::Proceed(time) => time,
         Settled::Done(summary) => return Ok(summary),
     };
     let staging = Within::new(ds.as_ref(), APPEND_PREFIX);
     let run = || -> anyhow::Result<_> {
         let plan = plan_staged(ds.clone(), inputs, options, time, Then::Tiles, progress)?;
-        let shard_options =
-            super::ShardOptions { max_in_flight: options.max_in_flight, spill_dir: options.spill_dir.clone() };
+        let shard_options = super::ShardOptions {
+            max_in_flight: options.max_in_flight,
+            spill_dir: options.spill_dir.clone(),
+            inputs: options.inputs.clone(),
+        };
         let shard = shard_in(&staging, ds.as_ref(), 0, 1, &shard_options, progress)?;
         let (_, staged) = finalize_in(&staging, ds.as_ref())?;
         Ok((plan, shard, staged))
@@ -172,26 +183,27 @@ fn settle(
     ds: &dyn Storage,
     inputs: &[PathBuf],
     matrix: Option<&str>,
+    reach: &super::sources::InputOptions,
     progress: &dyn ConvertProgress,
     started: Instant,
 ) -> anyhow::Result<Settled> {
     Ok(match leftover(ds)? {
         Leftover::Clean => Settled::Proceed(None),
         Leftover::Committing(record, staged) => {
-            if !record.is_of(inputs, matrix) {
+            if !record.is_of(inputs, matrix, reach) {
                 return Err(AppendError::Interrupted { location: ds.location(""), inputs: record.input_list() }.into());
             }
             Settled::Done(finish(ds, &record, &staged, started, "completed")?)
         }
-        Leftover::Staged(record, staged) if record.is_of(inputs, matrix) => {
+        Leftover::Staged(record, staged) if record.is_of(inputs, matrix, reach) => {
             Settled::Done(finish(ds, &record, &staged, started, "completed")?)
         }
-        Leftover::Finished(Some(record)) if record.is_of(inputs, matrix) => {
+        Leftover::Finished(Some(record)) if record.is_of(inputs, matrix, reach) => {
             clean_up(ds)?;
             let manifest = read_manifest(ds)?;
             Settled::Done(summary_of(&record, &manifest, "already appended", started))
         }
-        Leftover::Staging(record) if record.is_of(inputs, matrix) => {
+        Leftover::Staging(record) if record.is_of(inputs, matrix, reach) => {
             clean_up(ds)?;
             Settled::Proceed(Some(record.time))
         }
@@ -238,7 +250,7 @@ pub fn plan_append(
         bail!("no input files");
     }
     let _lock = lock(ds.as_ref())?;
-    let time = match settle(ds.as_ref(), inputs, options.matrix.as_deref(), progress, started)? {
+    let time = match settle(ds.as_ref(), inputs, options.matrix.as_deref(), &options.inputs, progress, started)? {
         Settled::Proceed(time) => time,
         Settled::Done(summary) => return Ok(Planned::Done(summary)),
     };
@@ -357,7 +369,7 @@ fn plan_staged(
     };
     // An append in one process reads its inputs whole for the tiles.
     let read_whole: Vec<usize> = if then == Then::Tiles { (0..inputs.len()).collect() } else { Vec::new() };
-    let (scanned, input_genes) = scan_inputs(inputs, &matrix, GeneSet::Same, &read_whole, progress)?;
+    let (scanned, input_genes) = scan_inputs(inputs, &matrix, GeneSet::Same, &read_whole, &options.inputs, progress)?;
     GivenOrder::Names { names: var_names, source: format!("{root} (var_names.txt)") }
         .resolve(&input_genes, &scanned[0].path)?;
 
@@ -371,13 +383,13 @@ fn plan_staged(
                 schema: &stored.schema,
                 categories_as_strings: &recorded.categories_as_strings,
             };
-            Some(ObsPlan::extend(&stored_obs, &paths, &matrix, &recorded.obs)?)
+            Some(ObsPlan::extend(&stored_obs, &paths, &matrix, &recorded.obs, &options.inputs)?)
         }
         None => {
             // Said, not silently dropped: a convert of these inputs would store them.
             let mut with_obs = Vec::new();
             for input in &scanned {
-                if super::sources::open(&input.path, &matrix)?.obs()?.is_some() {
+                if super::sources::open(&input.path, &matrix, &options.inputs)?.obs()?.is_some() {
                     with_obs.push(input.path.display().to_string());
                 }
             }

@@ -102,6 +102,8 @@ pub struct ConvertOptions {
     /// Where a shuffled conversion spills its cells between its two passes
     /// (default: the system's temporary folder).
     pub spill_dir: Option<PathBuf>,
+    /// How inputs at URLs are reached.
+    pub inputs: sources::InputOptions,
 }
 
 /// How one process runs a shard of a plan (not part of the plan: any shard
@@ -113,11 +115,13 @@ pub struct ShardOptions {
     /// Where a shuffled plan's shard spills its cells (default: the system's
     /// temporary folder); it needs the shard's cells once, compressed.
     pub spill_dir: Option<PathBuf>,
+    /// How inputs at URLs are reached.
+    pub inputs: sources::InputOptions,
 }
 
 impl Default for ShardOptions {
     fn default() -> Self {
-        ShardOptions { max_in_flight: MAX_IN_FLIGHT, spill_dir: None }
+        ShardOptions { max_in_flight: MAX_IN_FLIGHT, spill_dir: None, inputs: sources::InputOptions::default() }
     }
 }
 
@@ -136,6 +140,7 @@ impl Default for ConvertOptions {
             max_in_flight: MAX_IN_FLIGHT,
             shuffle: None,
             spill_dir: None,
+            inputs: sources::InputOptions::default(),
         }
     }
 }
@@ -306,7 +311,11 @@ pub fn convert(
 ) -> anyhow::Result<ConvertSummary> {
     let started = Instant::now();
     plan::plan_then(inputs, out, options, plan::Then::Tiles, progress)?;
-    let shard = ShardOptions { max_in_flight: options.max_in_flight, spill_dir: options.spill_dir.clone() };
+    let shard = ShardOptions {
+        max_in_flight: options.max_in_flight,
+        spill_dir: options.spill_dir.clone(),
+        inputs: options.inputs.clone(),
+    };
     let done = shard::run_shard(out, 0, 1, &shard, progress).and_then(|_| finalize::finalize(out));
     match done {
         Ok(mut summary) => {
@@ -345,18 +354,19 @@ pub(crate) fn scan_inputs(
     matrix: &str,
     genes: GeneSet,
     read_whole: &[usize],
+    reach: &sources::InputOptions,
     progress: &dyn ConvertProgress,
 ) -> anyhow::Result<(Vec<Input>, Vec<String>)> {
     progress.phase("scanning", 0);
     let urls: Vec<&str> = inputs.iter().filter(|p| crate::h5ad::remote::is_url(p)).filter_map(|p| p.to_str()).collect();
     if !urls.is_empty() {
-        crate::h5ad::remote::open_ahead(&urls);
+        crate::h5ad::remote::open_ahead(&urls, reach);
     }
     let mut scanned = Vec::with_capacity(inputs.len());
     let mut source_genes: Option<genes::SourceGenes> = None;
     for (i, path) in inputs.iter().enumerate() {
         progress.file(path);
-        let source = sources::open(path, matrix)?;
+        let source = sources::open(path, matrix, reach)?;
         if read_whole.contains(&i) {
             source.will_read_whole();
         }
@@ -370,7 +380,7 @@ pub(crate) fn scan_inputs(
             None => source_genes = Some(genes::SourceGenes::new(genes, path, names)),
             Some(s) => s.add(path, &names)?,
         }
-        let version = sources::input_version(path);
+        let version = sources::input_version(path, reach);
         scanned.push(Input {
             path: path.clone(),
             n_rows: source.n_rows(),
@@ -411,6 +421,7 @@ pub(crate) fn gene_totals(
     sampled: &[usize],
     matrix: &str,
     source_genes: &[String],
+    reach: &sources::InputOptions,
     progress: &dyn ConvertProgress,
 ) -> anyhow::Result<Vec<u64>> {
     let n_genes = source_genes.len() as u32;
@@ -419,7 +430,7 @@ pub(crate) fn gene_totals(
     for &i in sampled {
         let input = &scanned[i];
         progress.file(&input.path);
-        let source = sources::open(&input.path, matrix)?;
+        let source = sources::open(&input.path, matrix, reach)?;
         source.will_read_whole();
         // The input's column -> source gene (None: the same by position).
         let map = genes::column_map(source.path(), &source.gene_names()?, source_genes)?;
@@ -490,6 +501,8 @@ pub(crate) struct TileJob<'a> {
     /// Where a shuffled job spills its cells (default: the system's
     /// temporary folder).
     pub spill_dir: Option<&'a Path>,
+    /// How inputs at URLs are reached.
+    pub reach: &'a sources::InputOptions,
 }
 
 /// What [`write_tiles`] wrote besides the tiles.
@@ -597,7 +610,7 @@ pub(crate) fn write_tiles(
         // A failure of the writer comes first: it is why the reader stopped.
         Err((_, TileFailure::Other(e))) => Err(e),
         Err((_, TileFailure::BadValue { input, row, gene, problem })) => {
-            let source = sources::open(&inputs[input].path, matrix)?;
+            let source = sources::open(&inputs[input].path, matrix, job.reach)?;
             Err(describe_bad_value(source.as_ref(), matrix, row, &BadValue { row, gene, problem }).into())
         }
     }
@@ -667,7 +680,7 @@ fn read_in_order(
             }
             continue;
         }
-        let source = open_unchanged(input, matrix)?;
+        let source = open_unchanged(input, matrix, job.reach)?;
         if rows.start == 0 && rows.end == input.n_rows {
             source.will_read_whole();
         }
@@ -704,9 +717,13 @@ pub(crate) fn source_code(inputs: &[Input], plan: &ObsPlan, i: usize) -> usize {
 
 /// Opens an input for its tiles, refusing one whose size or entity tag
 /// changed since the plan scanned it.
-pub(crate) fn open_unchanged(input: &Input, matrix: &str) -> anyhow::Result<Box<dyn InputSource>> {
+pub(crate) fn open_unchanged(
+    input: &Input,
+    matrix: &str,
+    reach: &sources::InputOptions,
+) -> anyhow::Result<Box<dyn InputSource>> {
     // (a file that cannot be read at all fails in open, below)
-    if let Some(now) = sources::input_version(&input.path) {
+    if let Some(now) = sources::input_version(&input.path, reach) {
         let was = crate::storage::Version { size: input.bytes, etag: input.etag.clone() };
         // (tags are compared when both sides have one: a plan made before
         // they were recorded has none)
@@ -720,7 +737,7 @@ pub(crate) fn open_unchanged(input: &Input, matrix: &str) -> anyhow::Result<Box<
             .into());
         }
     }
-    Ok(sources::open(&input.path, matrix)?)
+    Ok(sources::open(&input.path, matrix, reach)?)
 }
 
 /// An input's obs table, when the plan stores obs.

@@ -261,8 +261,13 @@ fn shape_of(column: FrameColumn) -> Shape {
 impl ObsPlan {
     /// Reads every input's obs columns (their types and vocabularies, not their
     /// values) and merges them. None when no input has an obs table at all.
-    pub fn new(inputs: &[&Path], matrix: &str, options: &ObsOptions) -> Result<Option<ObsPlan>, anyhow::Error> {
-        merge(None, inputs, matrix, options)
+    pub fn new(
+        inputs: &[&Path],
+        matrix: &str,
+        options: &ObsOptions,
+        reach: &sources::InputOptions,
+    ) -> Result<Option<ObsPlan>, anyhow::Error> {
+        merge(None, inputs, matrix, options, reach)
     }
 
     /// The schema of a dataset's obs extended by more inputs (an append): the
@@ -276,6 +281,7 @@ impl ObsPlan {
         inputs: &[&Path],
         matrix: &str,
         options: &ObsOptions,
+        reach: &sources::InputOptions,
     ) -> Result<(ObsPlan, Vec<Restated>), anyhow::Error> {
         // The columns that say where each cell was read are not the inputs':
         // merged without them, then added back, the new inputs' paths at the
@@ -286,7 +292,7 @@ impl ObsPlan {
             without.columns.truncate(without.columns.len() - 2);
         }
         let stripped = StoredObs { location: stored.location, schema: &without, ..*stored };
-        let mut plan = merge(Some(&stripped), inputs, matrix, options)?
+        let mut plan = merge(Some(&stripped), inputs, matrix, options, reach)?
             .ok_or_else(|| anyhow::anyhow!("{}: no obs plan from a stored schema", stored.location))?;
         if let Some(files) = stored_files {
             let new: Vec<String> = inputs.iter().map(|p| p.display().to_string()).collect();
@@ -557,6 +563,7 @@ fn merge(
     inputs: &[&Path],
     matrix: &str,
     options: &ObsOptions,
+    reach: &sources::InputOptions,
 ) -> Result<Option<ObsPlan>, anyhow::Error> {
     // Who defines the columns (for messages): the dataset, else the first
     // input with obs.
@@ -588,7 +595,7 @@ fn merge(
     // One pass, each file opened once: which inputs have obs, and the
     // columns and shapes of those that do.
     for (i, path) in inputs.iter().enumerate() {
-        let source = sources::open(path, matrix)?;
+        let source = sources::open(path, matrix, reach)?;
         let Some(obs) = source.obs()? else {
             first_without.get_or_insert(i);
             continue;

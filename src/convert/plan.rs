@@ -64,7 +64,8 @@ pub(crate) fn plan_then(
         let rest: Vec<usize> = (0..inputs.len()).filter(|i| !read_whole.contains(i)).collect();
         read_whole.extend(rest);
     }
-    let (scanned, var_names) = scan_inputs(inputs, &options.matrix, options.genes, &read_whole, progress)?;
+    let (scanned, var_names) =
+        scan_inputs(inputs, &options.matrix, options.genes, &read_whole, &options.inputs, progress)?;
     let n_genes = var_names.len() as u64;
     if n_genes == 0 || n_genes > MAX_GENES {
         bail!("{}: {} has {n_genes} genes; a dataset needs 1..2^31", inputs[0].display(), options.matrix);
@@ -73,7 +74,7 @@ pub(crate) fn plan_then(
         Some(o) => {
             progress.phase("reading obs", 0);
             let paths: Vec<&Path> = scanned.iter().map(|i| i.path.as_path()).collect();
-            ObsPlan::new(&paths, &options.matrix, o)?
+            ObsPlan::new(&paths, &options.matrix, o, &options.inputs)?
         }
         None => None,
     };
@@ -93,7 +94,7 @@ pub(crate) fn plan_then(
                     progress.note("gene totals summed from the results of plan --totals-shard");
                     totals
                 }
-                None => gene_totals(&scanned, &sampled, &options.matrix, &var_names, progress)?,
+                None => gene_totals(&scanned, &sampled, &options.matrix, &var_names, &options.inputs, progress)?,
             };
             (sampled, gene_order_from_totals(&totals))
         }
@@ -107,7 +108,7 @@ pub(crate) fn plan_then(
     }
     out.put(format::VAR_NAMES_KEY, Bytes::from(names_text))?;
     if options.write_var {
-        let first = super::sources::open(&scanned[0].path, &options.matrix)?;
+        let first = super::sources::open(&scanned[0].path, &options.matrix, &options.inputs)?;
         let first_genes = first.gene_names()?;
         // The first input's row of each stored gene (none for genes only later inputs have).
         let first_rows: Vec<Option<u32>> = match super::genes::column_map(&scanned[0].path, &first_genes, &var_names)? {

@@ -109,6 +109,7 @@ pub(crate) fn shard_in(
         max_in_flight: options.max_in_flight,
         shuffle: plan.shuffle,
         spill_dir: options.spill_dir.as_deref(),
+        reach: &options.inputs,
     };
     let written = if tiles.is_empty() { None } else { Some(write_tiles(&job, &mut writer, progress)?) };
     let dropped_nonzeros = written.as_ref().map_or(0, |w| w.dropped_nonzeros);

@@ -447,7 +447,7 @@ pub(crate) fn read_shuffled(
             progress.advance(input.n_rows);
             continue;
         }
-        let source = open_unchanged(input, matrix)?;
+        let source = open_unchanged(input, matrix, job.reach)?;
         source.will_read_whole();
         let input_remap = match input_remap(source.as_ref(), source_genes, remap)? {
             Some(r) => std::sync::Arc::new(r),

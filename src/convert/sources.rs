@@ -8,16 +8,20 @@ use std::path::Path;
 
 use super::input::{InputError, InputSource};
 
+/// How inputs at URLs are reached (credentials, endpoint, or downloaded
+/// whole first): part of each conversion's options.
+pub use crate::h5ad::remote::RemoteOptions as InputOptions;
+
 /// The size of an input in bytes (of the object, for a URL), if it can be had.
-pub fn input_size(path: &Path) -> Option<u64> {
-    input_version(path).map(|v| v.size)
+pub fn input_size(path: &Path, options: &InputOptions) -> Option<u64> {
+    input_version(path, options).map(|v| v.size)
 }
 
 /// The size of an input and, for an object at a URL, its entity tag: what a
 /// shard compares with the plan's record to refuse a file that changed.
-pub fn input_version(path: &Path) -> Option<crate::storage::Version> {
+pub fn input_version(path: &Path, options: &InputOptions) -> Option<crate::storage::Version> {
     if crate::h5ad::remote::is_url(path) {
-        return crate::h5ad::remote::object_version(&path.to_string_lossy()).ok();
+        return crate::h5ad::remote::object_version(&path.to_string_lossy(), &options.store).ok();
     }
     std::fs::metadata(path).map(|m| crate::storage::Version { size: m.len(), etag: None }).ok()
 }
@@ -34,6 +38,6 @@ pub(crate) fn describe_version(version: &crate::storage::Version) -> String {
 /// Opens `path` (a local file, or an s3://, gs:// or http(s):// URL, read by
 /// ranges) for conversion of its matrix `matrix` (`X`, `raw/X`,
 /// `layers/NAME`). Every input is an .h5ad file today.
-pub fn open(path: &Path, matrix: &str) -> Result<Box<dyn InputSource>, InputError> {
-    Ok(Box::new(crate::h5ad::H5adSource::open(path, matrix)?))
+pub fn open(path: &Path, matrix: &str, options: &InputOptions) -> Result<Box<dyn InputSource>, InputError> {
+    Ok(Box::new(crate::h5ad::H5adSource::open_with(path, matrix, options)?))
 }

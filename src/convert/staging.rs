@@ -64,7 +64,7 @@ pub(crate) fn new_inputs(inputs: &[Input]) -> impl Iterator<Item = &Input> {
 impl AppendRecord {
     /// Whether `inputs` (the same files, by their sizes too) and `matrix`
     /// are this append's.
-    pub(crate) fn is_of(&self, inputs: &[PathBuf], matrix: Option<&str>) -> bool {
+    pub(crate) fn is_of(&self, inputs: &[PathBuf], matrix: Option<&str>, reach: &super::sources::InputOptions) -> bool {
         let file = |p: &PathBuf| {
             if crate::h5ad::remote::is_url(p) {
                 p.clone()
@@ -74,7 +74,7 @@ impl AppendRecord {
         };
         let files: Vec<(PathBuf, u64)> = new_inputs(&self.inputs).map(|i| (file(&i.path), i.bytes)).collect();
         let asked: Vec<(PathBuf, u64)> =
-            inputs.iter().map(|p| (file(p), super::sources::input_size(p).unwrap_or(0))).collect();
+            inputs.iter().map(|p| (file(p), super::sources::input_size(p, reach).unwrap_or(0))).collect();
         files == asked && matrix.is_none_or(|m| m == self.matrix)
     }
 

@@ -85,12 +85,12 @@ pub fn plan_totals_shard(
     }
     let sampled = sampled_inputs(inputs.len(), options.gene_order_files);
     let mine: Vec<usize> = sampled[totals_share(sampled.len(), k, n)].to_vec();
-    let (scanned, var_names) = scan_inputs(inputs, &options.matrix, options.genes, &mine, progress)?;
+    let (scanned, var_names) = scan_inputs(inputs, &options.matrix, options.genes, &mine, &options.inputs, progress)?;
     let keys = out.list("").with_context(|| format!("cannot list the output {}", out.location("")))?;
     if keys.iter().any(|key| !key.starts_with(TOTALS_PREFIX)) {
         return Err(super::ConvertError::NotEmpty { location: out.location("") }.into());
     }
-    let totals = gene_totals(&scanned, &mine, &options.matrix, &var_names, progress)?;
+    let totals = gene_totals(&scanned, &mine, &options.matrix, &var_names, &options.inputs, progress)?;
     let record = TotalsShard {
         format: TOTALS_FORMAT.into(),
         of: totals_identity(&scanned, &sampled, &options.matrix, &var_names),

@@ -61,12 +61,17 @@ fn h5err(e: hdf5::Error) -> String {
 }
 
 impl H5adFile {
-    /// Opens `path` read-only.
+    /// Opens `path` read-only (a file at a URL with the default options).
     pub fn open(path: &Path) -> Result<H5adFile, H5adError> {
+        Self::open_with(path, &remote::RemoteOptions::default())
+    }
+
+    /// Opens `path` read-only; a file at a URL is reached as `options` say.
+    pub fn open_with(path: &Path, options: &remote::RemoteOptions) -> Result<H5adFile, H5adError> {
         if remote::is_url(path) {
             let url = path.to_string_lossy();
             let open_error = |message: String| H5adError::Open { format: "HDF5", path: path.to_path_buf(), message };
-            if let Some(local) = remote::downloaded(&url).map_err(open_error)? {
+            if let Some(local) = remote::downloaded(&url, options).map_err(open_error)? {
                 let file = hdf5::File::open(&local).map_err(|e| H5adError::Open {
                     format: "HDF5",
                     path: path.to_path_buf(),
@@ -74,7 +79,7 @@ impl H5adFile {
                 })?;
                 return Ok(H5adFile { path: path.to_path_buf(), file, ranged: None });
             }
-            let (file, ranged) = remote::open_hdf5(&url).map_err(|message| H5adError::Open {
+            let (file, ranged) = remote::open_hdf5(&url, &options.store).map_err(|message| H5adError::Open {
                 format: "HDF5",
                 path: path.to_path_buf(),
                 message,

@@ -78,36 +78,29 @@ pub fn is_url(path: &Path) -> bool {
     path.to_str().is_some_and(|s| s.contains("://") && !s.starts_with("file://"))
 }
 
-/// How inputs at URLs are reached (credentials, endpoint), for the whole
-/// process: the commands set it from their object-store options.
-static OPTIONS: Mutex<Option<StoreOptions>> = Mutex::new(None);
-
-/// Sets how inputs at URLs are reached (else [`StoreOptions::default`]).
-pub fn set_input_store_options(options: StoreOptions) {
-    *OPTIONS.lock().unwrap_or_else(|e| e.into_inner()) = Some(options);
-}
-
-/// Where inputs at URLs are downloaded whole first (`--download-inputs`), if
-/// they are.
-static DOWNLOAD_DIR: Mutex<Option<std::path::PathBuf>> = Mutex::new(None);
-
-/// Downloads inputs at URLs whole into `dir` before reading them (a fallback
-/// for stores where ranged reads do not serve), or not (None).
-pub fn set_download_dir(dir: Option<std::path::PathBuf>) {
-    *DOWNLOAD_DIR.lock().unwrap_or_else(|e| e.into_inner()) = dir;
+/// How inputs at URLs are reached: a value each conversion carries (two in
+/// one process may differ), not a setting of the process.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RemoteOptions {
+    /// The stores' options: credentials, endpoint.
+    pub store: StoreOptions,
+    /// Download each input whole into this folder before reading it (a
+    /// fallback for servers that do not answer ranged reads), instead of
+    /// reading the ranges it needs.
+    pub download_dir: Option<std::path::PathBuf>,
 }
 
 /// The local copy of the object at `url` when inputs are downloaded: made on
 /// first use (in pieces of 64 MiB, under a temporary name), then reused.
-pub(crate) fn downloaded(url: &str) -> Result<Option<std::path::PathBuf>, String> {
-    let Some(dir) = DOWNLOAD_DIR.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return Ok(None) };
+pub(crate) fn downloaded(url: &str, options: &RemoteOptions) -> Result<Option<std::path::PathBuf>, String> {
+    let Some(dir) = options.download_dir.clone() else { return Ok(None) };
     let name = url.rsplit('/').next().unwrap_or("input.h5ad");
     let digest = crate::format::fingerprint::sha256_hex(url.as_bytes());
     let path = dir.join(format!("{}-{name}", &digest[..12]));
     if path.is_file() {
         return Ok(Some(path));
     }
-    let (store, key, storage::Version { size, etag }) = sized_object(url)?;
+    let (store, key, storage::Version { size, etag }) = sized_object(url, &options.store)?;
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut tmp = crate::storage::temp_file_in(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     const PIECE: u64 = 64 << 20;
@@ -134,28 +127,28 @@ pub fn input_stats() -> &'static IoStats {
 }
 
 /// The storage holding the object at `url`, and its key there.
-pub(crate) fn storage_of(url: &str) -> Result<(Arc<dyn Storage>, String), storage::StorageError> {
+pub(crate) fn storage_of(url: &str, store: &StoreOptions) -> Result<(Arc<dyn Storage>, String), storage::StorageError> {
     let (parent, key) = url.rsplit_once('/').unwrap_or(("", url));
-    let options = OPTIONS.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default();
-    Ok((storage::open_with(parent, &options)?, key.to_string()))
+    Ok((storage::open_with(parent, store)?, key.to_string()))
 }
 
 /// Opens the objects at `urls` at once (their sizes and first blocks), so
 /// that reading them one after another does not wait a round trip per
 /// file; failures are left for the opening that needs the file.
-pub fn open_ahead(urls: &[&str]) {
-    if DOWNLOAD_DIR.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+pub fn open_ahead(urls: &[&str], options: &RemoteOptions) {
+    if options.download_dir.is_some() {
         return; // they are downloaded whole instead
     }
+    let store = &options.store;
     let fresh: Vec<String> = {
         let recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
-        urls.iter().filter(|u| !recent.iter().any(|(r, _)| r == *u)).map(|u| u.to_string()).collect()
+        urls.iter().filter(|u| !recent.iter().any(|(r, o, _)| r == *u && o == store)).map(|u| u.to_string()).collect()
     };
     std::thread::scope(|threads| {
         for chunk in fresh.chunks(fresh.len().div_ceil(8).max(1)) {
             threads.spawn(move || {
                 for url in chunk {
-                    let _ = RangedFile::open(url);
+                    let _ = RangedFile::open(url, store);
                 }
             });
         }
@@ -213,18 +206,18 @@ pub(crate) fn header_address(file: &hdf5::File, name: &str) -> Option<u64> {
 
 /// The size and entity tag of the object at `url`, or why they cannot be
 /// had: those this process read it by, when it has it open.
-pub(crate) fn object_version(url: &str) -> Result<storage::Version, String> {
+pub fn object_version(url: &str, store: &StoreOptions) -> Result<storage::Version, String> {
     let recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, file)) = recent.iter().find(|(u, _)| u == url) {
+    if let Some((_, _, file)) = recent.iter().find(|(u, o, _)| u == url && o == store) {
         return Ok(file.version.clone());
     }
     drop(recent);
-    sized_object(url).map(|(_, _, version)| version)
+    sized_object(url, store).map(|(_, _, version)| version)
 }
 
 /// The storage and key of the object at `url`, and its version.
-fn sized_object(url: &str) -> Result<(Arc<dyn Storage>, String, storage::Version), String> {
-    let (store, key) = storage_of(url).map_err(|e| e.to_string())?;
+fn sized_object(url: &str, store: &StoreOptions) -> Result<(Arc<dyn Storage>, String, storage::Version), String> {
+    let (store, key) = storage_of(url, store).map_err(|e| e.to_string())?;
     match store.version(&key) {
         Ok(Some(version)) => Ok((store, key, version)),
         Ok(None) => Err("no such object".into()),
@@ -302,30 +295,34 @@ pub(crate) struct RangedFile {
 /// is cached and nothing has it open, and then only past [`RECENT_FILES`]
 /// files. (Bounding the files by count made every pass over more inputs than
 /// that fetch them all again.)
-static RECENT: Mutex<Vec<(String, Arc<RangedFile>)>> = Mutex::new(Vec::new());
+static RECENT: Mutex<Vec<Recent>> = Mutex::new(Vec::new());
+
+/// A file of [`RECENT`]: its URL and the options it was reached with (a
+/// conversion with other credentials opens it afresh).
+type Recent = (String, StoreOptions, Arc<RangedFile>);
 /// How many files [`RECENT`] keeps at least, cached blocks or not.
 const RECENT_FILES: usize = 32;
 
 impl RangedFile {
     /// The object at `url`, with the blocks of a recent opening of it.
-    pub(crate) fn open(url: &str) -> Result<Arc<RangedFile>, String> {
+    pub(crate) fn open(url: &str, store: &StoreOptions) -> Result<Arc<RangedFile>, String> {
         let mut recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = recent.iter().position(|(u, _)| u == url) {
+        if let Some(i) = recent.iter().position(|(u, o, _)| u == url && o == store) {
             let entry = recent.remove(i);
-            let file = entry.1.clone();
+            let file = entry.2.clone();
             recent.push(entry);
             return Ok(file);
         }
         drop(recent);
-        let file = Self::open_new(url)?;
+        let file = Self::open_new(url, store)?;
         let mut recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
-        recent.push((url.to_string(), file.clone()));
+        recent.push((url.to_string(), store.clone(), file.clone()));
         forget_empty_files(&mut recent);
         Ok(file)
     }
 
-    fn open_new(url: &str) -> Result<Arc<RangedFile>, String> {
-        let (storage, key, version) = sized_object(url)?;
+    fn open_new(url: &str, store: &StoreOptions) -> Result<Arc<RangedFile>, String> {
+        let (storage, key, version) = sized_object(url, store)?;
         let file = Arc::new(RangedFile {
             storage,
             key,
@@ -717,9 +714,9 @@ fn prefetcher() {
 
 /// Forgets, oldest first, the files past [`RECENT_FILES`] that hold no
 /// cached block and that no reader has open.
-fn forget_empty_files(recent: &mut Vec<(String, Arc<RangedFile>)>) {
+fn forget_empty_files(recent: &mut Vec<Recent>) {
     let mut excess = recent.len().saturating_sub(RECENT_FILES);
-    recent.retain(|(_, file)| {
+    recent.retain(|(_, _, file)| {
         if excess == 0 || Arc::strong_count(file) > 1 {
             return true;
         }
@@ -737,7 +734,7 @@ fn forget_empty_files(recent: &mut Vec<(String, Arc<RangedFile>)>) {
 fn evict_other_files(keep: &RangedFile) {
     use std::sync::atomic::Ordering::Relaxed;
     let files: Vec<Arc<RangedFile>> =
-        RECENT.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(_, f)| f.clone()).collect();
+        RECENT.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(_, _, f)| f.clone()).collect();
     for file in files.iter().filter(|f| !std::ptr::eq(Arc::as_ptr(f), keep)) {
         if CACHED.load(Relaxed) <= cache_budget() {
             return;
@@ -1007,8 +1004,8 @@ fn driver_id() -> Result<hid_t, String> {
 }
 
 /// Opens the HDF5 file at `url` read-only, through the ranged-read driver.
-pub(crate) fn open_hdf5(url: &str) -> Result<(hdf5::File, Arc<RangedFile>), String> {
-    let file = RangedFile::open(url)?;
+pub(crate) fn open_hdf5(url: &str, store: &StoreOptions) -> Result<(hdf5::File, Arc<RangedFile>), String> {
+    let file = RangedFile::open(url, store)?;
     let driver = driver_id()?;
     let name = CString::new(url).map_err(|_| "a NUL in the URL".to_string())?;
     let id = hdf5::sync::sync(|| {

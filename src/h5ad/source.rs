@@ -18,7 +18,16 @@ pub struct H5adSource {
 impl H5adSource {
     /// Opens `path` and its matrix `matrix` (`X`, `raw/X`, `layers/NAME`).
     pub fn open(path: &Path, matrix: &str) -> Result<H5adSource, InputError> {
-        let file = H5adFile::open(path)?;
+        Self::open_with(path, matrix, &super::remote::RemoteOptions::default())
+    }
+
+    /// [`H5adSource::open`], reaching a file at a URL as `remote` says.
+    pub fn open_with(
+        path: &Path,
+        matrix: &str,
+        remote: &super::remote::RemoteOptions,
+    ) -> Result<H5adSource, InputError> {
+        let file = H5adFile::open_with(path, remote)?;
         let reader = file.matrix(matrix)?;
         Ok(H5adSource { file, matrix_name: matrix.to_string(), matrix: reader })
     }

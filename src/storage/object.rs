@@ -351,7 +351,7 @@ impl Storage for ObjectStorage {
 }
 
 /// How to reach an object store, beyond what the URL says.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StoreOptions {
     /// No credentials: public buckets.
     pub anonymous: bool,

@@ -821,3 +821,39 @@ fn more_inputs_at_urls_than_files_kept_open_are_each_fetched_once() {
     assert!(fetched <= total + total / 10, "{fetched} bytes fetched for {total} bytes of inputs");
     t.run(&["verify", "-q", "out"]).expect_code(0);
 }
+
+#[test]
+fn two_conversions_in_one_process_reach_their_inputs_each_its_own_way() {
+    // The options of inputs at URLs are values of each conversion: one
+    // downloads its input whole into a folder, the next in the same process
+    // reads the same URL by ranges, and a third reaches a store that needs
+    // an endpoint; all write the same dataset.
+    use deltacells::convert::{convert, sources::InputOptions, ConvertOptions, NoProgress};
+    use deltacells::storage::StoreOptions;
+    let t = TestDir::new();
+    let example = example();
+    std::fs::create_dir(t.join("inputs")).unwrap();
+    std::fs::copy(&example, t.join("inputs/in.h5ad")).unwrap();
+    let Some(http) = Server::start("http", &[t.join("inputs").to_str().unwrap()]) else { return };
+    let Some(s3) = Server::start("s3", &[]) else { return };
+    s3_storage(&s3.url(), "inputs").put("in.h5ad", Bytes::from(std::fs::read(&example).unwrap())).unwrap();
+    for (k, v) in S3_ENV {
+        std::env::set_var(k, v);
+    }
+    let url = PathBuf::from(format!("{}/in.h5ad", http.url()));
+    let run = |out: &str, input: &PathBuf, inputs: InputOptions| {
+        let options = ConvertOptions { inputs, ..ConvertOptions::default() };
+        convert(std::slice::from_ref(input), &LocalStorage::new(t.join(out)), &options, &NoProgress).unwrap();
+    };
+    let downloads = t.join("downloads");
+    run("downloaded", &url, InputOptions { download_dir: Some(downloads.clone()), ..InputOptions::default() });
+    assert_eq!(std::fs::read_dir(&downloads).unwrap().count(), 1, "the input was downloaded whole");
+    run("ranged", &url, InputOptions::default());
+    assert_eq!(std::fs::read_dir(&downloads).unwrap().count(), 1);
+    let store = StoreOptions { anonymous: false, endpoint: Some(s3.url()) };
+    run("from_s3", &PathBuf::from("s3://test/inputs/in.h5ad"), InputOptions { store, download_dir: None });
+    t.run(&["convert", "-q", &example, "local"]).expect_code(0);
+    for out in ["downloaded", "ranged", "from_s3"] {
+        assert_eq!(dataset_content(&t.join(out)), dataset_content(&t.join("local")), "{out}");
+    }
+}
