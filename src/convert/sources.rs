@@ -21,7 +21,7 @@ pub fn input_size(path: &Path, options: &InputOptions) -> Option<u64> {
 /// shard compares with the plan's record to refuse a file that changed.
 pub fn input_version(path: &Path, options: &InputOptions) -> Option<crate::storage::Version> {
     if crate::h5ad::remote::is_url(path) {
-        return crate::h5ad::remote::object_version(&path.to_string_lossy(), &options.store).ok();
+        return crate::storage::ranged::object_version(&path.to_string_lossy(), &options.store).ok();
     }
     std::fs::metadata(path).map(|m| crate::storage::Version { size: m.len(), etag: None }).ok()
 }

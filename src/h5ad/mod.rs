@@ -40,7 +40,7 @@ pub struct H5adFile {
     path: PathBuf,
     file: hdf5::File,
     /// The object's reader, for a file at a URL.
-    ranged: Option<std::sync::Arc<remote::RangedFile>>,
+    ranged: Option<std::sync::Arc<crate::storage::ranged::RangedFile>>,
 }
 
 /// A matrix of an open file, read by rows.
@@ -116,7 +116,7 @@ impl H5adFile {
     }
 
     /// The object read by ranges, for a file at a URL.
-    pub(crate) fn ranged(&self) -> Option<&std::sync::Arc<remote::RangedFile>> {
+    pub(crate) fn ranged(&self) -> Option<&std::sync::Arc<crate::storage::ranged::RangedFile>> {
         self.ranged.as_ref()
     }
 

@@ -54,7 +54,7 @@ impl Table for H5adTable<'_> {
     }
 
     fn index(&self, rows: Option<Range<usize>>) -> Result<Vec<String>, InputError> {
-        self.file.index_rows(self.group, rows)
+        self.file.index_rows(self.group, rows).map_err(|e| self.file.with_read_failure(e))
     }
 
     fn columns(&self) -> Result<Vec<String>, InputError> {
@@ -67,7 +67,8 @@ impl Table for H5adTable<'_> {
         rows: Option<&Range<usize>>,
         with_categories: bool,
     ) -> Result<FrameColumn, InputError> {
-        read_column(self.file, self.group, name, rows, with_categories)
+        // (a read of a file at a URL that failed says why, as X's reads do)
+        read_column(self.file, self.group, name, rows, with_categories).map_err(|e| self.file.with_read_failure(e))
     }
 
     fn check_rows(&self, rows: u64, what: &str) -> Result<(), InputError> {
@@ -117,7 +118,7 @@ impl InputSource for H5adSource {
                 let h5 = self.file.file();
                 let starts: Vec<u64> =
                     self.matrix.array_paths().iter().filter_map(|p| super::remote::header_address(h5, p)).collect();
-                super::remote::prefetch_whole(ranged, &starts);
+                crate::storage::ranged::prefetch_whole(ranged, &starts);
             }
         }
     }

@@ -9,6 +9,8 @@ mod aws_profile;
 pub mod conformance;
 mod local;
 mod object;
+#[cfg(feature = "convert")]
+pub mod ranged;
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
