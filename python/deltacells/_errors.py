@@ -21,7 +21,7 @@ class CorruptDatasetError(DeltacellsError, ValueError):
 
 
 class CellIndexError(DeltacellsError, IndexError):
-    """A cell (or tile, or obs column) that the dataset does not have."""
+    """A cell (or tile) that the dataset does not have."""
 
 
 class InvalidArgumentError(DeltacellsError, ValueError):

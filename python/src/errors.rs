@@ -21,6 +21,9 @@ pub(crate) enum Kind {
     Index,
     /// An argument out of its range (an InvalidArgumentError, also a ValueError).
     Value,
+    /// A name the dataset does not have: an obs column (an UnknownNameError,
+    /// also a KeyError, as the Python layer raises for one).
+    Name,
     /// Anything else: storage unreachable, cache not writable...
     Other,
 }
@@ -68,7 +71,7 @@ impl From<ObsError> for Failure {
             ObsError::Shard { .. } | ObsError::RowGroup { .. } | ObsError::Missing { .. } => {
                 Failure::new(Kind::Corrupt, &e)
             }
-            ObsError::NoObs { .. } | ObsError::NoColumn { .. } => Failure::new(Kind::Index, &e),
+            ObsError::NoObs { .. } | ObsError::NoColumn { .. } => Failure::new(Kind::Name, &e),
             _ => Failure::new(Kind::Other, &e),
         }
     }
@@ -91,6 +94,7 @@ impl Failure {
             Kind::Corrupt => "CorruptDatasetError",
             Kind::Index => "CellIndexError",
             Kind::Value => "InvalidArgumentError",
+            Kind::Name => "UnknownNameError",
             Kind::Other => "DeltacellsError",
         };
         let class = py.import("deltacells._errors").and_then(|m| m.getattr(name));

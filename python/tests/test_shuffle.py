@@ -69,3 +69,12 @@ def test_source_order_of_an_unshuffled_dataset_is_refused(pair) -> None:
         plain.to_anndata(source_order=True)
     with pytest.raises(deltacells.InvalidArgumentError, match="source_order"):
         plain.to_anndata(source_order="yes")
+
+
+def test_an_unknown_obs_column_is_the_same_error_from_rust_as_from_python(pair) -> None:
+    plain, _ = pair
+    with pytest.raises(deltacells.UnknownNameError, match="no_such_column"):
+        plain.obs.localize(["no_such_column"])  # refused by the Python layer
+    with pytest.raises(deltacells.UnknownNameError, match="no_such_column") as raised:
+        plain.native.localize(["no_such_column"], plain.obs.cache_root)  # by the Rust library
+    assert isinstance(raised.value, KeyError)
