@@ -14,7 +14,7 @@ import numpy as np
 from . import _deltacells
 from ._args import flag, integer
 from ._errors import ArgumentTypeError, CellIndexError, DeltacellsError, InvalidArgumentError
-from ._obs import Obs, index_array
+from ._obs import Obs
 from ._options import DEFAULTS, loader_options
 
 if TYPE_CHECKING:
@@ -375,9 +375,9 @@ class Dataset:
                     "dataset was not converted with --shuffle, its cells are in the inputs' order already"
                 )
             self.obs.localize(source)
-            where = self.obs.take(index, source)
-            files = np.asarray(self.obs.column_array("source_file").take(index_array(index)).to_numpy(), np.int64)
-            index = index[np.lexsort((np.asarray(where["source_row"], np.int64), files))]
+            where = self.obs.take(index, source)  # source_file as its codes
+            files, rows = (np.asarray(where[c], np.int64) for c in source)
+            index = index[np.lexsort((rows, files))]
         x = self.get_batch(index).to_scipy()
         hidden = source if source_order else []
         wanted = (

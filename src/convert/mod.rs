@@ -773,20 +773,14 @@ pub(crate) enum TileCells {
 
 /// Checks, remaps and encodes one tile's cells.
 fn encode_tile(cells: TileCells, n_genes: u32, encoder: &TileEncoder) -> Result<EncodedTile, TileFailure> {
+    // Where each cell came from is looked up only when encoding fails.
     let (block, origin, obs, dropped) = match cells {
         TileCells::Parts { parts, cells } => {
             let (block, origin, obs, dropped) = assemble(parts, n_genes)?;
             debug_assert_eq!(block.n_rows() as u64, cells);
-            (block, origin, obs, dropped)
+            (block, TileOrigin::Parts(origin), obs, dropped)
         }
-        TileCells::Counts { counts, origins, obs, remaps } => {
-            let origin = origins
-                .iter()
-                .enumerate()
-                .map(|(k, o)| (o.input as usize, o.row, k as u64, remaps[o.input as usize].clone()))
-                .collect();
-            (counts, origin, obs, 0)
-        }
+        TileCells::Counts { counts, origins, obs, remaps } => (counts, TileOrigin::Cells(origins, remaps), obs, 0),
     };
     let cells = block.n_rows() as u64;
     let nnz = block.nnz() as u64;
@@ -794,18 +788,38 @@ fn encode_tile(cells: TileCells, n_genes: u32, encoder: &TileEncoder) -> Result<
         Ok(blob) => Ok(EncodedTile { blob, cells, nnz, dropped, obs }),
         Err(e) => match e.cell_and_gene() {
             Some((cell, gene)) => {
-                let (input, first_row, first_cell, remap) =
-                    origin.iter().rev().find(|o| o.2 <= cell).expect("every cell comes from a part");
+                let (input, row, remap) = origin.of(cell);
                 let source_gene = remap.iter().position(|&j| j == gene).unwrap_or(gene as usize) as u64;
-                Err(TileFailure::BadValue {
-                    input: *input,
-                    row: first_row + (cell - first_cell),
-                    gene: source_gene,
-                    problem: e.problem(),
-                })
+                Err(TileFailure::BadValue { input, row, gene: source_gene, problem: e.problem() })
             }
             None => Err(TileFailure::Other(e.into())),
         },
+    }
+}
+
+/// Where a tile's cells came from, for the message of a value that cannot
+/// be encoded.
+enum TileOrigin {
+    /// Runs of rows of one input each (see [`Origins`]).
+    Parts(Origins),
+    /// Each cell's input and row, and each input's column -> output column.
+    Cells(Vec<shuffle::Origin>, std::sync::Arc<Vec<std::sync::Arc<Vec<u32>>>>),
+}
+
+impl TileOrigin {
+    /// The input, row and column map of the tile's cell `cell`.
+    fn of(&self, cell: u64) -> (usize, u64, &[u32]) {
+        match self {
+            TileOrigin::Parts(runs) => {
+                let (input, first_row, first_cell, remap) =
+                    runs.iter().rev().find(|o| o.2 <= cell).expect("every cell comes from a part");
+                (*input, first_row + (cell - first_cell), remap)
+            }
+            TileOrigin::Cells(origins, remaps) => {
+                let o = origins[cell as usize];
+                (o.input as usize, o.row, &remaps[o.input as usize])
+            }
+        }
     }
 }
 

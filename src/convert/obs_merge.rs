@@ -736,7 +736,9 @@ fn plan_column(name: &str, shapes: &[Shape], sources: &[String], max_categories:
     })
 }
 
-fn numeric_as_i64(a: &ArrayRef) -> Option<Vec<Option<i64>>> {
+/// An integer column's values as i64 (None for missing), or None when it
+/// is not of an integer type that i64 holds.
+pub(crate) fn numeric_as_i64(a: &ArrayRef) -> Option<Vec<Option<i64>>> {
     macro_rules! ints {
         ($t:ty) => {
             a.as_primitive_opt::<$t>().map(|p| p.iter().map(|v| v.map(|x| x as i64)).collect())

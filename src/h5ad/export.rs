@@ -91,7 +91,7 @@ pub fn obs_table(ds: &Dataset, range: Range<u64>) -> Result<Option<Table>, Expor
 /// Also returns the table without those two columns. An error names what is
 /// missing when the dataset was not shuffled.
 pub fn source_ranks(table: &Table) -> Result<(Vec<u64>, Table), String> {
-    use crate::convert::obs_merge::{SOURCE_FILE, SOURCE_ROW};
+    use crate::convert::obs_merge::{numeric_as_i64, SOURCE_FILE, SOURCE_ROW};
     let find = |name: &str| table.columns.iter().find(|(n, _)| n == name).map(|(_, c)| &c.values);
     let (Some(file), Some(row)) = (find(SOURCE_FILE), find(SOURCE_ROW)) else {
         return Err(format!(
@@ -99,8 +99,9 @@ pub fn source_ranks(table: &Table) -> Result<(Vec<u64>, Table), String> {
              its cells are in the inputs' order already"
         ));
     };
-    let file = arrow_cast_i64(file).ok_or_else(|| format!("obs column {SOURCE_FILE} is not integer codes"))?;
-    let row = arrow_cast_i64(row).ok_or_else(|| format!("obs column {SOURCE_ROW} is not integers"))?;
+    let ints = |a: &ArrayRef| numeric_as_i64(a).map(|v| v.into_iter().map(|x| x.unwrap_or(-1)).collect::<Vec<i64>>());
+    let file = ints(file).ok_or_else(|| format!("obs column {SOURCE_FILE} is not integer codes"))?;
+    let row = ints(row).ok_or_else(|| format!("obs column {SOURCE_ROW} is not integers"))?;
     let mut cells: Vec<u32> = (0..file.len() as u32).collect();
     cells.sort_by_key(|&c| (file[c as usize], row[c as usize]));
     let mut ranks = vec![0u64; cells.len()];
@@ -122,25 +123,6 @@ pub fn source_ranks(table: &Table) -> Result<(Vec<u64>, Table), String> {
             .collect::<Result<_, String>>()?,
     };
     Ok((ranks, rest))
-}
-
-/// An integer column's values as i64 (missing values as -1).
-fn arrow_cast_i64(values: &ArrayRef) -> Option<Vec<i64>> {
-    use arrow_array::types::{Int16Type, Int64Type, Int8Type};
-    fn all<T: arrow_array::ArrowPrimitiveType>(values: &ArrayRef) -> Option<Vec<i64>>
-    where
-        T::Native: Into<i64>,
-    {
-        let ints = values.as_primitive_opt::<T>()?;
-        Some((0..ints.len()).map(|i| if ints.is_null(i) { -1 } else { ints.value(i).into() }).collect())
-    }
-    match values.data_type() {
-        DataType::Int8 => all::<Int8Type>(values),
-        DataType::Int16 => all::<Int16Type>(values),
-        DataType::Int32 => all::<Int32Type>(values),
-        DataType::Int64 => all::<Int64Type>(values),
-        _ => None,
-    }
 }
 
 /// The gene table of var.parquet (None without one), rows in stored order, or,
