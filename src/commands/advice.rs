@@ -24,63 +24,92 @@ impl std::fmt::Display for Step {
     }
 }
 
-/// The advice for the first error in `err`'s chain that has one.
+/// The advice for the first error in `err`'s chain that has one. A
+/// conversion's error is looked into: the advice for an input's or an obs
+/// column's error is the same whichever step met it.
 pub(crate) fn advice(err: &anyhow::Error) -> Option<String> {
     // An append keeps the dataset's obs columns and genes: convert's flags
     // that choose them are not append's.
     let appending = err.downcast_ref::<Step>() == Some(&Step::Append);
-    err.chain().find_map(|cause| {
-        if let Some(e) = cause.downcast_ref::<ObsMergeError>() {
-            if appending {
-                return Some(
-                    "an append keeps the dataset's obs columns: every input must have each of them, of the same kind"
-                        .into(),
-                );
-            }
-            return Some(obs_merge(e));
+    err.chain().find_map(|cause| match cause.downcast_ref::<ConvertError>() {
+        Some(e) => match e.part() {
+            Some(part) => of_part(part, appending),
+            None => conversion(e),
+        },
+        None => of_part(cause, appending),
+    })
+}
+
+/// The advice for a conversion's own failures.
+fn conversion(e: &ConvertError) -> Option<String> {
+    Some(match e {
+        ConvertError::NotEmpty { .. } => "use --overwrite to replace the dataset in it".into(),
+        ConvertError::NoPlan { root, .. } => format!("run `deltacells plan INPUTS... {root}` first"),
+        ConvertError::ShardResult { root, shard, shards, .. } => {
+            format!("re-run `deltacells shard {root} --shard {shard}/{shards}`")
         }
-        if let Some(e) = cause.downcast_ref::<InputError>() {
-            return input(e);
-        }
-        if let Some(GeneError::Differ(_)) = cause.downcast_ref::<GeneError>() {
-            if appending {
-                return Some("an append keeps the dataset's genes: every input must have each of them".into());
-            }
+        ConvertError::Totals { totals, .. } => format!(
+            "run `deltacells plan --totals-shard K/N` with this plan's inputs and options, or remove {totals} \
+             to sum them here"
+        ),
+        _ => return None,
+    })
+}
+
+/// The advice for the error of a part a conversion uses, or of the reader.
+fn of_part(cause: &(dyn std::error::Error + 'static), appending: bool) -> Option<String> {
+    if let Some(e) = cause.downcast_ref::<ObsMergeError>() {
+        if appending {
             return Some(
-                "every input must have the same genes (keep the genes every input has with --genes \
-                 intersection, or all of them with --genes union)"
+                "an append keeps the dataset's obs columns: every input must have each of them, of the same kind"
                     .into(),
             );
         }
-        if let Some(e) = cause.downcast_ref::<ConvertError>() {
-            return Some(match e {
-                ConvertError::NotEmpty { .. } => "use --overwrite to replace the dataset in it".into(),
-                ConvertError::NoPlan { root, .. } => format!("run `deltacells plan INPUTS... {root}` first"),
-                ConvertError::ShardResult { root, shard, shards, .. } => {
-                    format!("re-run `deltacells shard {root} --shard {shard}/{shards}`")
-                }
-            });
+        return Some(obs_merge(e));
+    }
+    if let Some(e) = cause.downcast_ref::<InputError>() {
+        return input(e);
+    }
+    if let Some(GeneError::Differ(_)) = cause.downcast_ref::<GeneError>() {
+        if appending {
+            return Some("an append keeps the dataset's genes: every input must have each of them".into());
         }
-        if let Some(AppendError::Interrupted { location, .. }) = cause.downcast_ref::<AppendError>() {
-            return Some(format!("complete it with `deltacells append --resume {location}`"));
+        return Some(
+            "every input must have the same genes (keep the genes every input has with --genes \
+             intersection, or all of them with --genes union)"
+                .into(),
+        );
+    }
+    if let Some(e) = cause.downcast_ref::<AppendError>() {
+        return append(e);
+    }
+    match cause.downcast_ref::<DatasetError>() {
+        Some(DatasetError::AppendUnfinished { location }) => {
+            Some(format!("complete it with `deltacells append --resume {location}`"))
         }
-        if let Some(AppendError::NoSourceColumns { .. }) = cause.downcast_ref::<AppendError>() {
-            return Some(
-                "append without --shuffle, or convert every input again with --shuffle, the new ones with them".into(),
-            );
+        Some(DatasetError::Unfinished { location }) => Some(format!(
+            "finish it with `deltacells shard {location} --shard K/N` for each shard whose result is missing \
+             (a single convert is shard 0/1) and then `deltacells finalize {location}`, or convert again with \
+             --overwrite"
+        )),
+        _ => None,
+    }
+}
+
+fn append(e: &AppendError) -> Option<String> {
+    match e {
+        AppendError::Interrupted { location, .. } => {
+            Some(format!("complete it with `deltacells append --resume {location}`"))
         }
-        if let Some(DatasetError::AppendUnfinished { location }) = cause.downcast_ref::<DatasetError>() {
-            return Some(format!("complete it with `deltacells append --resume {location}`"));
+        AppendError::NoSourceColumns { .. } => {
+            Some("append without --shuffle, or convert every input again with --shuffle, the new ones with them".into())
         }
-        if let Some(DatasetError::Unfinished { location }) = cause.downcast_ref::<DatasetError>() {
-            return Some(format!(
-                "finish it with `deltacells shard {location} --shard K/N` for each shard whose result is missing \
-                 (a single convert is shard 0/1) and then `deltacells finalize {location}`, or convert again with \
-                 --overwrite"
-            ));
-        }
-        None
-    })
+        AppendError::Busy { .. } => None,
+        AppendError::Planned { location, .. } => Some(format!(
+            "run `deltacells finalize {location}` once the shards of plan --append are done, or remove its .append \
+             folder to discard it"
+        )),
+    }
 }
 
 fn obs_merge(e: &ObsMergeError) -> String {
@@ -89,6 +118,7 @@ fn obs_merge(e: &ObsMergeError) -> String {
         | ObsMergeError::Extra { column, .. }
         | ObsMergeError::Kinds { column, .. }
         | ObsMergeError::Unstorable { column, .. } => format!("leave it out with --obs-exclude {column}"),
+        ObsMergeError::SourceTaken { column } => format!("rename it, or leave it out with --obs-exclude {column}"),
         ObsMergeError::UnknownExclude { .. } => "check the names given to --obs-exclude".into(),
         ObsMergeError::NoObs { .. } => "use --no-obs to convert without obs".into(),
         ObsMergeError::ObsNamesTaken { .. } => "use --no-obs-names or --obs-exclude obs_names".into(),

@@ -18,11 +18,11 @@
 //! a staging that did not finish when given the same inputs (the record keeps
 //! the time, so the bytes are the same).
 
+use super::error::{ConvertError, Result};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::bail;
 use bytes::Bytes;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
@@ -107,7 +107,7 @@ pub fn append(
     inputs: &[PathBuf],
     options: &AppendOptions,
     progress: &dyn ConvertProgress,
-) -> anyhow::Result<AppendSummary> {
+) -> Result<AppendSummary> {
     let _lock = lock(ds.as_ref())?;
     append_locked(ds, inputs, options, progress)
 }
@@ -118,17 +118,17 @@ fn append_locked(
     inputs: &[PathBuf],
     options: &AppendOptions,
     progress: &dyn ConvertProgress,
-) -> anyhow::Result<AppendSummary> {
+) -> Result<AppendSummary> {
     let started = Instant::now();
     if inputs.is_empty() {
-        bail!("no input files");
+        return Err(ConvertError::NoInputs);
     }
     let time = match settle(ds.as_ref(), inputs, options.matrix.as_deref(), &options.inputs, progress, started)? {
         Settled::Proceed(time) => time,
         Settled::Done(summary) => return Ok(summary),
     };
     let staging = Within::new(ds.as_ref(), APPEND_PREFIX);
-    let run = || -> anyhow::Result<_> {
+    let run = || -> Result<_> {
         let plan = plan_staged(ds.clone(), inputs, options, time, Then::Tiles, progress)?;
         let shard_options = super::ShardOptions {
             max_in_flight: options.max_in_flight,
@@ -186,7 +186,7 @@ fn settle(
     reach: &super::sources::InputOptions,
     progress: &dyn ConvertProgress,
     started: Instant,
-) -> anyhow::Result<Settled> {
+) -> Result<Settled> {
     Ok(match leftover(ds)? {
         Leftover::Clean => Settled::Proceed(None),
         Leftover::Committing(record, staged) => {
@@ -244,10 +244,10 @@ pub fn plan_append(
     inputs: &[PathBuf],
     options: &AppendOptions,
     progress: &dyn ConvertProgress,
-) -> anyhow::Result<Planned> {
+) -> Result<Planned> {
     let started = Instant::now();
     if inputs.is_empty() {
-        bail!("no input files");
+        return Err(ConvertError::NoInputs);
     }
     let _lock = lock(ds.as_ref())?;
     let time = match settle(ds.as_ref(), inputs, options.matrix.as_deref(), &options.inputs, progress, started)? {
@@ -266,15 +266,13 @@ pub fn plan_append(
 /// Completes the append whose files `ds` holds under `.append/` (one that was
 /// interrupted), from its record: the commit, when everything is staged, or
 /// the whole append again from its recorded inputs.
-pub fn resume(
-    ds: Arc<dyn Storage>,
-    options: &AppendOptions,
-    progress: &dyn ConvertProgress,
-) -> anyhow::Result<AppendSummary> {
+pub fn resume(ds: Arc<dyn Storage>, options: &AppendOptions, progress: &dyn ConvertProgress) -> Result<AppendSummary> {
     let started = Instant::now();
     let _lock = lock(ds.as_ref())?;
     match leftover(ds.as_ref())? {
-        Leftover::Clean => bail!("{}: no interrupted append to resume (no {RECORD_KEY})", ds.location("")),
+        Leftover::Clean => {
+            Err(ConvertError::state(ds.location(""), format!("no interrupted append to resume (no {RECORD_KEY})")))
+        }
         Leftover::Committing(record, staged) | Leftover::Staged(record, staged) => {
             finish(ds.as_ref(), &record, &staged, started, "completed")
         }
@@ -283,7 +281,10 @@ pub fn resume(
             let manifest = read_manifest(ds.as_ref())?;
             match record {
                 Some(record) => Ok(summary_of(&record, &manifest, "already appended", started)),
-                None => bail!("{}: no interrupted append to resume (its leftovers were removed)", ds.location("")),
+                None => Err(ConvertError::state(
+                    ds.location(""),
+                    "no interrupted append to resume (its leftovers were removed)",
+                )),
             }
         }
         Leftover::Staging(record) => {
@@ -304,7 +305,7 @@ fn finish(
     staged: &Bytes,
     started: Instant,
     outcome: &str,
-) -> anyhow::Result<AppendSummary> {
+) -> Result<AppendSummary> {
     let manifest = commit_staged(ds, staged)?;
     Ok(summary_of(record, &manifest, outcome, started))
 }
@@ -348,7 +349,7 @@ fn plan_staged(
     time: Option<String>,
     then: Then,
     progress: &dyn ConvertProgress,
-) -> anyhow::Result<Plan> {
+) -> Result<Plan> {
     let root = ds.location("");
     let base_bytes = ds.get(format::MANIFEST_KEY)?.ok_or_else(|| crate::dataset::no_manifest(ds.as_ref()))?;
     let dataset = Dataset::from_storage(ds.clone())?;
@@ -365,7 +366,10 @@ fn plan_staged(
 
     // Genes: matched by name to the stored columns.
     let Some(var_names) = dataset.var_names()? else {
-        bail!("{root}: has no var_names.txt, so the inputs' genes cannot be matched to its columns by name");
+        return Err(ConvertError::state(
+            root,
+            "has no var_names.txt, so the inputs' genes cannot be matched to its columns by name",
+        ));
     };
     // An append in one process reads its inputs whole for the tiles.
     let read_whole: Vec<usize> = if then == Then::Tiles { (0..inputs.len()).collect() } else { Vec::new() };

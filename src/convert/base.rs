@@ -3,7 +3,7 @@
 //! what the append's first shard keeps of it (its last tile's cells, the obs
 //! rows before them in their shard, restated when a column's type changes).
 
-use anyhow::{bail, Context};
+use super::error::{ConvertError, Result};
 use serde_json::Value;
 
 use super::job::{AppendPlan, Plan};
@@ -50,14 +50,14 @@ pub(crate) fn recorded(manifest: &Manifest, schema: Option<&format::obs_schema::
 
 /// The manifest of the dataset an append extends, checked to be the one it
 /// was planned on.
-pub(crate) fn check_base(base: &dyn Storage, append: &AppendPlan) -> anyhow::Result<Manifest> {
+pub(crate) fn check_base(base: &dyn Storage, append: &AppendPlan) -> Result<Manifest> {
     let bytes = base.get(format::MANIFEST_KEY)?.ok_or_else(|| crate::dataset::no_manifest(base))?;
     if fingerprint::sha256_hex(&bytes) != append.base {
-        bail!(
-            "{}: the dataset changed since the append was planned (its manifest is not the one planned on); \
+        return Err(ConvertError::state(
+            base.location(format::MANIFEST_KEY),
+            "the dataset changed since the append was planned (its manifest is not the one planned on); \
              plan the append again",
-            base.location(format::MANIFEST_KEY)
-        );
+        ));
     }
     Manifest::parse_checked(&bytes).map_err(|source| {
         crate::dataset::DatasetError::Manifest { location: base.location(format::MANIFEST_KEY), source }.into()
@@ -71,12 +71,12 @@ pub(crate) fn restated_rows(
     s: usize,
     old: &format::obs_schema::ObsSchema,
     plan: &ObsPlan,
-) -> anyhow::Result<Vec<arrow_array::RecordBatch>> {
+) -> Result<Vec<arrow_array::RecordBatch>> {
     let key = format::obs_shard_key(s);
     let location = base.location(&key);
-    let bytes = base.get(&key)?.with_context(|| format!("{location}: missing (the manifest lists it)"))?;
-    let groups = crate::obs::row_groups(bytes).map_err(|e| anyhow::anyhow!("{location}: {e}"))?;
-    groups.iter().map(|g| plan.restate(old, g).map_err(|e| anyhow::anyhow!("{location}: {e}"))).collect()
+    let bytes = base.get(&key)?.ok_or_else(|| ConvertError::invalid(&location, "missing (the manifest lists it)"))?;
+    let groups = crate::obs::row_groups(bytes).map_err(|e| ConvertError::invalid(&location, e))?;
+    groups.iter().map(|g| plan.restate(old, g).map_err(|e| ConvertError::invalid(&location, e))).collect()
 }
 
 /// What an append's first shard keeps of `base`: the cells of its last tile
@@ -86,7 +86,7 @@ pub(crate) fn kept_rows(
     base: &dyn Storage,
     plan: &Plan,
     obs_plan: Option<&ObsPlan>,
-) -> anyhow::Result<(Option<StoredTail>, Vec<arrow_array::RecordBatch>)> {
+) -> Result<(Option<StoredTail>, Vec<arrow_array::RecordBatch>)> {
     let a = plan.append.as_ref().expect("an append's plan");
     let manifest = check_base(base, a)?;
     let per = plan.tiles_per_unit();
@@ -100,8 +100,11 @@ pub(crate) fn kept_rows(
             let mut rows = restated_rows(base, shard, &old.schema, obs_plan)?;
             let in_shard = a.first_tile - shard * per;
             if tail_tile.is_some() {
-                tail_obs = Some(rows.get(in_shard).cloned().with_context(|| {
-                    format!("{}: no row group for tile {}", base.location(&format::obs_shard_key(shard)), a.first_tile)
+                tail_obs = Some(rows.get(in_shard).cloned().ok_or_else(|| {
+                    ConvertError::invalid(
+                        base.location(&format::obs_shard_key(shard)),
+                        format!("no row group for tile {}", a.first_tile),
+                    )
                 })?);
             }
             rows.truncate(in_shard);
@@ -112,9 +115,13 @@ pub(crate) fn kept_rows(
         Some(t) => {
             let key = format::tile_key(t);
             let location = base.location(&key);
-            let blob = base.get(&key)?.with_context(|| format!("{location}: missing (tile {t})"))?;
+            let blob =
+                base.get(&key)?.ok_or_else(|| ConvertError::invalid(&location, format!("missing (tile {t})")))?;
             if blob.len() as u64 != manifest.tile_bytes[t] {
-                bail!("{location}: tile is {} bytes, the manifest says {}", blob.len(), manifest.tile_bytes[t]);
+                return Err(ConvertError::invalid(
+                    location,
+                    format!("tile is {} bytes, the manifest says {}", blob.len(), manifest.tile_bytes[t]),
+                ));
             }
             let expect = TileExpectation {
                 n_cells: manifest.tile_cells[t],

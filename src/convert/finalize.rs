@@ -3,9 +3,9 @@
 //! then removes the plan. For an append the manifest is staged and then
 //! committed (see [`super::staging`]).
 
+use super::error::{ConvertError, Result};
 use std::collections::BTreeMap;
 
-use anyhow::{bail, Context};
 use bytes::Bytes;
 use serde_json::{json, Value};
 
@@ -26,16 +26,13 @@ fn record(
     value: (u64, String, u64),
     by: (usize, usize),
     what: &str,
-) -> anyhow::Result<()> {
+) -> Result<()> {
     if let Some((old, old_by)) = map.get(&index) {
         if *old != value {
-            bail!(
-                "shard results {}/{} and {}/{} disagree about {what} {index}; re-run one of them",
-                old_by.0,
-                old_by.1,
-                by.0,
-                by.1
-            );
+            return Err(ConvertError::invalid(
+                format!("shard results {}/{} and {}/{}", old_by.0, old_by.1, by.0, by.1),
+                format!("they disagree about {what} {index}; re-run one of them"),
+            ));
         }
         return Ok(());
     }
@@ -44,16 +41,16 @@ fn record(
 }
 
 /// Checks one result record against the plan; returns it parsed.
-fn check_result(out: &dyn Storage, plan: &Plan, key: &str, k: usize, n: usize) -> anyhow::Result<ShardResult> {
+fn check_result(out: &dyn Storage, plan: &Plan, key: &str, k: usize, n: usize) -> Result<ShardResult> {
     let location = out.location(key);
-    let failed = |problem: String| super::ConvertError::ShardResult {
+    let failed = |problem: String| ConvertError::ShardResult {
         location: location.clone(),
         problem,
         root: out.location(""),
         shard: k,
         shards: n,
     };
-    let bytes = out.get(key)?.with_context(|| format!("{location}: vanished while finalizing"))?;
+    let bytes = out.get(key)?.ok_or_else(|| ConvertError::invalid(&location, "vanished while finalizing"))?;
     let r: ShardResult = serde_json::from_slice(&bytes).map_err(|e| failed(format!("corrupt shard result ({e})")))?;
     let expected = plan.shard_tiles(k, n);
     let expected_obs = plan.obs_shards_of(&expected);
@@ -79,7 +76,7 @@ fn check_result(out: &dyn Storage, plan: &Plan, key: &str, k: usize, n: usize) -
         None
     };
     if let Some(p) = problem {
-        return Err(failed(format!("inconsistent shard result: {p}")).into());
+        return Err(failed(format!("inconsistent shard result: {p}")));
     }
     Ok(r)
 }
@@ -90,7 +87,7 @@ fn check_result(out: &dyn Storage, plan: &Plan, key: &str, k: usize, n: usize) -
 /// For an append (`out` is the dataset), the manifest is staged, and then
 /// the staged files are moved into place and the manifest replaced; a
 /// finalize that was interrupted then completes when run again.
-pub fn finalize(out: &dyn Storage) -> anyhow::Result<ConvertSummary> {
+pub fn finalize(out: &dyn Storage) -> Result<ConvertSummary> {
     let started = std::time::Instant::now();
     let _lock = lock(out)?;
     if let Some(manifest) = finish_interrupted(out)? {
@@ -128,7 +125,7 @@ fn summary_of_manifest(
 /// Finalize's checks and manifest, in `out` (which holds the plan and the
 /// shards' results), with `base` the dataset an append extends (else `out`).
 /// Returns the manifest written.
-pub(crate) fn finalize_in(out: &dyn Storage, base: &dyn Storage) -> anyhow::Result<(ConvertSummary, Bytes)> {
+pub(crate) fn finalize_in(out: &dyn Storage, base: &dyn Storage) -> Result<(ConvertSummary, Bytes)> {
     let started = std::time::Instant::now();
     let plan = read_plan(out)?;
     let n_tiles = plan.n_tiles();
@@ -148,7 +145,7 @@ pub(crate) fn finalize_in(out: &dyn Storage, base: &dyn Storage) -> anyhow::Resu
     let mut dropped: BTreeMap<usize, u64> = BTreeMap::new();
     for key in out.list(RESULTS_PREFIX)? {
         let Some((k, n)) = parse_result_key(&key).filter(|(k, n)| k < n) else {
-            bail!("{}: not a shard result name (shard-K-of-N.json)", out.location(&key));
+            return Err(ConvertError::invalid(out.location(&key), "not a shard result name (shard-K-of-N.json)"));
         };
         let r = check_result(out, &plan, &key, k, n)?;
         for (i, t) in (r.first_tile..).zip(0..r.tile_cells.len()) {
@@ -176,25 +173,29 @@ pub(crate) fn finalize_in(out: &dyn Storage, base: &dyn Storage) -> anyhow::Resu
             [] => "no shard has finished".to_string(),
             _ => format!("{} tiles are not covered by any result", missing_tiles.len()),
         };
-        bail!(
-            "{}: cannot finalize: {which} (first missing tile: {}); run those shards, then finalize again",
+        return Err(ConvertError::state(
             out.location(""),
-            missing_tiles[0]
-        );
+            format!(
+                "cannot finalize: {which} (first missing tile: {}); run those shards, then finalize again",
+                missing_tiles[0]
+            ),
+        ));
     }
 
     // The objects the results describe must be there, with their sizes.
     let stored: BTreeMap<String, u64> = out.list_sizes("tiles")?.into_iter().chain(out.list_sizes("obs")?).collect();
-    let check_size = |key: String, bytes: u64, by: (usize, usize)| -> anyhow::Result<()> {
+    let check_size = |key: String, bytes: u64, by: (usize, usize)| -> Result<()> {
         match stored.get(&key) {
             Some(&size) if size == bytes => Ok(()),
-            found => bail!(
-                "{}: {} (shard {}/{} recorded {bytes} bytes); re-run that shard",
+            found => Err(ConvertError::invalid(
                 out.location(&key),
-                found.map_or("missing".to_string(), |s| format!("{s} bytes")),
-                by.0,
-                by.1
-            ),
+                format!(
+                    "{} (shard {}/{} recorded {bytes} bytes); re-run that shard",
+                    found.map_or("missing".to_string(), |s| format!("{s} bytes")),
+                    by.0,
+                    by.1
+                ),
+            )),
         }
     };
     for (&t, ((bytes, _, _), by)) in &tiles {
@@ -202,7 +203,10 @@ pub(crate) fn finalize_in(out: &dyn Storage, base: &dyn Storage) -> anyhow::Resu
     }
     for s in written_obs.start.min(n_obs_shards)..n_obs_shards {
         let Some(((bytes, _, _), by)) = obs.get(&s) else {
-            bail!("{}: cannot finalize: no result holds obs shard {s}", out.location(""));
+            return Err(ConvertError::state(
+                out.location(""),
+                format!("cannot finalize: no result holds obs shard {s}"),
+            ));
         };
         check_size(format::obs_shard_key(s), *bytes, *by)?;
     }
@@ -257,7 +261,10 @@ pub(crate) fn finalize_in(out: &dyn Storage, base: &dyn Storage) -> anyhow::Resu
         out.delete(key)?;
     }
     if let Some(problem) = m.check().into_iter().next() {
-        bail!("{}: the manifest would be inconsistent ({problem}); nothing was changed", out.location(""));
+        return Err(ConvertError::invalid(
+            out.location(""),
+            format!("the manifest would be inconsistent ({problem}); nothing was changed"),
+        ));
     }
     let text = Bytes::from(m.to_json());
     out.put(format::MANIFEST_KEY, text.clone())?;

@@ -7,6 +7,8 @@
 //! a dataset without var_names.txt gives its gene_order.npy, which only
 //! inputs with the same columns in the same order can share.
 
+pub use super::error::GeneOrderError;
+use super::error::{ConvertError, Result};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -21,25 +23,6 @@ pub enum GivenOrder {
     /// Source columns, in the order they are stored: entry j is the input
     /// column stored as column j (gene_order.npy's meaning).
     Columns { columns: Vec<i64>, source: String },
-}
-
-/// Why a given gene order does not fit the inputs.
-#[derive(Debug, thiserror::Error)]
-pub enum GeneOrderError {
-    #[error(
-        "{input}: has no gene {name:?}, which {origin} stores as column {column}; \
-         the inputs must have the genes of the order they are given ({missing} of its {n_given} are missing)"
-    )]
-    Missing { input: String, origin: String, name: String, column: usize, missing: usize, n_given: usize },
-    #[error(
-        "{input}: its gene {name:?} is not among the {n_given} genes of {origin} \
-         ({extra} of the inputs' {n_inputs} genes are not)"
-    )]
-    Extra { input: String, origin: String, name: String, extra: usize, n_given: usize, n_inputs: usize },
-    #[error("{origin}: the gene name {name:?} appears more than once, so genes cannot be matched by name")]
-    Repeated { origin: String, name: String },
-    #[error("{origin}: {problem} (a gene order lists every input column once: the inputs have {n_genes} genes)")]
-    Columns { origin: String, problem: String, n_genes: usize },
 }
 
 impl GivenOrder {
@@ -61,10 +44,10 @@ impl GivenOrder {
 
     /// Source columns from a .npy file of int32 or int64 (for example
     /// `np.save(path, np.argsort(-totals, kind="stable"))`).
-    pub fn from_npy(path: &Path) -> anyhow::Result<GivenOrder> {
+    pub fn from_npy(path: &Path) -> Result<GivenOrder> {
         let source = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("{source}: cannot read: {e}"))?;
-        let columns = npy::read_indices(&bytes).map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
+        let bytes = std::fs::read(path).map_err(ConvertError::io(format!("{source}: cannot read")))?;
+        let columns = npy::read_indices(&bytes).map_err(|e| ConvertError::invalid(&source, e))?;
         Ok(GivenOrder::Columns { columns, source })
     }
 

@@ -8,9 +8,9 @@
 //! every step is deterministic, so the bytes do not depend on how many
 //! shards ran, in which order, or how often.
 
+use super::error::{ConvertError, Result};
 use std::ops::Range;
 
-use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -180,23 +180,29 @@ pub struct ShardResult {
 }
 
 /// Reads the plan of the conversion into `out`.
-pub(crate) fn read_plan(out: &dyn Storage) -> anyhow::Result<Plan> {
+pub(crate) fn read_plan(out: &dyn Storage) -> Result<Plan> {
     let location = out.location(PLAN_KEY);
     let Some(bytes) = out.get(PLAN_KEY)? else {
         if out.get(format::MANIFEST_KEY)?.is_some() {
-            bail!("{}: the dataset is complete (finalized); there is no plan left to run", out.location(""));
+            return Err(ConvertError::state(
+                out.location(""),
+                "the dataset is complete (finalized); there is no plan left to run",
+            ));
         }
-        return Err(super::ConvertError::NoPlan { location, root: out.location("") }.into());
+        return Err(ConvertError::NoPlan { location, root: out.location("") });
     };
-    let plan: Plan = serde_json::from_slice(&bytes).with_context(|| format!("{location}: not a readable plan"))?;
+    let plan: Plan = serde_json::from_slice(&bytes)
+        .map_err(|e| ConvertError::invalid(&location, format!("not a readable plan: {e}")))?;
     if plan.format != PLAN_FORMAT || plan.version != 1 {
-        bail!("{location}: not a plan of this version (format {:?}, version {})", plan.format, plan.version);
+        let problem = format!("not a plan of this version (format {:?}, version {})", plan.format, plan.version);
+        return Err(ConvertError::invalid(location, problem));
     }
     if plan.tile_size == 0 || plan.first_cell() + plan.inputs.iter().map(|i| i.n_rows).sum::<u64>() != plan.n_cells {
-        bail!("{location}: inconsistent plan (tile size or cell count)");
+        return Err(ConvertError::invalid(location, "inconsistent plan (tile size or cell count)"));
     }
     if plan.clone().with_id().id != plan.id {
-        bail!("{location}: the plan was changed after it was written (its id does not match its content)");
+        let problem = "the plan was changed after it was written (its id does not match its content)";
+        return Err(ConvertError::invalid(location, problem));
     }
     Ok(plan)
 }

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Instant;
 
-use anyhow::Context;
+use error::Result;
 use serde_json::{Map, Value};
 
 use crate::format::{self, CsrMatrix, TileEncoder};
@@ -27,6 +27,7 @@ use obs_shards::{ShardRecord, ShardWriter};
 
 pub mod append;
 mod base;
+mod error;
 mod finalize;
 pub mod gene_order;
 pub mod genes;
@@ -43,6 +44,7 @@ mod totals;
 mod var_table;
 
 pub use append::{append, plan_append, resume, AppendOptions, AppendSummary, Planned};
+pub use error::ConvertError;
 pub use finalize::finalize;
 pub use gene_order::{GeneOrderError, GivenOrder};
 pub use genes::GeneSet;
@@ -58,18 +60,6 @@ pub use totals::{plan_totals_shard, TotalsSummary};
 /// every core; one tile encoding while the next is read keeps memory at two
 /// tiles whatever the input size.
 pub const MAX_IN_FLIGHT: usize = 1;
-
-/// Why a conversion cannot go on, beyond its inputs' and outputs' own errors.
-/// The messages state the facts; the command line adds what to type.
-#[derive(Debug, thiserror::Error)]
-pub enum ConvertError {
-    #[error("{location} is not empty")]
-    NotEmpty { location: String },
-    #[error("{location}: no plan")]
-    NoPlan { location: String, root: String },
-    #[error("{location}: {problem}")]
-    ShardResult { location: String, problem: String, root: String, shard: usize, shards: usize },
-}
 
 /// What to convert and how.
 #[derive(Clone, Debug)]
@@ -233,7 +223,7 @@ pub(crate) struct Part {
 /// cell and gene on the calling thread, where HDF5 may be used.
 enum TileFailure {
     BadValue { input: usize, row: u64, gene: u64, problem: String },
-    Other(anyhow::Error),
+    Other(ConvertError),
 }
 
 struct EncodedTile {
@@ -247,8 +237,11 @@ struct EncodedTile {
 
 /// Removes an existing dataset from `out` (manifest first, so that it is never
 /// complete-looking while half-removed), or refuses a non-empty output.
-pub(crate) fn prepare_output(out: &dyn Storage, overwrite: bool) -> anyhow::Result<()> {
-    let keys = out.list("").with_context(|| format!("cannot list the output {}", out.location("")))?;
+pub(crate) fn prepare_output(out: &dyn Storage, overwrite: bool) -> Result<()> {
+    let keys = out.list("").map_err(|source| ConvertError::Reaching {
+        what: format!("cannot list the output {}", out.location("")),
+        source,
+    })?;
     // Gene totals of `plan --totals-shard` are this plan's input, not a dataset.
     let keys: Vec<String> = keys.into_iter().filter(|k| !k.starts_with(totals::TOTALS_PREFIX)).collect();
     if keys.is_empty() {
@@ -258,7 +251,7 @@ pub(crate) fn prepare_output(out: &dyn Storage, overwrite: bool) -> anyhow::Resu
         if keys.iter().any(|k| k == job::PLAN_KEY) && !keys.iter().any(|k| k == format::MANIFEST_KEY) {
             return Err(crate::dataset::DatasetError::Unfinished { location: out.location("") }.into());
         }
-        return Err(ConvertError::NotEmpty { location: out.location("") }.into());
+        return Err(ConvertError::NotEmpty { location: out.location("") });
     }
     // Not while an append or finalize changes it.
     let _lock = staging::lock(out)?;
@@ -308,7 +301,7 @@ pub fn convert(
     out: &dyn Storage,
     options: &ConvertOptions,
     progress: &dyn ConvertProgress,
-) -> anyhow::Result<ConvertSummary> {
+) -> Result<ConvertSummary> {
     let started = Instant::now();
     plan::plan_then(inputs, out, options, plan::Then::Tiles, progress)?;
     let shard = ShardOptions {
@@ -356,7 +349,7 @@ pub(crate) fn scan_inputs(
     read_whole: &[usize],
     reach: &sources::InputOptions,
     progress: &dyn ConvertProgress,
-) -> anyhow::Result<(Vec<Input>, Vec<String>)> {
+) -> Result<(Vec<Input>, Vec<String>)> {
     progress.phase("scanning", 0);
     let urls: Vec<&str> = inputs.iter().filter(|p| crate::h5ad::remote::is_url(p)).filter_map(|p| p.to_str()).collect();
     if !urls.is_empty() {
@@ -409,7 +402,7 @@ pub(crate) fn scan_inputs(
 
 /// An input's column -> output column, given the source genes and `remap`
 /// (source gene -> output column); None when that is `remap` itself.
-fn input_remap(source: &dyn InputSource, source_genes: &[String], remap: &[u32]) -> anyhow::Result<Option<Vec<u32>>> {
+fn input_remap(source: &dyn InputSource, source_genes: &[String], remap: &[u32]) -> Result<Option<Vec<u32>>> {
     let names = source.gene_names()?;
     let map = genes::column_map(source.path(), &names, source_genes)?;
     Ok(map.map(|map| map.iter().map(|&g| if g == genes::DROPPED { g } else { remap[g as usize] }).collect()))
@@ -423,7 +416,7 @@ pub(crate) fn gene_totals(
     source_genes: &[String],
     reach: &sources::InputOptions,
     progress: &dyn ConvertProgress,
-) -> anyhow::Result<Vec<u64>> {
+) -> Result<Vec<u64>> {
     let n_genes = source_genes.len() as u32;
     let mut totals = vec![0u64; n_genes as usize];
     progress.phase("gene order", sampled.iter().map(|&i| scanned[i].n_rows).sum());
@@ -530,7 +523,7 @@ pub(crate) fn write_tiles(
     job: &TileJob<'_>,
     writer: &mut DatasetWriter<'_>,
     progress: &dyn ConvertProgress,
-) -> anyhow::Result<TilesWritten> {
+) -> Result<TilesWritten> {
     let TileJob { inputs, matrix, remap, obs_plan, .. } = *job;
     let shared_remap = std::sync::Arc::new(remap.to_vec());
     let tile_size = job.write.tile_size;
@@ -558,11 +551,13 @@ pub(crate) fn write_tiles(
                 // A pool task that died without sending is a failure too.
                 let tile = tile
                     .recv()
-                    .unwrap_or_else(|_| Err(TileFailure::Other(anyhow::anyhow!("tile {index}: encoding stopped"))))
+                    .unwrap_or_else(|_| {
+                        Err(TileFailure::Other(ConvertError::Stopped(format!("tile {index}: encoding stopped"))))
+                    })
                     .map_err(|f| (next, f))?;
                 writer
                     .put_tile(index, tile.blob, tile.cells, tile.nnz)
-                    .map_err(anyhow::Error::from)
+                    .map_err(ConvertError::from)
                     .and_then(|()| match (&mut shard_writer, &tile.obs) {
                         (Some(shards), Some(batch)) => shards.add_tile(batch, writer.storage()),
                         _ => Ok(()),
@@ -578,7 +573,7 @@ pub(crate) fn write_tiles(
             Ok(TilesWritten { obs_shards, dropped_nonzeros })
         });
 
-        let read_result = rayon::in_place_scope(|pool| -> anyhow::Result<u64> {
+        let read_result = rayon::in_place_scope(|pool| -> Result<u64> {
             // Hands a tile's cells to the pool; false once the writer has stopped.
             let mut dispatch = |cells: TileCells| {
                 let (done, result) = mpsc::sync_channel(1);
@@ -628,7 +623,7 @@ fn read_in_order(
     shared_remap: &std::sync::Arc<Vec<u32>>,
     dispatch: &mut Dispatch<'_>,
     progress: &dyn ConvertProgress,
-) -> anyhow::Result<()> {
+) -> Result<()> {
     let TileJob { inputs, matrix, source_genes, remap, obs_plan, .. } = *job;
     let tile_size = job.write.tile_size;
     let n_genes = remap.len() as u32;
@@ -637,13 +632,12 @@ fn read_in_order(
     let mut cells_in_tile = 0u64;
     // Blocks of rows of input `i` (read by `read`) into tiles; false once
     // the writer has stopped.
-    type ReadBlock<'r> =
-        dyn FnMut(std::ops::Range<u64>) -> anyhow::Result<(RawRows, Option<arrow_array::RecordBatch>)> + 'r;
+    type ReadBlock<'r> = dyn FnMut(std::ops::Range<u64>) -> Result<(RawRows, Option<arrow_array::RecordBatch>)> + 'r;
     let mut feed = |i: usize,
                     rows: std::ops::Range<u64>,
                     remap: &std::sync::Arc<Vec<u32>>,
                     read: &mut ReadBlock<'_>|
-     -> anyhow::Result<bool> {
+     -> Result<bool> {
         let mut row = rows.start;
         while row < rows.end {
             let take = (tile_size - cells_in_tile).min(rows.end - row).min(READ_ROWS);
@@ -673,7 +667,9 @@ fn read_in_order(
         let rows = start - here.start..end - here.start;
         progress.file(&input.path);
         if input.stored_tile.is_some() {
-            let tail = job.tail.with_context(|| format!("{}: the stored tile was not read", input.path.display()))?;
+            let tail = job.tail.ok_or_else(|| {
+                ConvertError::invalid(input.path.display().to_string(), "the stored tile was not read")
+            })?;
             let identity = std::sync::Arc::new((0..n_genes).collect::<Vec<u32>>());
             if !feed(i, rows, &identity, &mut |r| Ok(tail.read(r)))? {
                 return Ok(());
@@ -691,7 +687,7 @@ fn read_in_order(
         let obs_table = input_obs_table(input, source.as_ref(), obs_plan)?;
         let input_obs =
             obs_plan.zip(obs_table.as_deref()).map(|(p, t)| p.for_input(t, source_code(inputs, p, i))).transpose()?;
-        let mut read = |r: std::ops::Range<u64>| -> anyhow::Result<_> {
+        let mut read = |r: std::ops::Range<u64>| -> Result<_> {
             let obs = match (obs_plan, &input_obs, obs_table.as_deref()) {
                 (Some(p), Some(maps), Some(t)) => Some(p.batch(maps, t, r.clone())?),
                 _ => None,
@@ -721,7 +717,7 @@ pub(crate) fn open_unchanged(
     input: &Input,
     matrix: &str,
     reach: &sources::InputOptions,
-) -> anyhow::Result<Box<dyn InputSource>> {
+) -> Result<Box<dyn InputSource>> {
     // (a file that cannot be read at all fails in open, below)
     if let Some(now) = sources::input_version(&input.path, reach) {
         let was = crate::storage::Version { size: input.bytes, etag: input.etag.clone() };
@@ -745,13 +741,11 @@ pub(crate) fn input_obs_table<'s>(
     input: &Input,
     source: &'s dyn InputSource,
     obs_plan: Option<&ObsPlan>,
-) -> anyhow::Result<Option<Box<dyn input::Table + 's>>> {
+) -> Result<Option<Box<dyn input::Table + 's>>> {
     match obs_plan {
-        Some(_) => Ok(Some(
-            source
-                .obs()?
-                .ok_or_else(|| anyhow::anyhow!("{}: has no obs table, but the plan has obs", input.path.display()))?,
-        )),
+        Some(_) => Ok(Some(source.obs()?.ok_or_else(|| {
+            ConvertError::invalid(input.path.display().to_string(), "has no obs table, but the plan has obs")
+        })?)),
         None => Ok(None),
     }
 }
@@ -840,7 +834,7 @@ fn assemble(
     let obs = match obs_parts.first() {
         Some(first) => Some(
             arrow_select::concat::concat_batches(&first.schema(), &obs_parts)
-                .map_err(|e| TileFailure::Other(anyhow::anyhow!("joining obs rows: {e}")))?,
+                .map_err(|e| TileFailure::Other(e.into()))?,
         ),
         None => None,
     };

@@ -5,6 +5,8 @@
 //! `max_categories` entries stored as strings. Then each block of rows is
 //! turned into an Arrow batch of that schema.
 
+pub use super::error::ObsMergeError;
+use super::error::{ConvertError, Result};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::Path;
@@ -23,28 +25,6 @@ use super::input::{Categories, FrameColumn, InputError, Table};
 use super::sources;
 use crate::format::obs_schema::{ObsColumn, ObsKind, ObsSchema, SCHEMA_FORMAT, SCHEMA_VERSION};
 use crate::obs::{arrow_type_from_name, arrow_type_name};
-
-/// Why the inputs' obs tables cannot be merged into one schema. The messages
-/// state the facts; the command line adds how to leave a column out.
-#[derive(Debug, thiserror::Error)]
-pub enum ObsMergeError {
-    #[error("{path}: obs column {column:?} is missing (it is in {first})")]
-    Missing { path: String, column: String, first: String },
-    #[error("{path}: obs column {column:?} is not in {first} (the first input with obs)")]
-    Extra { path: String, column: String, first: String },
-    #[error(
-        "obs column {column:?} to leave out: no input has an obs column of that name; the obs columns are: {columns}"
-    )]
-    UnknownExclude { column: String, columns: String },
-    #[error("{path}: has no obs table, but {first} has one")]
-    NoObs { path: String, first: String },
-    #[error("{path}: an obs column is named \"obs_names\", which is where cell names go")]
-    ObsNamesTaken { path: String },
-    #[error("obs column {column:?} is {kind} in {path} but {other_kind} in {other}")]
-    Kinds { column: String, kind: &'static str, path: String, other_kind: &'static str, other: String },
-    #[error("obs column {column:?} has type {data_type}, which obs cannot store")]
-    Unstorable { column: String, data_type: String },
-}
 
 /// What convert stores of obs.
 #[derive(Clone, Debug)]
@@ -266,7 +246,7 @@ impl ObsPlan {
         matrix: &str,
         options: &ObsOptions,
         reach: &sources::InputOptions,
-    ) -> Result<Option<ObsPlan>, anyhow::Error> {
+    ) -> Result<Option<ObsPlan>> {
         merge(None, inputs, matrix, options, reach)
     }
 
@@ -282,7 +262,7 @@ impl ObsPlan {
         matrix: &str,
         options: &ObsOptions,
         reach: &sources::InputOptions,
-    ) -> Result<(ObsPlan, Vec<Restated>), anyhow::Error> {
+    ) -> Result<(ObsPlan, Vec<Restated>)> {
         // The columns that say where each cell was read are not the inputs':
         // merged without them, then added back, the new inputs' paths at the
         // end of the stored vocabulary of files.
@@ -293,10 +273,10 @@ impl ObsPlan {
         }
         let stripped = StoredObs { location: stored.location, schema: &without, ..*stored };
         let mut plan = merge(Some(&stripped), inputs, matrix, options, reach)?
-            .ok_or_else(|| anyhow::anyhow!("{}: no obs plan from a stored schema", stored.location))?;
+            .ok_or_else(|| ConvertError::invalid(stored.location, "no obs plan from a stored schema"))?;
         if let Some(files) = stored_files {
             let new: Vec<String> = inputs.iter().map(|p| p.display().to_string()).collect();
-            plan.add_source_columns_after(&files, &new).map_err(anyhow::Error::msg)?;
+            plan.add_source_columns_after(&files, &new)?;
         }
         let describe = |c: &ObsColumn| match c.kind {
             ObsKind::Category => format!("categorical ({} codes)", c.arrow_type),
@@ -367,14 +347,14 @@ impl ObsPlan {
 
     /// Adds the columns that say where each cell was read: [`SOURCE_FILE`],
     /// a category of `inputs` (in this order), and [`SOURCE_ROW`], int64.
-    pub fn add_source_columns(&mut self, inputs: &[String]) -> Result<(), String> {
+    pub fn add_source_columns(&mut self, inputs: &[String]) -> Result<(), ObsMergeError> {
         self.add_source_columns_after(&[], inputs)
     }
 
     /// [`ObsPlan::add_source_columns`] for the inputs of an append to a
     /// dataset whose vocabulary of files is `stored`: theirs follow it (a
     /// path already there is told apart by " #2", " #3", ...).
-    pub fn add_source_columns_after(&mut self, stored: &[String], new: &[String]) -> Result<(), String> {
+    pub fn add_source_columns_after(&mut self, stored: &[String], new: &[String]) -> Result<(), ObsMergeError> {
         let mut inputs: Vec<String> = stored.to_vec();
         for path in new {
             let mut name = path.clone();
@@ -387,10 +367,7 @@ impl ObsPlan {
         }
         for name in [SOURCE_FILE, SOURCE_ROW] {
             if self.schema.columns.iter().any(|c| c.name == name) {
-                return Err(format!(
-                    "the inputs' obs has a column {name:?}, which a shuffled dataset uses to say where each cell \
-                     was read; rename it, or leave it out with --obs-exclude {name}"
-                ));
+                return Err(ObsMergeError::SourceTaken { column: name.into() });
             }
         }
         let codes =
@@ -564,7 +541,7 @@ fn merge(
     matrix: &str,
     options: &ObsOptions,
     reach: &sources::InputOptions,
-) -> Result<Option<ObsPlan>, anyhow::Error> {
+) -> Result<Option<ObsPlan>> {
     // Who defines the columns (for messages): the dataset, else the first
     // input with obs.
     let mut sources: Vec<String> = Vec::new();
@@ -669,13 +646,14 @@ fn merge(
         schema_columns.push(column);
     }
     let schema = ObsSchema { format: SCHEMA_FORMAT.into(), version: SCHEMA_VERSION, columns: schema_columns };
-    let mut plan = ObsPlan::from_schema(schema, options.names, false).map_err(anyhow::Error::msg)?;
+    let mut plan = ObsPlan::from_schema(schema, options.names, false)
+        .map_err(|e| ConvertError::invalid("the planned obs schema", e))?;
     plan.categories_as_strings = categories_as_strings;
     Ok(Some(plan))
 }
 
 /// The stored kind, type and vocabulary of one column, from its shape in every input.
-fn plan_column(name: &str, shapes: &[Shape], sources: &[String], max_categories: usize) -> anyhow::Result<ObsColumn> {
+fn plan_column(name: &str, shapes: &[Shape], sources: &[String], max_categories: usize) -> Result<ObsColumn> {
     let first = &shapes[0];
     for (i, s) in shapes.iter().enumerate().skip(1) {
         if s.kind_name() != first.kind_name() {

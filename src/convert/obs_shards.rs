@@ -1,6 +1,7 @@
 //! Writing obs shards: obs/obs_NNNN.parquet with exactly one row group per tile,
 //! zstd, without column statistics or page indexes (decisions.md 21).
 
+use super::error::Result;
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use bytes::Bytes;
@@ -54,7 +55,7 @@ impl ShardWriter {
     }
 
     /// Adds the next tile's rows as one row group.
-    pub fn add_tile(&mut self, batch: &RecordBatch, storage: &dyn Storage) -> anyhow::Result<()> {
+    pub fn add_tile(&mut self, batch: &RecordBatch, storage: &dyn Storage) -> Result<()> {
         if self.current.is_none() {
             self.current = Some(ArrowWriter::try_new(Vec::new(), self.schema.clone(), Some(properties()))?);
         }
@@ -68,7 +69,7 @@ impl ShardWriter {
         Ok(())
     }
 
-    fn finish_shard(&mut self, storage: &dyn Storage) -> anyhow::Result<()> {
+    fn finish_shard(&mut self, storage: &dyn Storage) -> Result<()> {
         let Some(writer) = self.current.take() else { return Ok(()) };
         let bytes = writer.into_inner()?;
         let key = format::obs_shard_key(self.first_shard + self.shards.len());
@@ -79,7 +80,7 @@ impl ShardWriter {
     }
 
     /// Writes the last, partial shard; returns every shard's record.
-    pub fn finish(mut self, storage: &dyn Storage) -> anyhow::Result<Vec<ShardRecord>> {
+    pub fn finish(mut self, storage: &dyn Storage) -> Result<Vec<ShardRecord>> {
         self.finish_shard(storage)?;
         Ok(self.shards)
     }

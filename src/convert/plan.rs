@@ -3,9 +3,9 @@
 //! shards need: the final gene and obs tables at the dataset's own keys, and
 //! `.plan/plan.json` (the [`Plan`]) last.
 
+use super::error::{ConvertError, Result};
 use std::path::{Path, PathBuf};
 
-use anyhow::bail;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
@@ -25,7 +25,7 @@ pub fn plan(
     out: &dyn Storage,
     options: &ConvertOptions,
     progress: &dyn ConvertProgress,
-) -> anyhow::Result<Plan> {
+) -> Result<Plan> {
     plan_then(inputs, out, options, Then::Nothing, progress)
 }
 
@@ -46,12 +46,12 @@ pub(crate) fn plan_then(
     options: &ConvertOptions,
     then: Then,
     progress: &dyn ConvertProgress,
-) -> anyhow::Result<Plan> {
+) -> Result<Plan> {
     if inputs.is_empty() {
-        bail!("no input files");
+        return Err(ConvertError::NoInputs);
     }
     if options.write.tile_size == 0 {
-        bail!("the tile size must be at least 1");
+        return Err(ConvertError::Argument("the tile size must be at least 1".into()));
     }
     // The sampled inputs' X is read for the gene totals (unless they were
     // summed by plan --totals-shard), and every input's for the tiles.
@@ -68,7 +68,8 @@ pub(crate) fn plan_then(
         scan_inputs(inputs, &options.matrix, options.genes, &read_whole, &options.inputs, progress)?;
     let n_genes = var_names.len() as u64;
     if n_genes == 0 || n_genes > MAX_GENES {
-        bail!("{}: {} has {n_genes} genes; a dataset needs 1..2^31", inputs[0].display(), options.matrix);
+        let problem = format!("{} has {n_genes} genes; a dataset needs 1..2^31", options.matrix);
+        return Err(ConvertError::invalid(inputs[0].display().to_string(), problem));
     }
     let mut obs_plan = match &options.obs {
         Some(o) => {
@@ -80,7 +81,7 @@ pub(crate) fn plan_then(
     };
     if let (Some(p), Some(_)) = (&mut obs_plan, options.shuffle) {
         let names: Vec<String> = scanned.iter().map(|i| i.path.display().to_string()).collect();
-        p.add_source_columns(&names).map_err(anyhow::Error::msg)?;
+        p.add_source_columns(&names)?;
     }
     prepare_output(out, options.overwrite)?;
 
@@ -91,7 +92,7 @@ pub(crate) fn plan_then(
             let identity = totals_identity(&scanned, &sampled, &options.matrix, &var_names);
             let totals = match stored_totals(out, &identity, var_names.len())? {
                 Some(totals) => {
-                    progress.note("gene totals summed from the results of plan --totals-shard");
+                    progress.note("gene totals summed from the partial totals stored in the output");
                     totals
                 }
                 None => gene_totals(&scanned, &sampled, &options.matrix, &var_names, &options.inputs, progress)?,

@@ -3,7 +3,7 @@
 //! result record under `.plan/results/` written last. A shard run twice writes
 //! the same bytes again and touches no other shard's objects.
 
-use anyhow::{bail, Context};
+use super::error::{ConvertError, Result};
 use bytes::Bytes;
 
 use super::base::{check_base, kept_rows};
@@ -17,7 +17,7 @@ use crate::writer::DatasetWriter;
 
 /// The plan in `out`: of a conversion into it, or of an append to the
 /// dataset in it (`plan --append`).
-pub fn read_planned(out: &dyn Storage) -> anyhow::Result<Plan> {
+pub fn read_planned(out: &dyn Storage) -> Result<Plan> {
     read_plan(Workspace::resolve(out)?.out())
 }
 
@@ -30,9 +30,11 @@ pub fn run_shard(
     n: usize,
     options: &ShardOptions,
     progress: &dyn ConvertProgress,
-) -> anyhow::Result<ShardResult> {
+) -> Result<ShardResult> {
     if n == 0 || k >= n {
-        bail!("shard {k}/{n}: the index must be below the number of shards (0-based: 0..{n})");
+        return Err(ConvertError::Argument(format!(
+            "shard {k}/{n}: the index must be below the number of shards (0-based: 0..{n})"
+        )));
     }
     let workspace = Workspace::resolve(out)?;
     shard_in(workspace.out(), workspace.base(), k, n, options, progress)
@@ -48,27 +50,28 @@ pub(crate) fn shard_in(
     n: usize,
     options: &ShardOptions,
     progress: &dyn ConvertProgress,
-) -> anyhow::Result<ShardResult> {
+) -> Result<ShardResult> {
     let plan = read_plan(out)?;
     let tiles = plan.shard_tiles(k, n);
 
     let order_location = base.location(format::GENE_ORDER_KEY);
     let order = match base.get(format::GENE_ORDER_KEY)? {
-        Some(bytes) => npy::read_i32(&bytes).map_err(|e| anyhow::anyhow!("{order_location}: {e}"))?,
+        Some(bytes) => npy::read_i32(&bytes).map_err(|e| ConvertError::invalid(&order_location, e))?,
         // An append to a dataset stored in source order.
         None if plan.append.is_some() => (0..plan.n_genes as i32).collect(),
-        None => bail!("{order_location}: missing"),
+        None => return Err(ConvertError::invalid(order_location, "missing")),
     };
-    npy::check_permutation(&order, plan.n_genes).map_err(|e| anyhow::anyhow!("{order_location}: {e}"))?;
+    npy::check_permutation(&order, plan.n_genes).map_err(|e| ConvertError::invalid(&order_location, e))?;
     let mut remap = vec![0u32; order.len()];
     for (j, &g) in order.iter().enumerate() {
         remap[g as usize] = j as u32;
     }
     // The genes in source order, to map each input's columns by name.
     let names_location = base.location(format::VAR_NAMES_KEY);
-    let names_bytes = base.get(format::VAR_NAMES_KEY)?.with_context(|| format!("{names_location}: missing"))?;
+    let names_bytes =
+        base.get(format::VAR_NAMES_KEY)?.ok_or_else(|| ConvertError::invalid(&names_location, "missing"))?;
     let mut stored_names = crate::dataset::parse_var_names(&names_bytes, plan.n_genes)
-        .map_err(|e| anyhow::anyhow!("{names_location}: {e}"))?;
+        .map_err(|e| ConvertError::invalid(&names_location, e))?;
     let mut source_genes = vec![String::new(); order.len()];
     for (j, &g) in order.iter().enumerate() {
         source_genes[g as usize] = std::mem::take(&mut stored_names[j]);
@@ -79,7 +82,7 @@ pub(crate) fn shard_in(
         Some(o) => {
             let schema = crate::obs::read_schema(out)?.schema;
             let location = out.location(format::OBS_SCHEMA_KEY);
-            Some(ObsPlan::from_schema(schema, o.names, o.source).map_err(|e| anyhow::anyhow!("{location}: {e}"))?)
+            Some(ObsPlan::from_schema(schema, o.names, o.source).map_err(|e| ConvertError::invalid(location, e))?)
         }
     };
 

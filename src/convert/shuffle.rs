@@ -13,12 +13,12 @@
 //! Memory holds one bucket, and the spill buffers; disk holds the shard's
 //! cells once, compressed.
 
+use super::error::{ConvertError, Result};
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use arrow_array::{RecordBatch, UInt32Array};
 use arrow_schema::SchemaRef;
 
@@ -137,16 +137,11 @@ pub struct Scatter {
 impl Scatter {
     /// Spill files for the cells of `positions`, in buckets of `bucket_cells`
     /// (whole tiles), in a new temporary folder in `dir`.
-    pub fn new(
-        dir: &Path,
-        positions: Range<u64>,
-        bucket_cells: u64,
-        obs_schema: Option<SchemaRef>,
-    ) -> anyhow::Result<Scatter> {
+    pub fn new(dir: &Path, positions: Range<u64>, bucket_cells: u64, obs_schema: Option<SchemaRef>) -> Result<Scatter> {
         let dir = tempfile::Builder::new()
             .prefix("deltacells-shuffle-")
             .tempdir_in(dir)
-            .with_context(|| format!("cannot create a spill folder in {}", dir.display()))?;
+            .map_err(ConvertError::io(format!("cannot create a spill folder in {}", dir.display())))?;
         let n = (positions.end - positions.start).div_ceil(bucket_cells.max(1));
         let buckets = (0..n).map(|_| Bucket::default()).collect();
         Ok(Scatter { dir, positions, bucket_cells: bucket_cells.max(1), buckets, obs_schema })
@@ -174,7 +169,7 @@ impl Scatter {
         origins: &[Origin],
         counts: &CsrMatrix,
         obs: Option<&RecordBatch>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<()> {
         let mut obs_rows: Vec<Vec<u32>> = vec![Vec::new(); if obs.is_some() { self.buckets.len() } else { 0 }];
         let mut touched: Vec<usize> = Vec::new();
         for (r, (&pos, origin)) in positions.iter().zip(origins).enumerate() {
@@ -207,8 +202,7 @@ impl Scatter {
         touched.dedup();
         for b in touched {
             if let (Some(batch), Some(rows)) = (obs, obs_rows.get_mut(b)) {
-                let taken = arrow_select::take::take_record_batch(batch, &UInt32Array::from(std::mem::take(rows)))
-                    .context("taking obs rows for the spill")?;
+                let taken = arrow_select::take::take_record_batch(batch, &UInt32Array::from(std::mem::take(rows)))?;
                 self.buckets[b].obs_bytes += taken.get_array_memory_size();
                 self.buckets[b].obs.push(taken);
             }
@@ -221,10 +215,10 @@ impl Scatter {
 
     /// Appends one compressed frame of bucket `b`'s buffered cells (and one
     /// of its obs rows) to its files.
-    fn flush(&mut self, b: usize) -> anyhow::Result<()> {
+    fn flush(&mut self, b: usize) -> Result<()> {
         let cells = std::mem::take(&mut self.buckets[b].cells);
         if !cells.is_empty() {
-            let frame = zstd::bulk::compress(&cells, 1).context("compressing spilled cells")?;
+            let frame = zstd::bulk::compress(&cells, 1).map_err(ConvertError::io("compressing spilled cells"))?;
             append_frame(&self.path(b, "cells"), &frame)?;
         }
         let obs = std::mem::take(&mut self.buckets[b].obs);
@@ -244,7 +238,7 @@ impl Scatter {
     }
 
     /// Flushes every bucket: the first pass is over.
-    pub fn finish(&mut self) -> anyhow::Result<()> {
+    pub fn finish(&mut self) -> Result<()> {
         for b in 0..self.buckets.len() {
             self.flush(b)?;
         }
@@ -253,11 +247,13 @@ impl Scatter {
 
     /// Bucket `b`'s cells in position order, with their origins and obs rows.
     /// Every position of the bucket must have been spilled exactly once.
-    pub fn gather(&self, b: usize, n_genes: u32) -> anyhow::Result<Gathered> {
+    pub fn gather(&self, b: usize, n_genes: u32) -> Result<Gathered> {
         let range = self.bucket_positions(b);
         let n = (range.end - range.start) as usize;
         let cells_path = self.path(b, "cells");
-        let corrupt = |what: &str| anyhow::anyhow!("{}: spilled cells are corrupt ({what})", cells_path.display());
+        let corrupt = |what: &str| {
+            ConvertError::invalid(cells_path.display().to_string(), format!("spilled cells are corrupt ({what})"))
+        };
         // slot (position - start) -> (origin, offset and length in the arena)
         let mut slots: Vec<Option<(Origin, usize, usize)>> = vec![None; n];
         let mut arena_indices: Vec<u32> = Vec::new();
@@ -312,15 +308,18 @@ impl Scatter {
                 let obs_path = self.path(b, "obs");
                 let mut batches = Vec::new();
                 for frame in read_frames(&obs_path)? {
-                    let reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(frame), None)
-                        .with_context(|| format!("{}: spilled obs rows are corrupt", obs_path.display()))?;
+                    let corrupt =
+                        |e| ConvertError::invalid(obs_path.display().to_string(), format!("spilled obs rows: {e}"));
+                    let reader =
+                        arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(frame), None).map_err(corrupt)?;
                     for batch in reader {
-                        batches.push(batch.with_context(|| format!("{}: spilled obs rows", obs_path.display()))?);
+                        batches.push(batch.map_err(corrupt)?);
                     }
                 }
                 let all = arrow_select::concat::concat_batches(schema, &batches)?;
                 if all.num_rows() != n {
-                    anyhow::bail!("{}: {} spilled obs rows for {n} cells", obs_path.display(), all.num_rows());
+                    let problem = format!("{} spilled obs rows for {n} cells", all.num_rows());
+                    return Err(ConvertError::invalid(obs_path.display().to_string(), problem));
                 }
                 // Row k of the spill is the cell of slot spilled_order[k]:
                 // invert that to take the rows in position order.
@@ -357,31 +356,32 @@ fn take_bytes<const N: usize>(bytes: &[u8], at: &mut usize) -> Option<[u8; N]> {
     take_slice(bytes, at, N).map(|s| s.try_into().expect("N bytes"))
 }
 
-fn append_frame(path: &Path, frame: &[u8]) -> anyhow::Result<()> {
+fn append_frame(path: &Path, frame: &[u8]) -> Result<()> {
     let mut file = OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
-        .with_context(|| format!("cannot write the spill file {}", path.display()))?;
+        .map_err(ConvertError::io(format!("cannot write the spill file {}", path.display())))?;
     file.write_all(&(frame.len() as u64).to_le_bytes())
         .and_then(|()| file.write_all(frame))
-        .with_context(|| format!("cannot write the spill file {}", path.display()))
+        .map_err(ConvertError::io(format!("cannot write the spill file {}", path.display())))
 }
 
 /// The frames of a spill file (none when the bucket spilled nothing).
-fn read_frames(path: &Path) -> anyhow::Result<Vec<Vec<u8>>> {
+fn read_frames(path: &Path) -> Result<Vec<Vec<u8>>> {
     let bytes = match std::fs::read(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).with_context(|| format!("cannot read the spill file {}", path.display())),
+        Err(e) => return Err(ConvertError::io(format!("cannot read the spill file {}", path.display()))(e)),
     };
     let mut frames = Vec::new();
     let mut rest = bytes.as_slice();
     while !rest.is_empty() {
-        let (len, tail) = rest.split_at_checked(8).context("a spill file ends inside a frame length")?;
+        let corrupt = |problem| ConvertError::invalid(path.display().to_string(), problem);
+        let (len, tail) = rest.split_at_checked(8).ok_or_else(|| corrupt("the file ends inside a frame length"))?;
         let len = u64::from_le_bytes(len.try_into().expect("8 bytes"));
         let len = usize::try_from(len).ok().filter(|&l| l <= tail.len());
-        let len = len.with_context(|| format!("{}: a frame runs past the end of the file", path.display()))?;
+        let len = len.ok_or_else(|| corrupt("a frame runs past the end of the file"))?;
         frames.push(tail[..len].to_vec());
         rest = &tail[len..];
     }
@@ -397,7 +397,7 @@ pub(crate) fn read_shuffled(
     cells: Range<u64>,
     dispatch: &mut Dispatch<'_>,
     progress: &dyn ConvertProgress,
-) -> anyhow::Result<u64> {
+) -> Result<u64> {
     let TileJob { inputs, matrix, source_genes, remap, obs_plan, .. } = *job;
     let n_genes = remap.len() as u32;
     let n_cells: u64 = job.first_cell + inputs.iter().map(|i| i.n_rows).sum::<u64>();
@@ -432,7 +432,9 @@ pub(crate) fn read_shuffled(
                 remaps.push(std::sync::Arc::new(Vec::new()));
                 continue;
             }
-            let tail = job.tail.with_context(|| format!("{}: the stored tile was not read", input.path.display()))?;
+            let tail = job.tail.ok_or_else(|| {
+                ConvertError::invalid(input.path.display().to_string(), "the stored tile was not read")
+            })?;
             let identity = (0..n_genes).collect::<Vec<u32>>();
             let (raw, obs) = tail.read(0..input.n_rows);
             let cells = offset..offset + input.n_rows;
@@ -440,7 +442,7 @@ pub(crate) fn read_shuffled(
             if let Err((_, bad)) =
                 spill_block(&mut scatter, &placement, block, &raw, obs.as_ref(), keep_all, (n_genes, &identity))?
             {
-                anyhow::bail!("{}: {}", input.path.display(), bad.problem);
+                return Err(ConvertError::invalid(input.path.display().to_string(), bad.problem));
             }
             remaps.push(std::sync::Arc::new(identity));
             offset += input.n_rows;
@@ -458,7 +460,7 @@ pub(crate) fn read_shuffled(
         let input_obs =
             obs_plan.zip(obs_table.as_deref()).map(|(p, t)| p.for_input(t, source_code(inputs, p, i))).transpose()?;
         // (obs tables are read on this thread only: they are not Sync)
-        let read_obs = |rows: Range<u64>| -> anyhow::Result<Option<RecordBatch>> {
+        let read_obs = |rows: Range<u64>| -> Result<Option<RecordBatch>> {
             match (obs_plan, &input_obs, obs_table.as_deref()) {
                 (Some(p), Some(maps), Some(t)) => Ok(Some(p.batch(maps, t, rows)?)),
                 _ => Ok(None),
@@ -544,7 +546,7 @@ fn spill_block(
     obs: Option<&RecordBatch>,
     keep_all: bool,
     (n_genes, remap): (u32, &[u32]),
-) -> anyhow::Result<Result<u64, (u64, BadValue)>> {
+) -> Result<Result<u64, (u64, BadValue)>> {
     let positions: Vec<u64> = cells.clone().map(|c| placement.position(c)).collect();
     let kept: Vec<usize> = if keep_all {
         (0..positions.len()).collect()

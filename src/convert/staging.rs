@@ -13,9 +13,10 @@
 //! [`Workspace`] says where a planned job runs: in the output of a
 //! conversion, or in the staging folder of the dataset an append extends.
 
+pub use super::error::AppendError;
+use super::error::{ConvertError, Result};
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
@@ -99,7 +100,7 @@ pub(crate) enum Leftover {
     Finished(Option<AppendRecord>),
 }
 
-pub(crate) fn leftover(ds: &dyn Storage) -> anyhow::Result<Leftover> {
+pub(crate) fn leftover(ds: &dyn Storage) -> Result<Leftover> {
     let staging = Within::new(ds, APPEND_PREFIX);
     let Some(record_bytes) = ds.get(RECORD_KEY)? else {
         // Files without a record: a cleanup that was interrupted.
@@ -110,16 +111,18 @@ pub(crate) fn leftover(ds: &dyn Storage) -> anyhow::Result<Leftover> {
     let record: AppendRecord = serde_json::from_slice(&record_bytes)
         .ok()
         .filter(|r: &AppendRecord| r.format == RECORD_FORMAT && r.version == 1)
-        .with_context(|| format!("{location}: not the record of an append of this version"))?;
+        .ok_or_else(|| ConvertError::invalid(location, "not the record of an append of this version"))?;
     let current = ds.get(format::MANIFEST_KEY)?;
     let staged = staging.get(STAGED_MANIFEST)?;
     Ok(match (current, staged) {
         (None, Some(staged)) => Leftover::Committing(record, staged),
-        (None, None) => bail!(
-            "{}: incomplete dataset: an append into it was interrupted and its staged manifest is missing ({})",
-            ds.location(""),
-            staging.location(STAGED_MANIFEST)
-        ),
+        (None, None) => {
+            let problem = format!(
+                "incomplete dataset: an append into it was interrupted and its staged manifest is missing ({})",
+                staging.location(STAGED_MANIFEST)
+            );
+            return Err(ConvertError::state(ds.location(""), problem));
+        }
         (Some(current), Some(staged)) if current == staged => Leftover::Finished(Some(record)),
         (Some(current), staged) if fingerprint::sha256_hex(&current) == record.base => match staged {
             Some(staged) => Leftover::Staged(record, staged),
@@ -132,7 +135,7 @@ pub(crate) fn leftover(ds: &dyn Storage) -> anyhow::Result<Leftover> {
 
 /// Removes `.append/`, its record first (so that what is left is never taken
 /// for an append in progress).
-pub(crate) fn clean_up(ds: &dyn Storage) -> anyhow::Result<()> {
+pub(crate) fn clean_up(ds: &dyn Storage) -> Result<()> {
     ds.delete(RECORD_KEY)?;
     for key in ds.list(APPEND_PREFIX)? {
         ds.delete(&key)?;
@@ -143,44 +146,17 @@ pub(crate) fn clean_up(ds: &dyn Storage) -> anyhow::Result<()> {
 /// Takes the dataset's lock for an append, a resume or a finalize, so that
 /// two of them never change one dataset at once (a local folder's; a bucket
 /// has none, see [`Storage::try_lock_root`]).
-pub(crate) fn lock(ds: &dyn Storage) -> anyhow::Result<crate::storage::RootLock> {
+pub(crate) fn lock(ds: &dyn Storage) -> Result<crate::storage::RootLock> {
     match ds.try_lock_root()? {
-        crate::storage::RootLock::Busy => Err(AppendError::Busy { location: ds.location("") }.into()),
+        crate::storage::RootLock::Busy => Err(AppendError::Busy { location: ds.location("") })?,
         lock => Ok(lock),
     }
 }
 
-/// Why an append cannot go on.
-#[derive(Debug, thiserror::Error)]
-pub enum AppendError {
-    /// A shuffled append to a dataset whose obs does not say where its cells
-    /// were read (it was converted in the inputs' order).
-    #[error(
-        "{location}: its obs has no source_file and source_row columns (it was converted in the inputs' order), \
-         so the order of shuffled cells could not be undone"
-    )]
-    NoSourceColumns { location: String },
-    #[error(
-        "{location}: another append, append --resume or finalize is running on this dataset (it holds the folder's lock); \
-         run this again once it has ended"
-    )]
-    Busy { location: String },
-    #[error(
-        "{location}: a planned append of {inputs} is under way (plan --append; its shards write into .append/): \
-         run `deltacells finalize` on the dataset once they are done, or remove its .append folder to discard it"
-    )]
-    Planned { location: String, inputs: String },
-    #[error(
-        "{location}: incomplete dataset: an append of {inputs} into it was interrupted while it replaced files; \
-         it must be completed first"
-    )]
-    Interrupted { location: String, inputs: String },
-}
-
 /// Checks the staged manifest, commits and cleans up; the manifest written.
-pub(crate) fn commit_staged(ds: &dyn Storage, staged: &Bytes) -> anyhow::Result<Manifest> {
+pub(crate) fn commit_staged(ds: &dyn Storage, staged: &Bytes) -> Result<Manifest> {
     let manifest = Manifest::parse_checked(staged)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", Within::new(ds, APPEND_PREFIX).location(STAGED_MANIFEST)))?;
+        .map_err(|e| ConvertError::invalid(Within::new(ds, APPEND_PREFIX).location(STAGED_MANIFEST), e))?;
     commit(ds, staged)?;
     clean_up(ds)?;
     Ok(manifest)
@@ -188,7 +164,7 @@ pub(crate) fn commit_staged(ds: &dyn Storage, staged: &Bytes) -> anyhow::Result<
 
 /// Step 2: removes the manifest, moves every staged file into place, writes
 /// the staged manifest. Running it again after an interruption completes it.
-pub(crate) fn commit(ds: &dyn Storage, staged_manifest: &Bytes) -> anyhow::Result<()> {
+pub(crate) fn commit(ds: &dyn Storage, staged_manifest: &Bytes) -> Result<()> {
     // The crash tests stop the process here for real (SIGABRT) after this many
     // moves (-1: before the manifest is removed, -2: before the new one is
     // written): a kill cannot be timed into a commit of a few renames. Only
@@ -232,7 +208,7 @@ pub(crate) fn commit(ds: &dyn Storage, staged_manifest: &Bytes) -> anyhow::Resul
 
 /// The staging folder of `ds` when it holds the plan of an append (and `ds`
 /// no plan of a conversion): where shards and finalize work.
-pub(crate) fn planned_staging(ds: &dyn Storage) -> anyhow::Result<Option<Within<'_>>> {
+pub(crate) fn planned_staging(ds: &dyn Storage) -> Result<Option<Within<'_>>> {
     if ds.size(PLAN_KEY)?.is_some() {
         return Ok(None);
     }
@@ -242,7 +218,7 @@ pub(crate) fn planned_staging(ds: &dyn Storage) -> anyhow::Result<Option<Within<
 
 /// Completes an append whose files are all staged (its finalize, or its
 /// commit, was interrupted); the manifest written, or None when there is none.
-pub(crate) fn finish_interrupted(ds: &dyn Storage) -> anyhow::Result<Option<Manifest>> {
+pub(crate) fn finish_interrupted(ds: &dyn Storage) -> Result<Option<Manifest>> {
     match leftover(ds)? {
         Leftover::Committing(_, staged) | Leftover::Staged(_, staged) => Ok(Some(commit_staged(ds, &staged)?)),
         _ => Ok(None),
@@ -261,7 +237,7 @@ pub(crate) struct Workspace<'a> {
 impl<'a> Workspace<'a> {
     /// The workspace of `root`: its staging folder when that holds the plan
     /// of an append (and `root` no plan of a conversion), else `root`.
-    pub fn resolve(root: &'a dyn Storage) -> anyhow::Result<Workspace<'a>> {
+    pub fn resolve(root: &'a dyn Storage) -> Result<Workspace<'a>> {
         Ok(Workspace { root, staging: planned_staging(root)? })
     }
 

@@ -3,11 +3,11 @@
 //! the output, and the plan that follows adds them up instead of reading
 //! those inputs' X itself; totals of other inputs or options are refused.
 
+use super::error::{ConvertError, Result};
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -75,20 +75,23 @@ pub fn plan_totals_shard(
     k: usize,
     n: usize,
     progress: &dyn ConvertProgress,
-) -> anyhow::Result<TotalsSummary> {
+) -> Result<TotalsSummary> {
     let started = std::time::Instant::now();
     if n == 0 || k >= n {
-        bail!("--totals-shard {k}/{n}: K must be from 0 to N-1");
+        return Err(ConvertError::Argument(format!("totals share {k}/{n}: K must be from 0 to N-1")));
     }
     if inputs.is_empty() {
-        bail!("no input files");
+        return Err(ConvertError::NoInputs);
     }
     let sampled = sampled_inputs(inputs.len(), options.gene_order_files);
     let mine: Vec<usize> = sampled[totals_share(sampled.len(), k, n)].to_vec();
     let (scanned, var_names) = scan_inputs(inputs, &options.matrix, options.genes, &mine, &options.inputs, progress)?;
-    let keys = out.list("").with_context(|| format!("cannot list the output {}", out.location("")))?;
+    let keys = out.list("").map_err(|source| ConvertError::Reaching {
+        what: format!("cannot list the output {}", out.location("")),
+        source,
+    })?;
     if keys.iter().any(|key| !key.starts_with(TOTALS_PREFIX)) {
-        return Err(super::ConvertError::NotEmpty { location: out.location("") }.into());
+        return Err(ConvertError::NotEmpty { location: out.location("") });
     }
     let totals = gene_totals(&scanned, &mine, &options.matrix, &var_names, &options.inputs, progress)?;
     let record = TotalsShard {
@@ -121,39 +124,41 @@ pub(crate) fn has_stored_totals(out: &dyn Storage) -> bool {
 /// The gene totals `plan --totals-shard` stored in `out`, summed, when there
 /// are any: every share of one count N must be there, and of the inputs and
 /// options this plan samples (`identity`).
-pub(crate) fn stored_totals(out: &dyn Storage, identity: &str, n_genes: usize) -> anyhow::Result<Option<Vec<u64>>> {
+pub(crate) fn stored_totals(out: &dyn Storage, identity: &str, n_genes: usize) -> Result<Option<Vec<u64>>> {
     let keys = out.list(TOTALS_PREFIX)?;
     if keys.is_empty() {
         return Ok(None);
     }
-    let again = format!(
-        "run `deltacells plan --totals-shard K/N` with this plan's inputs and options, or remove {} to sum them here",
-        out.location(TOTALS_PREFIX)
-    );
+    let totals_location = out.location(TOTALS_PREFIX);
+    let unusable =
+        |location: String, problem: String| ConvertError::Totals { location, problem, totals: totals_location.clone() };
     let mut shares: BTreeMap<usize, TotalsShard> = BTreeMap::new();
     let mut count = None;
     for key in &keys {
         let location = out.location(key);
-        let bytes = out.get(key)?.with_context(|| format!("{location}: vanished while planning"))?;
-        let r: TotalsShard = serde_json::from_slice(&bytes)
+        let bytes = out.get(key)?.ok_or_else(|| ConvertError::invalid(&location, "vanished while planning"))?;
+        let Some(r) = serde_json::from_slice(&bytes)
             .ok()
             .filter(|r: &TotalsShard| r.format == TOTALS_FORMAT && r.shard < r.shards && r.totals.len() == n_genes)
-            .with_context(|| format!("{location}: not gene totals of this plan's {n_genes} genes; {again}"))?;
+        else {
+            return Err(unusable(location, format!("not gene totals of this plan's {n_genes} genes")));
+        };
         if r.of != identity {
-            bail!(
-                "{location}: gene totals of other inputs or options (--matrix, --genes, --gene-order-files, \
-                 or an input changed since); {again}"
-            );
+            let problem = "gene totals of other inputs or options (the matrix, the gene set, the number of files \
+                           sampled, or an input changed since)";
+            return Err(unusable(location, problem.into()));
         }
         if *count.get_or_insert(r.shards) != r.shards {
-            bail!("{location}: totals of {} shares beside totals of {}; {again}", r.shards, count.unwrap_or(0));
+            let problem = format!("totals of {} shares beside totals of {}", r.shards, count.unwrap_or(0));
+            return Err(unusable(location, problem));
         }
         shares.insert(r.shard, r);
     }
     let n = count.unwrap_or(0);
     let missing: Vec<String> = (0..n).filter(|k| !shares.contains_key(k)).map(|k| format!("{k}/{n}")).collect();
     if !missing.is_empty() {
-        bail!("{}: the gene totals of shares {} are missing; {again}", out.location(TOTALS_PREFIX), missing.join(", "));
+        let problem = format!("the gene totals of shares {} are missing", missing.join(", "));
+        return Err(unusable(out.location(TOTALS_PREFIX), problem));
     }
     let mut totals = vec![0u64; n_genes];
     for share in shares.values() {

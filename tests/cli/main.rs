@@ -10,6 +10,7 @@ mod gene_order;
 mod golden;
 mod h5;
 mod hardening;
+mod library_errors;
 mod obs;
 mod pbmc;
 mod real_world;

@@ -265,7 +265,11 @@ fn gene_totals_summed_in_shares_give_the_plan_one_machine_makes() {
     args.extend(&inputs);
     args.push("sharded");
     let run = t.run(&args).expect_code(0);
-    assert!(run.stderr().contains("gene totals summed from the results of plan --totals-shard"), "{}", run.stderr());
+    assert!(
+        run.stderr().contains("gene totals summed from the partial totals stored in the output"),
+        "{}",
+        run.stderr()
+    );
     wait_ok(shard(&t, "sharded", &["-q", "--shard", "0/1"]).spawn().unwrap(), "shard 0/1");
     t.run(&["finalize", "-q", "sharded"]).expect_code(0);
     assert_same_tree(&t.join("sharded"), &t.join("single"));
