@@ -82,17 +82,37 @@ def measure_torch(dataset: str, epochs: int, cache: str, workers: int, persisten
     return {"seconds": statistics.median(times[1:]), "first": times[0], "cells": cells, "nnz": nnz, "rss": peak_rss()}
 
 
-def measure_deltacells(dataset: str, epochs: int, threads: int, cache: str) -> dict:
+def model_vocabulary(names: list[str], size: int = 20_000) -> list[str]:
+    """A model's gene list as the issue on model terms sets it: `size` genes,
+    half of them the dataset's (chosen at random), half absent, shuffled."""
+    rng = np.random.default_rng(0)
+    present = list(rng.choice(names, size=min(size // 2, len(names)), replace=False))
+    absent = [f"ENSG_ABSENT_{i}" for i in range(size - len(present))]
+    mixed = present + absent
+    return [mixed[i] for i in rng.permutation(len(mixed))]
+
+
+def measure_deltacells(dataset: str, epochs: int, threads: int, cache: str, form: str = "{}") -> dict:
+    """One process's epochs; `form` is JSON of the batches' model-terms
+    options (genes "model" for model_vocabulary, or "source")."""
     import deltacells
 
     ds = deltacells.open_dataset(dataset, threads=threads, cache_dir=cache, obs_columns=["cell_type"])
+    options = json.loads(form)
+    genes = options.pop("genes", None)
+    if genes is not None:
+        options["genes"] = ds.vocabulary(model_vocabulary(ds.var_names or []) if genes == "model" else genes)
+    total_nnz = sum(ds.manifest["tile_nnz"])
     times, nnz = [], 0
     for epoch in range(epochs + 1):
         started = time.perf_counter()
         nnz = 0
-        for batch in ds.batches(BATCH, epoch=epoch, obs_columns=["cell_type"]):
-            batch.X.to_scipy()
-            nnz += batch.X.nnz
+        for batch in ds.batches(BATCH, epoch=epoch, obs_columns=["cell_type"], **options):
+            if isinstance(batch.X, np.ndarray):
+                nnz = total_nnz  # (dense: the stored nonzeros read)
+            else:
+                batch.X.to_scipy()
+                nnz += batch.X.nnz
         times.append(time.perf_counter() - started)
     return {"seconds": statistics.median(times[1:]), "first": times[0], "cells": ds.n_cells, "nnz": nnz, "rss": peak_rss()}
 
@@ -144,7 +164,7 @@ def measure_ceiling(dataset: str, threads: int) -> dict:
     import deltacells
 
     ds = deltacells.open_dataset(dataset, threads=threads)
-    runs = [ds._raw.decode_all() for _ in range(5)]
+    runs = [ds.native.decode_all() for _ in range(5)]
     return {"seconds": statistics.median(r[0] for r in runs), "cells": runs[0][1], "nnz": runs[0][2], "rss": peak_rss()}
 
 
@@ -254,13 +274,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--work", default=str(HERE.parent / "target" / "bench-reader"))
     parser.add_argument("--baseline-python", help="an interpreter with an earlier build of deltacells (a row before)")
+    parser.add_argument("--ours-only", action="store_true", help="the deltacells rows only (no torch, no peers)")
     parser.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.measure:
         what, *rest = args.measure
         result = {
-            "deltacells": lambda: measure_deltacells(rest[0], int(rest[1]), int(rest[2]), rest[3]),
+            "deltacells": lambda: measure_deltacells(rest[0], int(rest[1]), int(rest[2]), rest[3], *rest[4:]),
             "workers": lambda: measure_workers(rest[0], int(rest[1]), rest[2]),
             "ceiling": lambda: measure_ceiling(rest[0], int(rest[1])),
             "backed": lambda: measure_backed(rest[0]),
@@ -285,6 +306,25 @@ def main() -> None:
     if args.baseline_python:
         before = child(["deltacells", str(dataset), e, t, cache], python=args.baseline_python)
         rows.append((f"deltacells batches, 1 process, before ({t} threads)", before, "the baseline build"))
+    plain = ours["seconds"]
+    for name, form in [
+        ("genes=20,000-gene list, half absent", {"genes": "model"}),
+        ("genes='source'", {"genes": "source"}),
+        ("normalize=1e4, log1p", {"normalize": 1e4, "log1p": True}),
+        ("dense=True (int32 counts)", {"dense": True}),
+        ("genes=20,000 list, normalize, log1p, dense", {"genes": "model", "normalize": 1e4, "log1p": True,
+                                                         "dense": True}),
+        ("top_k=2048", {"top_k": 2048}),
+        ("genes=20,000 list, normalize, log1p, top_k=2048", {"genes": "model", "normalize": 1e4, "log1p": True,
+                                                              "top_k": 2048}),
+    ]:
+        r = child(["deltacells", str(dataset), e, t, cache, json.dumps(form)])
+        per_cell = (r["seconds"] - plain) / r["cells"] * 1e6
+        rows.append((f"  {name}", r, f"{plain / r['seconds']:.2f}x the cells/s of the plain row "
+                                     f"(+{per_cell:.2f} us per cell)"))
+    if args.ours_only:
+        print_table(args, dataset, rows, ceiling, ours)
+        return
     two = child(["workers", str(dataset), e, cache])
     rows.append(("deltacells batches, 2 worker processes (1 thread each)", two,
                  f"peak RSS per worker; {two['rss_total'] / 2**20:.0f} MiB both"))
@@ -311,7 +351,10 @@ def main() -> None:
         rows.append(("annbatch Loader", None, f"not run: {why}"))
     backed = child(["backed", str(source)])
     rows.append(("anndata backed='r', random batches (sorted)", backed, backed["note"]))
+    print_table(args, dataset, rows, ceiling, ours)
 
+
+def print_table(args: argparse.Namespace, dataset: Path, rows: list, ceiling: dict, ours: dict) -> None:
     import deltacells
 
     ds = deltacells.open_dataset(str(dataset))

@@ -75,7 +75,7 @@ def main() -> None:
     # the Rust ceiling and the Python pass, alternated, medians of 5
     rust, python = [], []
     for _ in range(5):
-        seconds, cells, nnz = ds._raw.decode_all()
+        seconds, cells, nnz = ds.native.decode_all()
         rust.append(seconds)
         python.extend(timed(lambda: consume(ds.read_tile(t) for t in range(ds.n_tiles)), 1))
     row(f"Rust decode of every tile ({args.threads} threads)", statistics.median(rust), n, nnz_total)

@@ -40,6 +40,9 @@ pub enum DatasetError {
     /// A file that is there but not what the format allows.
     #[error("{location}: {message}")]
     Invalid { location: String, message: String },
+    /// A batch's form that this dataset cannot be read in (an argument).
+    #[error(transparent)]
+    Output(#[from] crate::batch::OutputError),
     /// A tile breaks a rule of the format (the source names the rule).
     #[error("{location}: tile {tile}")]
     Tile { location: String, tile: usize, source: TileError },
@@ -280,6 +283,46 @@ impl Dataset {
             });
         }
         Ok((location, blob))
+    }
+
+    /// The listed cells (in the order given) in the form `output` asks for:
+    /// a gene vocabulary, scaled values, dense, top-k tokens (see
+    /// [`crate::batch`]); the same values the loader gives with that output.
+    pub fn read_cells_formed(
+        &self,
+        cells: &[u64],
+        output: &crate::batch::BatchOutput,
+    ) -> Result<crate::batch::FormedBatch, DatasetError> {
+        output.check(self.n_genes())?;
+        let m = self.read_cell_list(cells)?;
+        Ok(crate::batch::CellWriter::new(output, self.n_genes()).form(m))
+    }
+
+    /// The nonzeros of each stored column over every cell: every tile is
+    /// read and decoded (in parallel, a few at a time), none kept.
+    pub fn column_nonzeros(&self) -> Result<Vec<u64>, DatasetError> {
+        let n = self.n_genes() as usize;
+        let tiles: Vec<usize> = (0..self.n_tiles()).collect();
+        let mut total = vec![0u64; n];
+        for group in tiles.chunks(rayon::current_num_threads().max(1) * 2) {
+            let counts = group
+                .par_iter()
+                .map(|&t| {
+                    let m = self.read_tile(t)?;
+                    let mut counts = vec![0u64; n];
+                    for &g in &m.indices {
+                        if let Some(c) = counts.get_mut(g as usize) {
+                            *c += 1;
+                        }
+                    }
+                    Ok(counts)
+                })
+                .collect::<Result<Vec<_>, DatasetError>>()?;
+            for c in counts {
+                total.iter_mut().zip(c).for_each(|(t, c)| *t += c);
+            }
+        }
+        Ok(total)
     }
 
     /// Reads cells `range` (global indices) as one CSR matrix, decoding the tiles

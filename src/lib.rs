@@ -34,6 +34,7 @@
 //! cause to [`std::error::Error::source`]; [`error_chain`] prints the whole
 //! chain on one line. No function panics on bad bytes.
 
+pub mod batch;
 pub mod buffers;
 #[cfg(feature = "convert")]
 pub mod convert;
@@ -46,6 +47,7 @@ pub mod loader;
 pub mod obs;
 pub mod storage;
 pub mod verify;
+pub mod vocabulary;
 pub mod writer;
 
 pub use dataset::{Dataset, DatasetError, TileCache};

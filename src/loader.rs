@@ -40,6 +40,8 @@ use rand_pcg::Pcg64Mcg;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
+pub use crate::batch::BatchOutput;
+use crate::batch::{CellWriter, FormedBatch};
 pub use crate::buffers::{BufferPool, Pool};
 use crate::format::tile::{finish_rows, ChunkPlanes};
 use crate::format::CsrMatrix;
@@ -397,11 +399,22 @@ impl LoaderBuffers {
 /// Decompressed chunks kept for reuse.
 pub type PlanesPool = Pool<ChunkPlanes>;
 
-/// One batch: the cells (global indices, in the order yielded) and their rows.
+/// One batch: the cells (global indices, in the order yielded) and their
+/// rows, in the form of the [`BatchOutput`] the batches were started with
+/// (see [`crate::batch::FormedBatch`] for which fields hold what).
 #[derive(Debug)]
 pub struct LoaderBatch {
     pub cells: Vec<u64>,
+    /// CSR: counts, or (scaled) the row offsets and columns of `values`.
     pub x: CsrMatrix,
+    /// Scaled values (CSR beside `x.indices`, or dense); empty for counts.
+    pub values: Vec<f32>,
+    /// Dense counts, `cells x x.n_cols`, row-major; empty unless dense.
+    pub dense_counts: Vec<u32>,
+    /// The top-k output columns of each cell (`cells x k`, -1 padded), and
+    /// their values; empty without top-k.
+    pub top_k: Vec<i32>,
+    pub top_k_values: Vec<f32>,
 }
 
 /// A chunk decompressed for the batcher: its planes, the global index of its
@@ -454,6 +467,19 @@ impl Batches {
         pool: Option<Arc<rayon::ThreadPool>>,
         buffers: &LoaderBuffers,
     ) -> Result<Batches, LoaderError> {
+        Batches::start_with(dataset, plan, pool, buffers, BatchOutput::default())
+    }
+
+    /// [`Batches::start`], with batches in the form `output` says (a gene
+    /// vocabulary, applied to each cell as the batcher writes it).
+    pub fn start_with(
+        dataset: Arc<Dataset>,
+        plan: EpochPlan,
+        pool: Option<Arc<rayon::ThreadPool>>,
+        buffers: &LoaderBuffers,
+        output: BatchOutput,
+    ) -> Result<Batches, LoaderError> {
+        output.check(dataset.n_genes()).map_err(|e| LoaderError::Options(e.to_string()))?;
         let plan = Arc::new(plan);
         let group = decode_group(pool.as_deref());
         let (batch_tx, receiver) = sync_channel(plan.options.prefetch);
@@ -495,7 +521,9 @@ impl Batches {
             let plan = plan.clone();
             spawn(
                 "deltacells-batch",
-                Box::new(move || guarded(batch_tx, |out| cut_batches(&plan, chunk_rx, &planes, &batches, out))),
+                Box::new(move || {
+                    guarded(batch_tx, |out| cut_batches(&plan, &output, chunk_rx, &planes, &batches, out))
+                }),
             )?;
         }
         Ok(Batches { receiver, expected: plan.n_batches, yielded: 0, failed: false })
@@ -762,6 +790,7 @@ fn decode_chunks(
 /// defaults, in benches/shuffle_quality.py.)
 fn cut_batches(
     plan: &EpochPlan,
+    output: &BatchOutput,
     chunks: Receiver<Result<OpenChunk, LoaderError>>,
     pool_of_planes: &PlanesPool,
     buffers: &BufferPool,
@@ -774,19 +803,16 @@ fn cut_batches(
     // grow (new room is zeroed once), written up to `filled`, cut there.
     // (Reserved for the cells a batch can hold, not for what batch_size asks.)
     let cells_in_batch = size.min(usize::try_from(plan.n_cells).unwrap_or(usize::MAX));
-    let new_batch = || {
-        let mut x = buffers.take_matrix();
-        x.n_cols = plan.n_genes;
-        x.indptr = Vec::with_capacity(cells_in_batch + 1);
-        x.indptr.push(0);
-        LoaderBatch { cells: Vec::with_capacity(cells_in_batch), x }
+    let mut writer = CellWriter::new(output, plan.n_genes);
+    let new_batch = |writer: &CellWriter| {
+        let batch = writer.start(buffers.take_matrix(), cells_in_batch);
+        (Vec::with_capacity(cells_in_batch), batch)
     };
-    let send = |mut batch: LoaderBatch| {
-        let filled = *batch.x.indptr.last().expect("indptr starts at 0") as usize;
-        batch.x.indices.truncate(filled);
-        batch.x.data.truncate(filled);
+    let send = |writer: &CellWriter, (cells, mut batch): (Vec<u64>, FormedBatch)| {
+        writer.finish(&mut batch);
         finish_rows();
-        out.send(Ok(batch)).is_ok()
+        let FormedBatch { x, values, dense_counts, top_k, top_k_values, .. } = batch;
+        out.send(Ok(LoaderBatch { cells, x, values, dense_counts, top_k, top_k_values })).is_ok()
     };
     // In dataset order one open chunk is enough.
     let mix = if options.shuffle { options.mix_chunks } else { 1 };
@@ -795,7 +821,7 @@ fn cut_batches(
     // An error from upstream ends the epoch after the full batches the open
     // chunks still make.
     let mut failure: Option<LoaderError> = None;
-    let mut batch: Option<LoaderBatch> = None;
+    let mut batch: Option<(Vec<u64>, FormedBatch)> = None;
     let mut sent = 0u64;
     // The chunks open at first come in one by one, a chunk's cells divided
     // by `mix` draws apart, so that they do not all run out at once (they are
@@ -827,7 +853,7 @@ fn cut_batches(
         let chunk = &mut open[slot];
         let row = chunk.rows.pop().expect("open chunks have cells left");
         drawn += 1;
-        let current = batch.get_or_insert_with(new_batch);
+        let (cells, current) = batch.get_or_insert_with(|| new_batch(&writer));
         let x = &mut current.x;
         let filled = *x.indptr.last().expect("indptr starts at 0") as usize;
         let n = chunk.planes.row_nnz(row);
@@ -840,18 +866,21 @@ fn cut_batches(
                 buffer.resize(grown, 0);
             }
         }
-        chunk.planes.write_row(row, &mut x.indices[filled..filled + n], &mut x.data[filled..filled + n]);
-        x.indptr.push((filled + n) as u64);
-        current.cells.push(chunk.start + row);
+        // (Streaming stores where the batch goes straight out; cached ones
+        // where the writer reads the row again.)
+        let stream = !writer.rewrites();
+        chunk.planes.write_row_with(row, &mut x.indices[filled..filled + n], &mut x.data[filled..filled + n], stream);
+        writer.finish_cell(current, n);
+        cells.push(chunk.start + row);
         if chunk.rows.is_empty() {
             pool_of_planes.give(open.remove(slot).planes);
         }
-        if current.cells.len() == size {
+        if cells.len() == size {
             sent += 1;
             // After the last batch (with drop_last, before the cells it
             // leaves out) the other stages are stopped by dropping their
             // channels.
-            if !send(batch.take().expect("a batch is being filled")) || sent == plan.n_batches {
+            if !send(&writer, batch.take().expect("a batch is being filled")) || sent == plan.n_batches {
                 return;
             }
         }
@@ -860,8 +889,8 @@ fn cut_batches(
         let _ = out.send(Err(e));
         return;
     }
-    if let Some(last) = batch.filter(|b| !b.cells.is_empty() && sent < plan.n_batches) {
-        send(last);
+    if let Some(last) = batch.filter(|(cells, _)| !cells.is_empty() && sent < plan.n_batches) {
+        send(&writer, last);
     }
 }
 

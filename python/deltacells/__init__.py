@@ -22,6 +22,7 @@ from ._errors import (
 )
 from ._loader import CellBatch, Loader
 from ._obs import Obs
+from ._vocabulary import Vocabulary, VocabularyReport, VocabularyWarning
 
 __all__ = [
     "open_dataset",
@@ -30,6 +31,9 @@ __all__ = [
     "Loader",
     "CellBatch",
     "Obs",
+    "Vocabulary",
+    "VocabularyReport",
+    "VocabularyWarning",
     "DeltacellsError",
     "DatasetNotFoundError",
     "CorruptDatasetError",

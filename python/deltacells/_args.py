@@ -41,7 +41,9 @@ def flag(name: str, value: Any) -> bool:
 
 
 def positive_number(name: str, value: Any) -> float:
-    """``value`` as a finite float above zero."""
+    """``value`` as a finite float above zero (a number, not a string)."""
+    if isinstance(value, (str, bytes)):
+        raise InvalidArgumentError(f"{name} must be a number, not {value!r}")
     try:
         number = float(value)
     except (TypeError, ValueError):

@@ -16,6 +16,7 @@ from ._args import flag, integer
 from ._errors import ArgumentTypeError, CellIndexError, DeltacellsError, InvalidArgumentError
 from ._obs import Obs
 from ._options import DEFAULTS, loader_options
+from ._vocabulary import Genes, Vocabulary, VocabularyReport, form_options, resolve
 
 if TYPE_CHECKING:
     import anndata
@@ -34,8 +35,9 @@ Cells = Sequence[int] | np.ndarray | range | slice
 
 class Batch:
     """Some cells of a dataset as a CSR matrix: ``indptr`` (int64), ``indices``
-    (int32, the stored gene columns) and ``data`` (int32 counts), in the order
-    the cells were asked for.
+    (int32, the stored gene columns, or the columns of the vocabulary asked
+    for with ``genes=``, sorted within each cell) and ``data`` (int32
+    counts), in the order the cells were asked for.
 
     The arrays are the buffers the Rust decoder wrote; :meth:`to_scipy` wraps
     ``data`` and ``indices`` without copying (scipy keeps its own int32 copy of
@@ -86,6 +88,7 @@ class Dataset:
         self._cache_dir = cache_dir
         self._handle = raw
         self._pid = os.getpid() if raw is not None else None
+        self._last_vocabulary: tuple[object, Vocabulary] | None = None
 
     @property
     def native(self) -> _deltacells.RawDataset:
@@ -198,23 +201,111 @@ class Dataset:
             raise CellIndexError(f"cell {cell} is out of range: the dataset has {self.n_cells} cells")
         return array
 
-    def get_batch(self, cells: Cells) -> Batch:
+    def vocabulary(self, genes: Sequence[str] | np.ndarray | str, *, column: str | None = None) -> Vocabulary:
+        """A model's gene vocabulary mapped onto this dataset's columns, to
+        pass as ``genes=`` to :meth:`get_batch`, :meth:`batches`,
+        :meth:`to_anndata` or ``deltacells.torch.CellDataset``.
+
+        ``genes`` is a list of gene names in the order the batches' columns
+        should have (a model's vocabulary, 20,000-60,000 names, say), or
+        ``"source"`` for the input files' order. Names are matched against
+        the gene names (``var_names``), or against var column ``column``
+        (``"gene_ids"`` for Ensembl IDs, say) when given. Batches then have
+        exactly these columns in this order: a gene the dataset lacks is a
+        column of zeros, a stored gene the list lacks is left out. Counts of
+        stored genes sharing a name are added. Unknown names are not an
+        error (they are the absent genes); a list with none of the dataset's
+        genes warns (:class:`VocabularyWarning`).
+
+        Raises :class:`InvalidArgumentError` for an empty list or a name
+        given twice, :class:`UnknownNameError` for a ``column`` var does not
+        have.
+
+        >>> vocab = ds.vocabulary(model_genes, column="gene_ids")
+        >>> batch = ds.get_batch(range(256), genes=vocab)  # 256 x len(model_genes)
+        """
+        key = (column, genes if isinstance(genes, str) else tuple(_vocabulary_names(genes)))
+        last = self._last_vocabulary
+        if last is not None and last[0] == key:
+            return last[1]
+        vocabulary = Vocabulary(self, genes, column)
+        self._last_vocabulary = (key, vocabulary)
+        return vocabulary
+
+    def vocabulary_report(
+        self, genes: Sequence[str] | np.ndarray | str | Vocabulary, *, column: str | None = None
+    ) -> VocabularyReport:
+        """How ``genes`` (as :meth:`vocabulary` takes them) fits this dataset:
+        how many are present and absent, and how many of the dataset's
+        nonzeros the genes it leaves out hold. Reads and decodes every tile
+        once (the nonzeros of each stored gene)."""
+        vocabulary = resolve(self, genes, column)
+        assert vocabulary is not None  # genes is not None
+        nonzeros = np.ascontiguousarray(self.native.column_nonzeros(), dtype=np.uint64)
+        native = vocabulary.native
+        return VocabularyReport(
+            genes=native.n_output,
+            present=native.present,
+            absent=native.n_output - native.present,
+            stored_genes=self.n_genes,
+            left_out=native.left_out,
+            nonzeros=int(nonzeros.sum()),
+            nonzeros_left_out=native.left_out_of(nonzeros),
+        )
+
+    def get_batch(
+        self,
+        cells: Cells,
+        *,
+        genes: Genes | None = None,
+        gene_column: str | None = None,
+        normalize: float | None = None,
+        normalize_over: str = "stored",
+        log1p: bool = False,
+        dense: bool = False,
+    ) -> Batch | np.ndarray:
         """The cells listed, in the order given (repeats allowed), as a :class:`Batch`.
 
         ``cells`` is a list, an integer array, a range or a slice. Every tile the
         batch needs is read and decoded once, on the Rust threads.
 
+        With ``genes`` (gene names, ``"source"``, or a :meth:`vocabulary`),
+        the batch's columns are those genes in that order, each cell written
+        in them as it is read (``gene_column`` is the var column the names
+        are matched against; see :meth:`vocabulary`). To read many batches in
+        one vocabulary, build it once with :meth:`vocabulary` and pass that.
+
+        Values stay int32 counts unless asked: ``normalize=1e4`` scales each
+        cell so that its counts sum to 1e4 (over every gene the dataset
+        stores for it with ``normalize_over="stored"``, the default, or over
+        the batch's genes with ``"output"``; a cell without counts stays
+        zero), ``log1p=True`` takes ``ln(1 + x)`` after that; either makes
+        the values float32. ``dense=True`` returns a C-contiguous
+        ``(cells, genes)`` NumPy array (int32, or float32 when scaled),
+        written directly by the Rust reader, instead of a Batch.
+
         Raises :class:`CellIndexError` (an ``IndexError``) for a cell outside
-        ``0 .. n_cells``, naming it.
+        ``0 .. n_cells``, naming it, and :class:`InvalidArgumentError` for a
+        bad ``normalize`` or ``normalize_over``.
 
         >>> batch = ds.get_batch(np.array([10, 3, 10]))
         >>> x = batch.to_scipy()  # 3 x n_genes CSR, no copy
+        >>> x = ds.get_batch(range(64), genes=model_genes, normalize=1e4, log1p=True, dense=True)
         """
+        vocabulary = resolve(self, genes, gene_column)
+        native = None if vocabulary is None else vocabulary.native
+        n_genes = self.n_genes if vocabulary is None else vocabulary.n_genes
+        form = form_options(normalize, normalize_over, log1p, dense, None, n_genes)
+        if form["normalize"] is not None or form["log1p"] or form["dense"]:
+            indptr, indices, data, _, _ = self.native.get_formed(self._cell_array(cells), native, **form)
+            if indptr is None or indices is None:
+                return data
+            return Batch(indptr, indices, data, n_genes)
         if isinstance(cells, (range, slice)):
             r = cells if isinstance(cells, range) else self._slice_range(cells)
             if r.step == 1 and 0 <= r.start <= r.stop <= self.n_cells:
-                return Batch(*self.native.get_range(r.start, r.stop), self.n_genes)
-        return Batch(*self.native.get_batch(self._cell_array(cells)), self.n_genes)
+                return Batch(*self.native.get_range(r.start, r.stop, native), n_genes)
+        return Batch(*self.native.get_batch(self._cell_array(cells), native), n_genes)
 
     def read_tile(self, tile: int) -> Batch:
         """Tile ``tile``, whole, as a :class:`Batch`."""
@@ -241,6 +332,13 @@ class Dataset:
         num_samples: int | None = None,
         balance: str | None = None,
         class_weights: Mapping[Any, float] | None = None,
+        genes: Genes | None = None,
+        gene_column: str | None = None,
+        normalize: float | None = None,
+        normalize_over: str = "stored",
+        log1p: bool = False,
+        dense: bool = False,
+        top_k: int | None = None,
     ) -> Loader:
         """One epoch of training batches (a :class:`Loader`: iterate over it;
         each item is a :class:`CellBatch` with ``.X``, ``.cells`` and ``.obs``).
@@ -287,6 +385,20 @@ class Dataset:
         ``obs_columns`` are localized (copied into the local cache) when the
         iteration starts, then looked up for every batch.
 
+        Genes. With ``genes`` (gene names, ``"source"``, or a
+        :meth:`vocabulary`; ``gene_column`` as there), every batch's columns
+        are those genes in that order, each cell written in them by the Rust
+        batcher.
+
+        Values and form, as :meth:`get_batch` takes them: ``normalize``,
+        ``normalize_over``, ``log1p`` (off by default: counts stay int32
+        counts), and ``dense`` (``batch.X`` a ``(cells, genes)`` NumPy
+        array). ``top_k=K`` adds ``batch.top_k``, for each cell the columns
+        of its K highest values (int32 ``(cells, K)``, -1 past its nonzeros;
+        ties go to the gene with more counts over the dataset, its stored
+        column being lower) and ``batch.top_k_values`` (float32) beside
+        them: the input of rank-based models.
+
         Raises :class:`InvalidArgumentError` (a ``ValueError``) for an
         argument out of its range, and :class:`UnknownNameError` (a
         ``KeyError``) for an obs column or class the dataset does not have,
@@ -304,9 +416,13 @@ class Dataset:
             worker=worker, num_workers=num_workers, drop_last=drop_last, window_tiles=window_tiles,
             mix_chunks=mix_chunks, prefetch=prefetch,
         )
+        vocabulary = resolve(self, genes, gene_column)
+        form = form_options(
+            normalize, normalize_over, log1p, dense, top_k, self.n_genes if vocabulary is None else vocabulary.n_genes
+        )
         return Loader(
             self, options, obs_columns, cells, weights=weights, num_samples=num_samples, balance=balance,
-            class_weights=class_weights,
+            class_weights=class_weights, genes=vocabulary, form=form,
         )
 
     def split(
@@ -343,6 +459,8 @@ class Dataset:
         obs_columns: Sequence[str] | None = None,
         source_gene_order: bool = True,
         source_order: bool = False,
+        genes: Genes | None = None,
+        gene_column: str | None = None,
     ) -> anndata.AnnData:
         """Cells as an ``anndata.AnnData`` (anndata is imported only here).
 
@@ -351,7 +469,9 @@ class Dataset:
         names (``obs_names``, or the cell indices) as its index; var is the gene
         table. With ``source_gene_order`` (the default) the genes are in the
         order of the source files, as they were converted from; otherwise in
-        stored order.
+        stored order. With ``genes`` (see :meth:`vocabulary`), X's columns are
+        those genes in that order, and var has a row for each (empty for the
+        genes the dataset lacks).
 
         With ``source_order``, the cells of a dataset converted with
         ``--shuffle`` come back in the order the input files held them (by
@@ -378,7 +498,13 @@ class Dataset:
             where = self.obs.take(index, source)  # source_file as its codes
             files, rows = (np.asarray(where[c], np.int64) for c in source)
             index = index[np.lexsort((rows, files))]
-        x = self.get_batch(index).to_scipy()
+        vocabulary = resolve(self, genes, gene_column)
+        order = self.gene_order
+        if vocabulary is None and flag("source_gene_order", source_gene_order) and order is not None:
+            vocabulary = self.vocabulary("source")
+        batch = self.get_batch(index, genes=vocabulary)
+        assert isinstance(batch, Batch)  # not dense
+        x = batch.to_scipy()
         hidden = source if source_order else []
         wanted = (
             [c for c in names if c != "obs_names" and c not in hidden] if obs_columns is None else list(obs_columns)
@@ -394,11 +520,8 @@ class Dataset:
         var = self.var
         if var is None:
             var = pd.DataFrame(index=pd.Index(self.var_names or [str(g) for g in range(self.n_genes)]))
-        order = self.gene_order
-        if source_gene_order and order is not None:
-            back = np.argsort(order)  # stored column of each source gene
-            x = x[:, back]
-            var = var.iloc[back]
+        if vocabulary is not None:
+            var = _var_of(var, vocabulary, self)
         return anndata.AnnData(X=x, obs=obs, var=var)
 
     def __len__(self) -> int:
@@ -409,6 +532,31 @@ class Dataset:
             f"<deltacells.Dataset {self.root!r}: {self.n_cells:,} cells x {self.n_genes:,} genes "
             f"in {self.n_tiles:,} {'tile' if self.n_tiles == 1 else 'tiles'}>"
         )
+
+
+def _vocabulary_names(genes: object) -> list[str]:
+    from ._vocabulary import _names
+
+    return _names(genes)
+
+
+def _var_of(var: pd.DataFrame, vocabulary: Vocabulary, dataset: Dataset) -> pd.DataFrame:
+    """``var`` (in stored order) with a row for each gene of ``vocabulary``, in
+    its order: the first stored gene it matches, or an empty row."""
+    import pandas as pd
+
+    from ._vocabulary import _stored_keys
+
+    if vocabulary._given == "source":
+        order = dataset.gene_order
+        return var if order is None else var.iloc[np.argsort(order)]
+    first: dict[str, int] = {}
+    for j, key in enumerate(_stored_keys(dataset, vocabulary.column)):
+        first.setdefault(key, j)
+    rows = [first.get(name, -1) for name in vocabulary.names]
+    table = var.reset_index().reindex(rows)
+    table.index = pd.Index(vocabulary.names, name=var.index.name)
+    return table.drop(columns=[c for c in table.columns if c == (var.index.name or "index")])
 
 
 def open_dataset(

@@ -9,8 +9,28 @@ import numpy.typing as npt
 
 from ._options import LoaderOptions
 
+#: A batch in a form (indptr, indices, data, top_k, top_k_values): CSR
+#: (indptr int64, indices int32, data int32 or float32) or dense (no
+#: indptr or indices; data 2-D), with top-k tokens or not.
+_Formed = tuple[
+    npt.NDArray[np.int64] | None,
+    npt.NDArray[np.int32] | None,
+    npt.NDArray[np.int32] | npt.NDArray[np.float32],
+    npt.NDArray[np.int32] | None,
+    npt.NDArray[np.float32] | None,
+]
+#: A batch of the loader: its cells (int64), then as _Formed.
+_LoaderBatch = tuple[
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64] | None,
+    npt.NDArray[np.int32] | None,
+    npt.NDArray[np.int32] | npt.NDArray[np.float32],
+    npt.NDArray[np.int32] | None,
+    npt.NDArray[np.float32] | None,
+]
+
 __version__: str
-__all__ = ["RawBatches", "RawDataset", "__version__", "cache_root", "column_path", "loader_defaults"]
+__all__ = ["RawBatches", "RawDataset", "RawGeneMap", "__version__", "cache_root", "column_path", "loader_defaults"]
 
 @final
 class RawDataset:
@@ -36,11 +56,22 @@ class RawDataset:
     def gene_order(self) -> npt.NDArray[np.int32] | None: ...
     def var_parquet(self) -> bytes | None: ...
     def get_batch(
-        self, cells: npt.NDArray[np.int64]
+        self, cells: npt.NDArray[np.int64], genes: RawGeneMap | None = None
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
     def get_range(
-        self, start: int, end: int
+        self, start: int, end: int, genes: RawGeneMap | None = None
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
+    def column_nonzeros(self) -> npt.NDArray[np.uint64]: ...
+    def get_formed(
+        self,
+        cells: npt.NDArray[np.int64],
+        genes: RawGeneMap | None = None,
+        normalize: float | None = None,
+        normalize_over: str = "stored",
+        log1p: bool = False,
+        dense: bool = False,
+        top_k: int | None = None,
+    ) -> _Formed: ...
     def read_tile(
         self, tile: int
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
@@ -58,6 +89,12 @@ class RawDataset:
         options: LoaderOptions,
         weights: npt.NDArray[np.float64] | None = None,
         num_samples: int | None = None,
+        genes: RawGeneMap | None = None,
+        normalize: float | None = None,
+        normalize_over: str = "stored",
+        log1p: bool = False,
+        dense: bool = False,
+        top_k: int | None = None,
     ) -> RawBatches: ...
     def obs_schema_json(self) -> str | None: ...
     def localize(
@@ -70,12 +107,24 @@ class RawBatches:
     def n_cells(self) -> int: ...
     @property
     def n_batches(self) -> int: ...
-    def __iter__(self) -> Iterator[
-        tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int32]]
-    ]: ...
-    def __next__(
-        self,
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
+    def __iter__(self) -> Iterator[_LoaderBatch]: ...
+    def __next__(self) -> _LoaderBatch: ...
+
+@final
+class RawGeneMap:
+    @staticmethod
+    def by_name(stored: list[str], wanted: list[str]) -> RawGeneMap: ...
+    @staticmethod
+    def source_order(gene_order: npt.NDArray[np.int32]) -> RawGeneMap: ...
+    @property
+    def n_output(self) -> int: ...
+    @property
+    def n_stored(self) -> int: ...
+    @property
+    def present(self) -> int: ...
+    @property
+    def left_out(self) -> int: ...
+    def left_out_of(self, nonzeros: npt.NDArray[np.uint64]) -> int: ...
 
 def cache_root(explicit: str | None = None) -> str: ...
 def column_path(root: str, fingerprint: str, column: str) -> str: ...

@@ -12,9 +12,11 @@ from ._args import integer
 from ._dataset import Batch
 from ._errors import InvalidArgumentError
 from ._options import MAX_U64, LoaderOptions
+from ._vocabulary import Form
 
 if TYPE_CHECKING:
     from ._dataset import Cells, Dataset
+    from ._vocabulary import Vocabulary
 
 
 class CellBatch:
@@ -24,27 +26,43 @@ class CellBatch:
     ----------
     X
         The counts, a :class:`Batch` (``X.to_scipy()`` gives a CSR matrix over
-        the same buffers, without copying).
+        the same buffers, without copying); with ``dense=True`` a
+        ``(cells, genes)`` NumPy array. float32 values when scaled.
     cells
         int64 global cell indices of the rows of ``X``, in the same order.
     obs
         ``{column: values}`` for the ``obs_columns`` asked for, for the same
         cells, as :meth:`Obs.take` gives them (from the local cache).
+    top_k, top_k_values
+        With ``top_k=K``: int32 ``(cells, K)`` columns of each cell's K
+        highest values (-1 past its nonzeros), and their float32 values;
+        otherwise None.
     """
 
-    __slots__ = ("X", "cells", "obs")
+    __slots__ = ("X", "cells", "obs", "top_k", "top_k_values")
 
-    def __init__(self, X: Batch, cells: np.ndarray, obs: dict[str, np.ndarray]) -> None:
+    def __init__(
+        self,
+        X: Batch | np.ndarray,
+        cells: np.ndarray,
+        obs: dict[str, np.ndarray],
+        top_k: np.ndarray | None = None,
+        top_k_values: np.ndarray | None = None,
+    ) -> None:
         self.X = X
         self.cells = cells
         self.obs = obs
+        self.top_k = top_k
+        self.top_k_values = top_k_values
 
     def __len__(self) -> int:
         return len(self.cells)
 
     def __repr__(self) -> str:
         columns = f", obs {', '.join(self.obs)}" if self.obs else ""
-        return f"<deltacells.CellBatch {len(self.cells)} cells, {self.X.nnz} nonzeros{columns}>"
+        x = self.X
+        held = f"{x.nnz} nonzeros" if isinstance(x, Batch) else f"dense {x.shape[1]} genes"
+        return f"<deltacells.CellBatch {len(self.cells)} cells, {held}{columns}>"
 
 
 class Loader:
@@ -68,8 +86,12 @@ class Loader:
         num_samples: int | None = None,
         balance: str | None = None,
         class_weights: Mapping[Any, float] | None = None,
+        genes: Vocabulary | None = None,
+        form: Form | None = None,
     ) -> None:
         self.dataset = dataset
+        self.genes = genes
+        self.form: Form = form or Form(normalize=None, normalize_over="stored", log1p=False, dense=False, top_k=None)
         self.options = LoaderOptions(**options)
         if obs_columns is not None and (isinstance(obs_columns, str) or not isinstance(obs_columns, Sequence)):
             raise InvalidArgumentError(f"obs_columns must be a list of column names, not {obs_columns!r}")
@@ -129,12 +151,17 @@ class Loader:
         obs = dataset.obs
         if self.obs_columns:
             obs.ensure_local(self.obs_columns)
-        raw = dataset.native.batches(self.cells, self.options, self.weights, self.num_samples)
-        n_genes = dataset.n_genes
+        genes = self.genes
+        raw = dataset.native.batches(
+            self.cells, self.options, self.weights, self.num_samples, None if genes is None else genes.native,
+            **self.form,
+        )
+        n_genes = dataset.n_genes if genes is None else genes.n_genes
         columns = self.obs_columns
-        for cells, indptr, indices, data in raw:
+        for cells, indptr, indices, data, top_k, top_k_values in raw:
             values = obs.take(cells, columns) if columns else {}
-            yield CellBatch(Batch(indptr, indices, data, n_genes), cells, values)
+            x = data if indptr is None or indices is None else Batch(indptr, indices, data, n_genes)
+            yield CellBatch(x, cells, values, top_k, top_k_values)
 
     def __repr__(self) -> str:
         o = self.options

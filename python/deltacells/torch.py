@@ -37,6 +37,7 @@ from ._args import integer
 from ._dataset import Cells, Dataset
 from ._loader import CellBatch
 from ._options import DEFAULTS, loader_options
+from ._vocabulary import Vocabulary
 
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
                  torch.int32: np.int32, torch.int64: np.int64}
@@ -53,26 +54,39 @@ def to_tensors(batch: CellBatch, dtype: torch.dtype = torch.float32) -> dict[str
     dtype, "cells": int64 tensor, "obs": {column: tensor, or the NumPy array
     for string and object columns}}``. ``X``'s column indices are shared
     with the batch (no copy; int32, with int32 row offsets); its values are
-    converted to ``dtype``. Such a dict works with ``pin_memory=True``."""
+    converted to ``dtype``. A batch read with ``dense=True`` gives a dense
+    ``(cells, genes)`` tensor of ``dtype`` (no copy when it is already of
+    that type), and one read with ``top_k`` adds ``"top_k"`` (int32) and
+    ``"top_k_values"`` (float32). Such a dict works with ``pin_memory=True``."""
     x = batch.X
-    crow = torch.from_numpy(x.indptr.astype(np.int32))
-    col = torch.from_numpy(x.indices)
     # The cast is made by NumPy, on this thread: torch's would wake its
     # OpenMP threads, whose spinning takes the cores the loader decodes on
     # (an epoch took 1.4x as long).
     numpy_dtype = _NUMPY_DTYPES.get(dtype)
-    if numpy_dtype is not None:
-        values = torch.from_numpy(x.data.astype(numpy_dtype))
+
+    def cast(values: np.ndarray) -> torch.Tensor:
+        if numpy_dtype is not None:
+            return torch.from_numpy(values.astype(numpy_dtype, copy=values.dtype != numpy_dtype))
+        return torch.from_numpy(values).to(dtype)
+
+    matrix: torch.Tensor
+    if isinstance(x, np.ndarray):  # dense=True: a (cells, genes) tensor
+        matrix = cast(x)
     else:
-        values = torch.from_numpy(x.data).to(dtype)
-    with warnings.catch_warnings():
-        # torch warns once per process that sparse CSR support is in beta.
-        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta", category=UserWarning)
-        matrix = torch.sparse_csr_tensor(crow, col, values, size=x.shape, check_invariants=False)
+        crow = torch.from_numpy(x.indptr.astype(np.int32))
+        col = torch.from_numpy(x.indices)
+        with warnings.catch_warnings():
+            # torch warns once per process that sparse CSR support is in beta.
+            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta", category=UserWarning)
+            matrix = torch.sparse_csr_tensor(crow, col, cast(x.data), size=x.shape, check_invariants=False)
     obs: dict[str, Any] = {}
     for name, v in batch.obs.items():
         obs[name] = _tensor(v) if v.dtype.kind in "biuf" else v
-    return {"X": matrix, "cells": torch.from_numpy(batch.cells), "obs": obs}
+    out = {"X": matrix, "cells": torch.from_numpy(batch.cells), "obs": obs}
+    if batch.top_k is not None and batch.top_k_values is not None:
+        out["top_k"] = torch.from_numpy(batch.top_k)
+        out["top_k_values"] = torch.from_numpy(batch.top_k_values)
+    return out
 
 
 def _distributed() -> tuple[int, int]:
@@ -88,7 +102,9 @@ class CellDataset(torch.utils.data.IterableDataset):
     ``root`` and ``open_options`` are those of :func:`deltacells.open_dataset`;
     the other arguments those of :meth:`deltacells.Dataset.batches` (rank,
     world size, worker and worker count are filled in), sampling included
-    (``weights``, ``num_samples``, ``balance``, ``class_weights``).
+    (``weights``, ``num_samples``, ``balance``, ``class_weights``) and the
+    gene vocabulary (``genes``: names in the model's column order, or
+    ``"source"``; ``gene_column``: the var column they match).
     ``transform`` turns each :class:`CellBatch` into what is yielded (default
     :func:`to_tensors`; pass ``lambda b: b`` for the batch itself).
     ``threads`` are the decoding threads of each worker (default: the cores
@@ -122,6 +138,13 @@ class CellDataset(torch.utils.data.IterableDataset):
         class_weights: Mapping[Any, float] | None = None,
         threads: int | None = None,
         transform: Callable[[CellBatch], Any] | None = None,
+        genes: Sequence[str] | np.ndarray | str | Vocabulary | None = None,
+        gene_column: str | None = None,
+        normalize: float | None = None,
+        normalize_over: str = "stored",
+        log1p: bool = False,
+        dense: bool = False,
+        top_k: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         **open_options: Any,
@@ -134,10 +157,16 @@ class CellDataset(torch.utils.data.IterableDataset):
             world_size=1 if world_size is None else world_size, worker=0,
             num_workers=1, drop_last=drop_last, window_tiles=window_tiles, mix_chunks=mix_chunks, prefetch=prefetch,
         )
+        if isinstance(genes, Vocabulary):  # each worker builds its own, for the dataset it opens
+            gene_column = genes.column
+            genes = genes._given
+        elif genes is not None and not isinstance(genes, str):
+            genes = list(genes)
         self.batch_options: dict[str, Any] = dict(
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, window_tiles=window_tiles,
             mix_chunks=mix_chunks, prefetch=prefetch, weights=weights, num_samples=num_samples, balance=balance,
-            class_weights=class_weights,
+            class_weights=class_weights, genes=genes, gene_column=gene_column, normalize=normalize,
+            normalize_over=normalize_over, log1p=log1p, dense=dense, top_k=top_k,
         )
         self.obs_columns = list(obs_columns) if obs_columns else None
         self.cells = None if cells is None else np.asarray(cells, dtype=np.int64)

@@ -81,3 +81,62 @@ pub(crate) fn pooled_array<'py>(
         Ok(PyArray1::borrow_from_array(&view, owner.into_any()))
     }
 }
+
+/// A batch in the form its output asked for, as NumPy arrays: (indptr,
+/// indices, data, top_k, top_k_values). CSR: indptr int64, indices int32,
+/// data int32 counts or float32 values. Dense: no indptr or indices, data a
+/// `[cells, genes]` int32 or float32 array. top_k: `[cells, k]` int32
+/// columns and float32 values, or None.
+pub(crate) type FormedArrays<'py> = (
+    Option<Bound<'py, PyArray1<i64>>>,
+    Option<Bound<'py, PyArray1<i32>>>,
+    Bound<'py, PyAny>,
+    Option<Bound<'py, PyAny>>,
+    Option<Bound<'py, PyAny>>,
+);
+
+/// The parts of a formed batch (see [`deltacells::batch::FormedBatch`]).
+pub(crate) struct Formed {
+    pub(crate) rows: usize,
+    pub(crate) x: CsrMatrix,
+    pub(crate) values: Vec<f32>,
+    pub(crate) dense_counts: Vec<u32>,
+    pub(crate) top_k: Vec<i32>,
+    pub(crate) top_k_values: Vec<f32>,
+}
+
+pub(crate) fn formed_arrays<'py>(
+    py: Python<'py>,
+    f: Formed,
+    output: &deltacells::batch::BatchOutput,
+    pool: Option<&Arc<BufferPool>>,
+) -> PyResult<FormedArrays<'py>> {
+    use numpy::PyArrayMethods;
+    let rows = f.rows;
+    let n_cols = f.x.n_cols as usize;
+    let int32 = |py: Python<'py>, v: Vec<u32>| -> PyResult<Bound<'py, PyArray1<i32>>> {
+        match pool {
+            Some(pool) => pooled_array(py, v, pool),
+            None => Ok(as_i32(v).into_pyarray(py)),
+        }
+    };
+    let (indptr, indices, data) = if output.dense {
+        let data = if output.scaled() {
+            f.values.into_pyarray(py).reshape([rows, n_cols])?.into_any()
+        } else {
+            as_i32(f.dense_counts).into_pyarray(py).reshape([rows, n_cols])?.into_any()
+        };
+        (None, None, data)
+    } else {
+        let data = if output.scaled() { f.values.into_pyarray(py).into_any() } else { int32(py, f.x.data)?.into_any() };
+        (Some(as_i64(f.x.indptr).into_pyarray(py)), Some(int32(py, f.x.indices)?), data)
+    };
+    let (top_k, top_k_values) = match output.top_k {
+        Some(k) => (
+            Some(f.top_k.into_pyarray(py).reshape([rows, k])?.into_any()),
+            Some(f.top_k_values.into_pyarray(py).reshape([rows, k])?.into_any()),
+        ),
+        None => (None, None),
+    };
+    Ok((indptr, indices, data, top_k, top_k_values))
+}

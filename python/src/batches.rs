@@ -6,9 +6,10 @@ use std::sync::Arc;
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 
+use deltacells::batch::BatchOutput;
 use deltacells::loader::{self, BufferPool, LoaderOptions};
 
-use crate::arrays::{as_i64, pooled_array};
+use crate::arrays::{as_i64, formed_arrays, Formed};
 use crate::errors::{detached, Failure};
 
 /// The Rust loader's default options, as the dict `RawDataset.batches`
@@ -79,19 +80,33 @@ impl<'a, 'py> FromPyObject<'a, 'py> for LoaderArgs {
 #[pyclass(module = "deltacells._deltacells")]
 pub(crate) struct RawBatches {
     batches: std::sync::Mutex<loader::Batches>,
+    /// The form the batches are in.
+    output: BatchOutput,
     /// Where each batch's indices and data go back when NumPy frees them.
     buffers: Arc<BufferPool>,
     n_cells: u64,
     n_batches: u64,
 }
 
-pub(crate) type BatchArrays<'py> =
-    (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>);
+pub(crate) type BatchArrays<'py> = (
+    Bound<'py, PyArray1<i64>>,
+    Option<Bound<'py, PyArray1<i64>>>,
+    Option<Bound<'py, PyArray1<i32>>>,
+    Bound<'py, PyAny>,
+    Option<Bound<'py, PyAny>>,
+    Option<Bound<'py, PyAny>>,
+);
 
 impl RawBatches {
     /// Batches being read, whose buffers go back to `buffers`.
-    pub(crate) fn new(batches: loader::Batches, buffers: Arc<BufferPool>, n_cells: u64, n_batches: u64) -> Self {
-        RawBatches { batches: std::sync::Mutex::new(batches), buffers, n_cells, n_batches }
+    pub(crate) fn new(
+        batches: loader::Batches,
+        buffers: Arc<BufferPool>,
+        n_cells: u64,
+        n_batches: u64,
+        output: BatchOutput,
+    ) -> Self {
+        RawBatches { batches: std::sync::Mutex::new(batches), output, buffers, n_cells, n_batches }
     }
 }
 
@@ -111,20 +126,27 @@ impl RawBatches {
         slf
     }
 
-    /// The next batch: (cells int64, indptr int64, indices int32, data int32),
-    /// waiting without the GIL until it is ready.
+    /// The next batch: (cells int64, indptr, indices, data, top_k,
+    /// top_k_values) as `arrays::FormedArrays` describes them, waiting
+    /// without the GIL until it is ready.
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<BatchArrays<'py>>> {
         let next = detached(py, || {
             let mut batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
             batches.next().transpose().map_err(Failure::from)
         })?;
         let Some(batch) = next else { return Ok(None) };
-        let x = batch.x;
-        Ok(Some((
-            as_i64(batch.cells).into_pyarray(py),
-            as_i64(x.indptr).into_pyarray(py),
-            pooled_array(py, x.indices, &self.buffers)?,
-            pooled_array(py, x.data, &self.buffers)?,
-        )))
+        let rows = batch.cells.len();
+        let cells = as_i64(batch.cells).into_pyarray(py);
+        let formed = Formed {
+            rows,
+            x: batch.x,
+            values: batch.values,
+            dense_counts: batch.dense_counts,
+            top_k: batch.top_k,
+            top_k_values: batch.top_k_values,
+        };
+        let (indptr, indices, data, top_k, top_k_values) =
+            formed_arrays(py, formed, &self.output, Some(&self.buffers))?;
+        Ok(Some((cells, indptr, indices, data, top_k, top_k_values)))
     }
 }

@@ -8,15 +8,21 @@ use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use deltacells::batch::CellWriter;
 use deltacells::format::{self, CsrMatrix};
 use deltacells::loader::{self, BufferPool, EpochPlan, LoaderBuffers, LoaderOptions};
 use deltacells::obs::localize;
 use deltacells::storage::{self, StoreOptions};
+use deltacells::vocabulary::{GeneMap, RowScratch};
 use deltacells::{Dataset, TileCache};
 
-use crate::arrays::{as_i64, cell_vec, csr_arrays, pooled_array, weight_vec, CsrArrays, POOLED_BUFFERS};
+use crate::arrays::{
+    as_i64, cell_vec, csr_arrays, formed_arrays, pooled_array, weight_vec, CsrArrays, Formed, FormedArrays,
+    POOLED_BUFFERS,
+};
 use crate::batches::{LoaderArgs, RawBatches};
 use crate::errors::{detached, Failure, Kind};
+use crate::vocabulary::{batch_output, RawGeneMap};
 
 /// An open dataset (`deltacells.open_dataset` wraps it).
 #[pyclass(frozen, module = "deltacells._deltacells")]
@@ -94,6 +100,22 @@ impl RawDataset {
         let draws = num_samples.unwrap_or_else(|| cells.as_ref().map_or(n, |c| c.len() as u64));
         let drawn = loader::draw_by_weight(n, cells.as_deref(), weights, draws, &options.0)?;
         Ok(EpochPlan::new(&self.dataset, Some(&drawn), &options.0)?)
+    }
+
+    /// `genes`' map, checked to be of this dataset's stored columns.
+    fn checked_map<'a>(&self, genes: Option<&'a RawGeneMap>) -> Result<Option<&'a Arc<GeneMap>>, Failure> {
+        match genes {
+            Some(g) if g.map.n_stored() != self.dataset.n_genes() as usize => Err(Failure {
+                kind: Kind::Value,
+                message: format!(
+                    "genes: the map is of {} stored genes, the dataset has {}",
+                    g.map.n_stored(),
+                    self.dataset.n_genes()
+                ),
+            }),
+            Some(g) => Ok(Some(&g.map)),
+            None => Ok(None),
+        }
     }
 
     fn check_cells(&self, cells: &[i64]) -> Result<Vec<u64>, Failure> {
@@ -188,35 +210,108 @@ impl RawDataset {
     /// The listed cells (int64 array), in the order given, as CSR arrays
     /// (indptr int64, indices int32, data int32). Each tile needed is read and
     /// decoded once, on the dataset's threads, without the GIL.
-    fn get_batch<'py>(&self, py: Python<'py>, cells: PyReadonlyArray1<'py, i64>) -> PyResult<CsrArrays<'py>> {
+    ///
+    /// With `genes`, every cell is written in that vocabulary's columns.
+    #[pyo3(signature = (cells, genes=None))]
+    fn get_batch<'py>(
+        &self,
+        py: Python<'py>,
+        cells: PyReadonlyArray1<'py, i64>,
+        genes: Option<PyRef<'py, RawGeneMap>>,
+    ) -> PyResult<CsrArrays<'py>> {
         let cells = cell_vec(&cells);
+        let genes = self.checked_map(genes.as_deref()).map_err(|f| f.into_pyerr(py))?;
         let m = detached(py, || {
             let cells = self.check_cells(&cells)?;
-            self.install(|| {
+            let mut m = self.install(|| {
                 if self.caching() {
                     self.cells_via_cache(&cells)
                 } else {
                     Ok(self.dataset.read_cell_list(&cells)?)
                 }
-            })
+            })?;
+            if let Some(map) = genes {
+                map.map_matrix(&mut m, &mut RowScratch::default());
+            }
+            Ok(m)
         })?;
         Ok(csr_arrays(py, m))
     }
 
     /// Cells `start..end` as CSR arrays (through the tile cache when there is
     /// one, so that consecutive ranges of one tile decode it once).
-    fn get_range<'py>(&self, py: Python<'py>, start: u64, end: u64) -> PyResult<CsrArrays<'py>> {
+    #[pyo3(signature = (start, end, genes=None))]
+    fn get_range<'py>(
+        &self,
+        py: Python<'py>,
+        start: u64,
+        end: u64,
+        genes: Option<PyRef<'py, RawGeneMap>>,
+    ) -> PyResult<CsrArrays<'py>> {
+        let genes = self.checked_map(genes.as_deref()).map_err(|f| f.into_pyerr(py))?;
         let m = detached(py, || {
-            self.install(|| {
+            let mut m = self.install(|| {
                 let n = self.dataset.n_cells();
                 if self.caching() && start <= end && end <= n {
                     self.cells_via_cache(&(start..end).collect::<Vec<u64>>())
                 } else {
                     Ok(self.dataset.read_cells(start..end)?)
                 }
-            })
+            })?;
+            if let Some(map) = genes {
+                map.map_matrix(&mut m, &mut RowScratch::default());
+            }
+            Ok(m)
         })?;
         Ok(csr_arrays(py, m))
+    }
+
+    /// The listed cells in a batch's form (see `deltacells::batch`): its gene
+    /// vocabulary, scaling, dense or CSR, top-k tokens. Returns
+    /// `FormedArrays` (indptr, indices, data, top_k, top_k_values).
+    #[pyo3(signature = (cells, genes=None, normalize=None, normalize_over="stored", log1p=false, dense=false, top_k=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn get_formed<'py>(
+        &self,
+        py: Python<'py>,
+        cells: PyReadonlyArray1<'py, i64>,
+        genes: Option<PyRef<'py, RawGeneMap>>,
+        normalize: Option<f64>,
+        normalize_over: &str,
+        log1p: bool,
+        dense: bool,
+        top_k: Option<usize>,
+    ) -> PyResult<FormedArrays<'py>> {
+        let cells = cell_vec(&cells);
+        let output = batch_output(genes.as_deref(), normalize, normalize_over, log1p, dense, top_k)
+            .and_then(|o| o.check(self.dataset.n_genes()).map(|()| o).map_err(Failure::from))
+            .map_err(|f| f.into_pyerr(py))?;
+        let formed = detached(py, || {
+            let cells = self.check_cells(&cells)?;
+            let m = self.install(|| {
+                if self.caching() {
+                    self.cells_via_cache(&cells)
+                } else {
+                    Ok(self.dataset.read_cell_list(&cells)?)
+                }
+            })?;
+            let b = CellWriter::new(&output, self.dataset.n_genes()).form(m);
+            Ok(Formed {
+                rows: b.rows,
+                x: b.x,
+                values: b.values,
+                dense_counts: b.dense_counts,
+                top_k: b.top_k,
+                top_k_values: b.top_k_values,
+            })
+        })?;
+        formed_arrays(py, formed, &output, None)
+    }
+
+    /// The nonzeros of each stored column (uint64), from a pass over every tile.
+    fn column_nonzeros<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        let counts = detached(py, || self.install(|| Ok(self.dataset.column_nonzeros()?)))?;
+        Ok(counts.into_pyarray(py))
     }
 
     /// Tile `tile`, whole, as CSR arrays, decoded into pooled buffers.
@@ -276,7 +371,11 @@ impl RawDataset {
     }
 
     /// Starts reading one epoch's share in batches, on background threads.
-    #[pyo3(signature = (cells, options, weights=None, num_samples=None))]
+    #[pyo3(signature = (
+        cells, options, weights=None, num_samples=None, genes=None, normalize=None, normalize_over="stored",
+        log1p=false, dense=false, top_k=None
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn batches(
         &self,
         py: Python<'_>,
@@ -284,15 +383,26 @@ impl RawDataset {
         options: LoaderArgs,
         weights: Option<PyReadonlyArray1<'_, f64>>,
         num_samples: Option<u64>,
+        genes: Option<PyRef<'_, RawGeneMap>>,
+        normalize: Option<f64>,
+        normalize_over: &str,
+        log1p: bool,
+        dense: bool,
+        top_k: Option<usize>,
     ) -> PyResult<RawBatches> {
         let cells = cells.as_ref().map(cell_vec);
         let weights = weights.as_ref().map(weight_vec);
+        self.checked_map(genes.as_deref()).map_err(|f| f.into_pyerr(py))?;
+        let output = batch_output(genes.as_deref(), normalize, normalize_over, log1p, dense, top_k)
+            .map_err(|f| f.into_pyerr(py))?;
+        let kept = output.clone();
         detached(py, || {
             let plan = self.plan(cells.as_deref(), weights.as_deref(), num_samples, &options)?;
             let (n_cells, n_batches) = (plan.n_cells(), plan.n_batches());
             let buffers = self.loader_buffers(&options.0);
-            let batches = loader::Batches::start(self.dataset.clone(), plan, Some(self.thread_pool()?), &buffers)?;
-            Ok(RawBatches::new(batches, buffers.batches, n_cells, n_batches))
+            let pool = Some(self.thread_pool()?);
+            let batches = loader::Batches::start_with(self.dataset.clone(), plan, pool, &buffers, output)?;
+            Ok(RawBatches::new(batches, buffers.batches, n_cells, n_batches, kept))
         })
     }
 

@@ -35,7 +35,7 @@ pub(crate) struct Failure {
 }
 
 impl Failure {
-    fn new(kind: Kind, error: &(dyn std::error::Error + 'static)) -> Failure {
+    pub(crate) fn new(kind: Kind, error: &(dyn std::error::Error + 'static)) -> Failure {
         Failure { kind, message: error_chain(error) }
     }
 }
@@ -52,6 +52,7 @@ impl From<DatasetError> for Failure {
             | DatasetError::Invalid { .. }
             | DatasetError::Tile { .. } => Kind::Corrupt,
             DatasetError::CellOutOfRange { .. } | DatasetError::NegativeCell { .. } => Kind::Index,
+            DatasetError::Output(_) => Kind::Value,
             DatasetError::Storage(_) => Kind::Other,
         };
         Failure::new(kind, &e)
@@ -88,7 +89,7 @@ impl From<LoaderError> for Failure {
 }
 
 impl Failure {
-    fn into_pyerr(self, py: Python<'_>) -> PyErr {
+    pub(crate) fn into_pyerr(self, py: Python<'_>) -> PyErr {
         let name = match self.kind {
             Kind::NotFound => "DatasetNotFoundError",
             Kind::Corrupt => "CorruptDatasetError",

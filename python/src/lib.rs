@@ -18,6 +18,7 @@ mod arrays;
 mod batches;
 mod dataset;
 mod errors;
+mod vocabulary;
 
 use batches::{loader_defaults, RawBatches};
 use dataset::RawDataset;
@@ -40,6 +41,7 @@ fn column_path(root: String, fingerprint: String, column: String) -> String {
 fn _deltacells(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RawDataset>()?;
     m.add_class::<RawBatches>()?;
+    m.add_class::<vocabulary::RawGeneMap>()?;
     m.add_function(wrap_pyfunction!(cache_root, m)?)?;
     m.add_function(wrap_pyfunction!(column_path, m)?)?;
     m.add_function(wrap_pyfunction!(loader_defaults, m)?)?;

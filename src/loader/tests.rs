@@ -4,6 +4,7 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 use crate::storage::LocalStorage;
+use crate::vocabulary::GeneMap;
 use crate::writer::{write_matrix, WriteOptions};
 
 /// A dataset of `n` cells (each with a few counts that name it) in tiles of
@@ -347,4 +348,88 @@ fn huge_batch_sizes_reserve_only_what_the_cells_need() {
     assert_eq!(batches[0].cells.len(), 300);
     let refused = EpochPlan::new(&ds, None, &LoaderOptions { prefetch: 1 << 30, ..LoaderOptions::default() });
     assert_eq!(refused.err().unwrap().to_string(), "prefetch must be from 1 to 1024, not 1073741824");
+}
+
+#[test]
+fn batches_in_a_gene_vocabulary_hold_the_mapped_rows_of_their_cells() {
+    let (_dir, ds, m) = dataset(700, 97);
+    let stored: Vec<String> = (0..300).map(|g| format!("g{g}")).collect();
+    // Reordered, with absent genes, leaving most stored genes out.
+    let wanted: Vec<String> = (0..150).rev().map(|g| format!("g{}", g * 3)).chain(["absent".to_string()]).collect();
+    let map = Arc::new(GeneMap::by_name(&stored, &wanted).unwrap());
+    let options = LoaderOptions { batch_size: 64, ..LoaderOptions::default() };
+    let plan = EpochPlan::new(&ds, None, &options).unwrap();
+    let output = BatchOutput { genes: Some(map.clone()), ..BatchOutput::default() };
+    let batches = Batches::start_with(ds.clone(), plan, None, &LoaderBuffers::new(&options), output).unwrap();
+    let mut seen = 0;
+    for batch in batches {
+        let batch = batch.unwrap();
+        assert_eq!(batch.x.n_cols, 151);
+        for (r, &cell) in batch.cells.iter().enumerate() {
+            let (idx, val) = m.row(cell as usize);
+            let mut want: Vec<(u32, u32)> =
+                idx.iter().zip(val).filter(|(&g, _)| g % 3 == 0).map(|(&g, &v)| (149 - g / 3, v)).collect();
+            want.sort_unstable();
+            let (idx, val) = batch.x.row(r);
+            let got: Vec<(u32, u32)> = idx.iter().copied().zip(val.iter().copied()).collect();
+            assert_eq!(got, want, "cell {cell}");
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 700);
+    // A map of another dataset's genes is refused.
+    let other = Arc::new(GeneMap::by_name(&stored[..10], &wanted).unwrap());
+    let plan = EpochPlan::new(&ds, None, &options).unwrap();
+    let output = BatchOutput { genes: Some(other), ..BatchOutput::default() };
+    let e = Batches::start_with(ds.clone(), plan, None, &LoaderBuffers::new(&options), output).err().unwrap();
+    assert!(e.to_string().contains("10 stored genes"), "{e}");
+}
+
+#[test]
+fn every_form_of_a_batch_is_the_form_of_its_cells_read_directly() {
+    use crate::batch::{Normalize, SumOver};
+    let (_dir, ds, _) = dataset(500, 97);
+    let stored: Vec<String> = (0..300).map(|g| format!("g{g}")).collect();
+    let wanted: Vec<String> = (0..120).map(|g| format!("g{}", (g * 7) % 300)).chain(["absent".into()]).collect();
+    let map = Arc::new(GeneMap::by_name(&stored, &wanted).unwrap());
+    let forms = [
+        BatchOutput { dense: true, ..BatchOutput::default() },
+        BatchOutput { genes: Some(map.clone()), log1p: true, ..BatchOutput::default() },
+        BatchOutput {
+            genes: Some(map.clone()),
+            normalize: Some(Normalize { target_sum: 1e4, over: SumOver::Stored }),
+            log1p: true,
+            dense: true,
+            top_k: Some(5),
+        },
+        BatchOutput {
+            normalize: Some(Normalize { target_sum: 10.0, over: SumOver::Output }),
+            top_k: Some(300),
+            ..BatchOutput::default()
+        },
+    ];
+    let options = LoaderOptions { batch_size: 64, ..LoaderOptions::default() };
+    for output in forms {
+        let plan = EpochPlan::new(&ds, None, &options).unwrap();
+        let batches = Batches::start_with(ds.clone(), plan, None, &LoaderBuffers::new(&options), output.clone());
+        let mut seen = 0;
+        for batch in batches.unwrap() {
+            let batch = batch.unwrap();
+            let direct = ds.read_cells_formed(&batch.cells, &output).unwrap();
+            assert_eq!(batch.x.indptr, direct.x.indptr, "{output:?}");
+            assert_eq!(batch.x.indices, direct.x.indices);
+            assert_eq!(batch.x.data, direct.x.data);
+            assert_eq!(batch.values, direct.values);
+            assert_eq!(batch.dense_counts, direct.dense_counts);
+            assert_eq!(batch.top_k, direct.top_k);
+            assert_eq!(batch.top_k_values, direct.top_k_values);
+            seen += batch.cells.len();
+        }
+        assert_eq!(seen, 500);
+    }
+    let bad = BatchOutput { top_k: Some(0), ..BatchOutput::default() };
+    assert!(matches!(ds.read_cells_formed(&[0], &bad), Err(DatasetError::Output(_))));
+    let plan = EpochPlan::new(&ds, None, &options).unwrap();
+    let e = Batches::start_with(ds.clone(), plan, None, &LoaderBuffers::new(&options), bad).err().unwrap();
+    assert!(e.to_string().contains("top_k"), "{e}");
 }

@@ -18,6 +18,13 @@ pub(super) fn recombine_counts(lo: &[u8], hi: &[u8], out: &mut [u32]) -> bool {
     recombine_counts_portable(lo, hi, out)
 }
 
+/// [`recombine_counts`] with ordinary stores, for output that is read again
+/// at once (a cell remapped or scaled right after it is written).
+#[inline]
+pub(super) fn recombine_counts_cached(lo: &[u8], hi: &[u8], out: &mut [u32]) -> bool {
+    recombine_counts_portable(lo, hi, out)
+}
+
 #[inline(always)]
 fn recombine_counts_portable(lo: &[u8], hi: &[u8], out: &mut [u32]) -> bool {
     let mut zero = false;

@@ -14,7 +14,7 @@ use std::ops::Range;
 use super::super::error::{Stream, TileError};
 use super::decode::{decode_chunk, read_exceptions, ParsedTile, MAX_UNCHECKED_CELL};
 use super::frames::decompress_exact;
-use super::kernels::{recombine_counts, select_gaps_kernel, store_fence};
+use super::kernels::{recombine_counts, recombine_counts_cached, select_gaps_kernel, store_fence};
 use super::STREAM_MAX;
 use crate::format::MAX_COUNT;
 
@@ -89,6 +89,17 @@ impl ChunkPlanes {
     /// If `row` is not in [`ChunkPlanes::cells`] or the outputs are not
     /// `row_nnz(row)` long.
     pub fn write_row(&self, row: u64, indices: &mut [u32], data: &mut [u32]) {
+        self.write_row_with(row, indices, data, true);
+    }
+
+    /// [`ChunkPlanes::write_row`] with the counts written through the cache
+    /// (`stream` false): for a caller that reads the row again at once (to
+    /// map it onto a gene vocabulary, or to scale it), which would otherwise
+    /// read back from memory what the streaming stores put there.
+    ///
+    /// # Panics
+    /// As [`ChunkPlanes::write_row`].
+    pub fn write_row_with(&self, row: u64, indices: &mut [u32], data: &mut [u32], stream: bool) {
         let cell = (row - self.cells.start) as usize;
         let (s, e) = (self.offsets[cell] as usize, self.offsets[cell + 1] as usize);
         assert!(indices.len() == e - s && data.len() == e - s, "row {row} has {} nonzeros", e - s);
@@ -103,7 +114,11 @@ impl ChunkPlanes {
                 *index += payload;
             }
         }
-        recombine_counts(&vlo[s..e], &vhi[s..e], data);
+        if stream {
+            recombine_counts(&vlo[s..e], &vhi[s..e], data);
+        } else {
+            recombine_counts_cached(&vlo[s..e], &vhi[s..e], data);
+        }
         for &(p, payload) in within(&self.vexc, s, e) {
             data[p as usize - s] = payload;
         }
