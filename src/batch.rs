@@ -118,7 +118,7 @@ pub struct CellWriter<'a> {
     output: &'a BatchOutput,
     n_cols: u32,
     scratch: RowScratch,
-    ranked: Vec<(f32, u32, u32)>,
+    ranked: Vec<u64>,
     scaled_row: Vec<f32>,
 }
 
@@ -135,6 +135,11 @@ impl<'a> CellWriter<'a> {
         }
     }
 
+    /// The form this writer writes.
+    pub fn output(&self) -> &BatchOutput {
+        self.output
+    }
+
     /// Whether a cell written into the batch is read again (mapped, scaled,
     /// ranked or spread out dense) rather than left as written.
     pub fn rewrites(&self) -> bool {
@@ -143,11 +148,21 @@ impl<'a> CellWriter<'a> {
     }
 
     /// An empty batch to write up to `rows` cells into, reusing `x`'s buffers.
-    pub fn start(&self, mut x: CsrMatrix, rows: usize) -> FormedBatch {
+    pub fn start(&self, x: CsrMatrix, rows: usize) -> FormedBatch {
+        self.start_with(x, Vec::new(), Vec::new(), rows)
+    }
+
+    /// [`CellWriter::start`], reusing buffers for dense counts and for
+    /// scaled values too (their memory already mapped: a dense batch of
+    /// 1,024 cells and 20,000 genes is 80 MB).
+    pub fn start_with(&self, mut x: CsrMatrix, counts: Vec<u32>, values: Vec<f32>, rows: usize) -> FormedBatch {
         x.n_cols = self.n_cols;
         x.indptr.clear();
         x.indptr.push(0);
-        let mut batch = FormedBatch { rows: 0, n_cols: self.n_cols, x, ..FormedBatch::default() };
+        let (mut dense_counts, mut values) = (counts, values);
+        dense_counts.clear();
+        values.clear();
+        let mut batch = FormedBatch { rows: 0, n_cols: self.n_cols, x, values, dense_counts, ..FormedBatch::default() };
         if self.output.dense {
             let cells = rows.saturating_mul(self.n_cols as usize);
             if self.output.scaled() {
@@ -194,10 +209,12 @@ impl<'a> CellWriter<'a> {
                 }
             };
             self.scaled_row.clear();
-            self.scaled_row.extend(data.iter().map(|&c| {
-                let v = f64::from(c) * scale;
-                (if out.log1p { v.ln_1p() } else { v }) as f32
-            }));
+            let scale = scale as f32;
+            if out.log1p {
+                self.scaled_row.extend(data.iter().map(|&c| (c as f32 * scale).ln_1p()));
+            } else {
+                self.scaled_row.extend(data.iter().map(|&c| c as f32 * scale));
+            }
         }
         if let Some(k) = out.top_k {
             self.rank(indices, data, scaled, k, (&mut batch.top_k, &mut batch.top_k_values));
@@ -237,24 +254,32 @@ impl<'a> CellWriter<'a> {
     /// The cell's `k` highest values, ties broken by the stored column (the
     /// gene with more counts over the dataset first), padded with -1.
     fn rank(&mut self, indices: &[u32], data: &[u32], scaled: bool, k: usize, out: (&mut Vec<i32>, &mut Vec<f32>)) {
-        self.ranked.clear();
-        let stored = |j: u32| self.output.genes.as_deref().map_or(j, |m| m.first_stored(j));
+        // Each entry as one integer, (inverted value bits, stored column):
+        // values are never negative, so their f32 bits order as the values
+        // do, and an integer sort ranks them, ties by stored column (unique
+        // in a cell: each output column has its own first stored column).
+        let keys = &mut self.ranked;
+        keys.clear();
+        let genes = self.output.genes.as_deref();
         for (i, &j) in indices.iter().enumerate() {
             let v = if scaled { self.scaled_row[i] } else { data[i] as f32 };
-            self.ranked.push((v, stored(j), j));
+            let inverted = u64::from(u32::MAX - v.max(0.0).to_bits());
+            let stored = genes.map_or(j, |m| m.first_stored(j));
+            keys.push(inverted << 32 | u64::from(stored));
         }
-        let order = |a: &(f32, u32, u32), b: &(f32, u32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
-        if self.ranked.len() > k {
-            self.ranked.select_nth_unstable_by(k - 1, order);
-            self.ranked.truncate(k);
+        if keys.len() > k {
+            keys.select_nth_unstable(k - 1);
+            keys.truncate(k);
         }
-        self.ranked.sort_unstable_by(order);
+        keys.sort_unstable();
         let (columns, values) = out;
-        for &(v, _, j) in &self.ranked {
+        for &key in keys.iter() {
+            let stored = key as u32;
+            let j = genes.map_or(Some(stored), |m| m.output_column(stored)).unwrap_or(u32::MAX);
             columns.push(j as i32);
-            values.push(v);
+            values.push(f32::from_bits(u32::MAX - (key >> 32) as u32));
         }
-        for _ in self.ranked.len()..k {
+        for _ in keys.len()..k {
             columns.push(-1);
             values.push(0.0);
         }

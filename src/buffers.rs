@@ -21,6 +21,12 @@ impl Reusable for Vec<u32> {
     }
 }
 
+impl Reusable for Vec<f32> {
+    fn worth_keeping(&self) -> bool {
+        self.capacity() > 0
+    }
+}
+
 impl Reusable for ChunkPlanes {}
 
 /// A pool of values kept for reuse, at most `keep` of them.
@@ -32,6 +38,9 @@ pub struct Pool<T> {
 
 /// A pool of `u32` buffers (the indices and counts of decoded matrices).
 pub type BufferPool = Pool<Vec<u32>>;
+
+/// A pool of `f32` buffers (scaled values of batches).
+pub type FloatPool = Pool<Vec<f32>>;
 
 impl<T: Reusable> Pool<T> {
     /// A pool that keeps at most `keep` values.

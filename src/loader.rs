@@ -42,7 +42,7 @@ use sha2::{Digest, Sha256};
 
 pub use crate::batch::BatchOutput;
 use crate::batch::{CellWriter, FormedBatch};
-pub use crate::buffers::{BufferPool, Pool};
+pub use crate::buffers::{BufferPool, FloatPool, Pool};
 use crate::format::tile::{finish_rows, ChunkPlanes};
 use crate::format::CsrMatrix;
 use crate::{Dataset, DatasetError};
@@ -384,6 +384,8 @@ pub struct LoaderBuffers {
     /// Batches: two buffers per batch, for those queued and those the consumer
     /// holds (it may give them back here when it is done with them).
     pub batches: Arc<BufferPool>,
+    /// Scaled values of batches, one buffer per batch, likewise.
+    pub values: Arc<FloatPool>,
 }
 
 impl LoaderBuffers {
@@ -392,6 +394,7 @@ impl LoaderBuffers {
         LoaderBuffers {
             planes: Arc::new(PlanesPool::new(options.mix_chunks + 2 * MAX_DECODE_GROUP)),
             batches: Arc::new(BufferPool::new(2 * (options.prefetch + 4))),
+            values: Arc::new(FloatPool::new(options.prefetch + 4)),
         }
     }
 }
@@ -485,7 +488,7 @@ impl Batches {
         let (batch_tx, receiver) = sync_channel(plan.options.prefetch);
         let (tile_tx, tile_rx) = sync_channel::<Result<bytes::Bytes, LoaderError>>(FETCH_GROUP);
         let (chunk_tx, chunk_rx) = sync_channel::<Result<OpenChunk, LoaderError>>(group);
-        let (planes, batches) = (buffers.planes.clone(), buffers.batches.clone());
+        let (planes, batches, values) = (buffers.planes.clone(), buffers.batches.clone(), buffers.values.clone());
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
                 .name(name.into())
@@ -522,7 +525,7 @@ impl Batches {
             spawn(
                 "deltacells-batch",
                 Box::new(move || {
-                    guarded(batch_tx, |out| cut_batches(&plan, &output, chunk_rx, &planes, &batches, out))
+                    guarded(batch_tx, |out| cut_batches(&plan, &output, chunk_rx, &planes, (&batches, &values), out))
                 }),
             )?;
         }
@@ -793,7 +796,7 @@ fn cut_batches(
     output: &BatchOutput,
     chunks: Receiver<Result<OpenChunk, LoaderError>>,
     pool_of_planes: &PlanesPool,
-    buffers: &BufferPool,
+    (buffers, floats): (&BufferPool, &FloatPool),
     out: &SyncSender<Result<LoaderBatch, LoaderError>>,
 ) {
     let options = &plan.options;
@@ -805,7 +808,14 @@ fn cut_batches(
     let cells_in_batch = size.min(usize::try_from(plan.n_cells).unwrap_or(usize::MAX));
     let mut writer = CellWriter::new(output, plan.n_genes);
     let new_batch = |writer: &CellWriter| {
-        let batch = writer.start(buffers.take_matrix(), cells_in_batch);
+        let (counts, values) = if writer.output().dense && !writer.output().scaled() {
+            (buffers.take(), Vec::new())
+        } else if writer.output().scaled() {
+            (Vec::new(), floats.take())
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        let batch = writer.start_with(buffers.take_matrix(), counts, values, cells_in_batch);
         (Vec::with_capacity(cells_in_batch), batch)
     };
     let send = |writer: &CellWriter, (cells, mut batch): (Vec<u64>, FormedBatch)| {

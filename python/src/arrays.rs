@@ -8,7 +8,7 @@ use std::sync::Arc;
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 
-use deltacells::loader::BufferPool;
+use deltacells::loader::{BufferPool, FloatPool};
 use deltacells::CsrMatrix;
 
 /// A Vec<u32> as a Vec<i32>, without copying (the format's indices and counts
@@ -64,6 +64,38 @@ impl Drop for PooledBuffer {
     }
 }
 
+/// [`PooledBuffer`] for a float32 buffer.
+#[pyclass(frozen)]
+pub(crate) struct PooledFloats {
+    data: std::sync::Mutex<Vec<f32>>,
+    pool: Arc<FloatPool>,
+}
+
+impl Drop for PooledFloats {
+    fn drop(&mut self) {
+        if let Ok(data) = self.data.get_mut() {
+            self.pool.give(std::mem::take(data));
+        }
+    }
+}
+
+/// A NumPy float32 array over `v` (no copy), whose buffer goes back to `pool`.
+pub(crate) fn pooled_floats<'py>(
+    py: Python<'py>,
+    v: Vec<f32>,
+    pool: &Arc<FloatPool>,
+) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    let (ptr, len) = (v.as_ptr(), v.len());
+    let owner = Bound::new(py, PooledFloats { data: std::sync::Mutex::new(v), pool: pool.clone() })?;
+    // SAFETY: as in `pooled_array`: the view covers the `len` initialized
+    // entries of the buffer, which `owner` keeps unmoved for as long as the
+    // array lives.
+    unsafe {
+        let view = numpy::ndarray::ArrayView1::from_shape_ptr(len, ptr);
+        Ok(PyArray1::borrow_from_array(&view, owner.into_any()))
+    }
+}
+
 /// A NumPy int32 array over `v` (no copy), whose buffer goes back to `pool`.
 pub(crate) fn pooled_array<'py>(
     py: Python<'py>,
@@ -109,26 +141,43 @@ pub(crate) fn formed_arrays<'py>(
     py: Python<'py>,
     f: Formed,
     output: &deltacells::batch::BatchOutput,
-    pool: Option<&Arc<BufferPool>>,
+    pools: Option<(&Arc<BufferPool>, &Arc<FloatPool>)>,
 ) -> PyResult<FormedArrays<'py>> {
     use numpy::PyArrayMethods;
     let rows = f.rows;
     let n_cols = f.x.n_cols as usize;
     let int32 = |py: Python<'py>, v: Vec<u32>| -> PyResult<Bound<'py, PyArray1<i32>>> {
-        match pool {
-            Some(pool) => pooled_array(py, v, pool),
+        match pools {
+            Some((pool, _)) => pooled_array(py, v, pool),
             None => Ok(as_i32(v).into_pyarray(py)),
         }
     };
+    let float32 = |py: Python<'py>, v: Vec<f32>| -> PyResult<Bound<'py, PyArray1<f32>>> {
+        match pools {
+            Some((_, pool)) => pooled_floats(py, v, pool),
+            None => Ok(v.into_pyarray(py)),
+        }
+    };
+    // The CSR buffers a dense or scaled batch used as scratch go back too.
+    let mut x = f.x;
+    if let Some((pool, _)) = pools {
+        if output.dense {
+            pool.give(std::mem::take(&mut x.indices));
+        }
+        if output.dense || output.scaled() {
+            pool.give(std::mem::take(&mut x.data));
+        }
+    }
+    let f = Formed { x, ..f };
     let (indptr, indices, data) = if output.dense {
         let data = if output.scaled() {
-            f.values.into_pyarray(py).reshape([rows, n_cols])?.into_any()
+            float32(py, f.values)?.reshape([rows, n_cols])?.into_any()
         } else {
-            as_i32(f.dense_counts).into_pyarray(py).reshape([rows, n_cols])?.into_any()
+            int32(py, f.dense_counts)?.reshape([rows, n_cols])?.into_any()
         };
         (None, None, data)
     } else {
-        let data = if output.scaled() { f.values.into_pyarray(py).into_any() } else { int32(py, f.x.data)?.into_any() };
+        let data = if output.scaled() { float32(py, f.values)?.into_any() } else { int32(py, f.x.data)?.into_any() };
         (Some(as_i64(f.x.indptr).into_pyarray(py)), Some(int32(py, f.x.indices)?), data)
     };
     let (top_k, top_k_values) = match output.top_k {

@@ -7,7 +7,7 @@ use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 
 use deltacells::batch::BatchOutput;
-use deltacells::loader::{self, BufferPool, LoaderOptions};
+use deltacells::loader::{self, BufferPool, FloatPool, LoaderOptions};
 
 use crate::arrays::{as_i64, formed_arrays, Formed};
 use crate::errors::{detached, Failure};
@@ -84,6 +84,8 @@ pub(crate) struct RawBatches {
     output: BatchOutput,
     /// Where each batch's indices and data go back when NumPy frees them.
     buffers: Arc<BufferPool>,
+    /// Where each batch's scaled values go back.
+    floats: Arc<FloatPool>,
     n_cells: u64,
     n_batches: u64,
 }
@@ -101,12 +103,12 @@ impl RawBatches {
     /// Batches being read, whose buffers go back to `buffers`.
     pub(crate) fn new(
         batches: loader::Batches,
-        buffers: Arc<BufferPool>,
+        (buffers, floats): (Arc<BufferPool>, Arc<FloatPool>),
         n_cells: u64,
         n_batches: u64,
         output: BatchOutput,
     ) -> Self {
-        RawBatches { batches: std::sync::Mutex::new(batches), output, buffers, n_cells, n_batches }
+        RawBatches { batches: std::sync::Mutex::new(batches), output, buffers, floats, n_cells, n_batches }
     }
 }
 
@@ -146,7 +148,7 @@ impl RawBatches {
             top_k_values: batch.top_k_values,
         };
         let (indptr, indices, data, top_k, top_k_values) =
-            formed_arrays(py, formed, &self.output, Some(&self.buffers))?;
+            formed_arrays(py, formed, &self.output, Some((&self.buffers, &self.floats)))?;
         Ok(Some((cells, indptr, indices, data, top_k, top_k_values)))
     }
 }

@@ -402,7 +402,7 @@ impl RawDataset {
             let buffers = self.loader_buffers(&options.0);
             let pool = Some(self.thread_pool()?);
             let batches = loader::Batches::start_with(self.dataset.clone(), plan, pool, &buffers, output)?;
-            Ok(RawBatches::new(batches, buffers.batches, n_cells, n_batches, kept))
+            Ok(RawBatches::new(batches, (buffers.batches, buffers.values), n_cells, n_batches, kept))
         })
     }
 
