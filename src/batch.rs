@@ -45,6 +45,8 @@ pub struct BatchOutput {
     pub dense: bool,
     /// The `k` columns of each cell with the highest values, as tokens.
     pub top_k: Option<usize>,
+    /// Values as float32 even without a transform (counts as floats).
+    pub float32: bool,
 }
 
 /// Why a [`BatchOutput`] cannot be used.
@@ -86,9 +88,10 @@ impl BatchOutput {
         self.genes.as_deref().map_or(n_genes, GeneMap::n_output)
     }
 
-    /// Values are float32 (a transform is on) rather than integer counts.
+    /// Values are float32 (a transform is on, or float32 was asked for)
+    /// rather than integer counts.
     pub fn scaled(&self) -> bool {
-        self.normalize.is_some() || self.log1p
+        self.normalize.is_some() || self.log1p || self.float32
     }
 }
 
@@ -376,6 +379,7 @@ mod tests {
                 log1p,
                 dense,
                 top_k: Some(k),
+                float32: false,
             };
             output.check(30).unwrap();
             let mut m = CsrMatrix::empty(30);

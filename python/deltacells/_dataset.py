@@ -263,6 +263,7 @@ class Dataset:
         normalize_over: str = "stored",
         log1p: bool = False,
         dense: bool = False,
+        dtype: Any = None,
     ) -> Batch | np.ndarray:
         """The cells listed, in the order given (repeats allowed), as a :class:`Batch`.
 
@@ -280,7 +281,9 @@ class Dataset:
         stores for it with ``normalize_over="stored"``, the default, or over
         the batch's genes with ``"output"``; a cell without counts stays
         zero), ``log1p=True`` takes ``ln(1 + x)`` after that; either makes
-        the values float32. ``dense=True`` returns a C-contiguous
+        the values float32 (``dtype=np.float32`` gives the counts as float32
+        without a transform; ``dtype=np.int32`` with one is an error).
+        ``dense=True`` returns a C-contiguous
         ``(cells, genes)`` NumPy array (int32, or float32 when scaled),
         written directly by the Rust reader, instead of a Batch.
 
@@ -295,8 +298,8 @@ class Dataset:
         vocabulary = resolve(self, genes, gene_column)
         native = None if vocabulary is None else vocabulary.native
         n_genes = self.n_genes if vocabulary is None else vocabulary.n_genes
-        form = form_options(normalize, normalize_over, log1p, dense, None, n_genes)
-        if form["normalize"] is not None or form["log1p"] or form["dense"]:
+        form = form_options(normalize, normalize_over, log1p, dense, None, n_genes, dtype)
+        if form["normalize"] is not None or form["log1p"] or form["dense"] or form["float32"]:
             indptr, indices, data, _, _ = self.native.get_formed(self._cell_array(cells), native, **form)
             if indptr is None or indices is None:
                 return data
@@ -339,6 +342,7 @@ class Dataset:
         log1p: bool = False,
         dense: bool = False,
         top_k: int | None = None,
+        dtype: Any = None,
     ) -> Loader:
         """One epoch of training batches (a :class:`Loader`: iterate over it;
         each item is a :class:`CellBatch` with ``.X``, ``.cells`` and ``.obs``).
@@ -392,7 +396,7 @@ class Dataset:
 
         Values and form, as :meth:`get_batch` takes them: ``normalize``,
         ``normalize_over``, ``log1p`` (off by default: counts stay int32
-        counts), and ``dense`` (``batch.X`` a ``(cells, genes)`` NumPy
+        counts), ``dtype``, and ``dense`` (``batch.X`` a ``(cells, genes)`` NumPy
         array). ``top_k=K`` adds ``batch.top_k``, for each cell the columns
         of its K highest values (int32 ``(cells, K)``, -1 past its nonzeros;
         ties go to the gene with more counts over the dataset, its stored
@@ -418,7 +422,8 @@ class Dataset:
         )
         vocabulary = resolve(self, genes, gene_column)
         form = form_options(
-            normalize, normalize_over, log1p, dense, top_k, self.n_genes if vocabulary is None else vocabulary.n_genes
+            normalize, normalize_over, log1p, dense, top_k, self.n_genes if vocabulary is None else vocabulary.n_genes,
+            dtype,
         )
         return Loader(
             self, options, obs_columns, cells, weights=weights, num_samples=num_samples, balance=balance,

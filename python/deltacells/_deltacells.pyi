@@ -71,6 +71,7 @@ class RawDataset:
         log1p: bool = False,
         dense: bool = False,
         top_k: int | None = None,
+        float32: bool = False,
     ) -> _Formed: ...
     def read_tile(
         self, tile: int
@@ -95,6 +96,7 @@ class RawDataset:
         log1p: bool = False,
         dense: bool = False,
         top_k: int | None = None,
+        float32: bool = False,
     ) -> RawBatches: ...
     def obs_schema_json(self) -> str | None: ...
     def localize(

@@ -91,7 +91,9 @@ class Loader:
     ) -> None:
         self.dataset = dataset
         self.genes = genes
-        self.form: Form = form or Form(normalize=None, normalize_over="stored", log1p=False, dense=False, top_k=None)
+        self.form: Form = form or Form(
+            normalize=None, normalize_over="stored", log1p=False, dense=False, top_k=None, float32=False
+        )
         self.options = LoaderOptions(**options)
         if obs_columns is not None and (isinstance(obs_columns, str) or not isinstance(obs_columns, Sequence)):
             raise InvalidArgumentError(f"obs_columns must be a list of column names, not {obs_columns!r}")

@@ -211,10 +211,17 @@ class Form(TypedDict):
     log1p: bool
     dense: bool
     top_k: int | None
+    float32: bool
 
 
 def form_options(
-    normalize: float | None, normalize_over: str, log1p: bool, dense: bool, top_k: int | None, n_genes: int
+    normalize: float | None,
+    normalize_over: str,
+    log1p: bool,
+    dense: bool,
+    top_k: int | None,
+    n_genes: int,
+    dtype: object = None,
 ) -> Form:
     """The form arguments of the read methods, checked, as the Rust reader takes them."""
     from ._args import flag, integer, positive_number
@@ -224,10 +231,25 @@ def form_options(
             f"normalize_over must be 'stored' (every gene the dataset stores for the cell) or 'output' "
             f"(the genes of the batch), not {normalize_over!r}"
         )
-    return {
+    form: Form = {
         "normalize": None if normalize is None else positive_number("normalize", normalize),
         "normalize_over": normalize_over,
         "log1p": flag("log1p", log1p),
         "dense": flag("dense", dense),
         "top_k": None if top_k is None else integer("top_k", top_k, 1, n_genes),
+        "float32": False,
     }
+    if dtype is not None:
+        try:
+            kind = np.dtype(dtype)  # type: ignore[call-overload]
+        except TypeError:
+            raise InvalidArgumentError(f"dtype must be int32 or float32, not {dtype!r}") from None
+        transformed = form["normalize"] is not None or form["log1p"]
+        if kind == np.float32:
+            form["float32"] = True
+        elif kind == np.int32:
+            if transformed:
+                raise InvalidArgumentError("dtype int32: normalize and log1p give float32 values, not counts")
+        else:
+            raise InvalidArgumentError(f"dtype must be int32 (counts) or float32, not {kind}")
+    return form

@@ -145,6 +145,7 @@ class CellDataset(torch.utils.data.IterableDataset):
         log1p: bool = False,
         dense: bool = False,
         top_k: int | None = None,
+        dtype: Any = None,
         rank: int | None = None,
         world_size: int | None = None,
         **open_options: Any,
@@ -166,7 +167,7 @@ class CellDataset(torch.utils.data.IterableDataset):
             batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, window_tiles=window_tiles,
             mix_chunks=mix_chunks, prefetch=prefetch, weights=weights, num_samples=num_samples, balance=balance,
             class_weights=class_weights, genes=genes, gene_column=gene_column, normalize=normalize,
-            normalize_over=normalize_over, log1p=log1p, dense=dense, top_k=top_k,
+            normalize_over=normalize_over, log1p=log1p, dense=dense, top_k=top_k, dtype=dtype,
         )
         self.obs_columns = list(obs_columns) if obs_columns else None
         self.cells = None if cells is None else np.asarray(cells, dtype=np.int64)

@@ -269,7 +269,9 @@ impl RawDataset {
     /// The listed cells in a batch's form (see `deltacells::batch`): its gene
     /// vocabulary, scaling, dense or CSR, top-k tokens. Returns
     /// `FormedArrays` (indptr, indices, data, top_k, top_k_values).
-    #[pyo3(signature = (cells, genes=None, normalize=None, normalize_over="stored", log1p=false, dense=false, top_k=None))]
+    #[pyo3(signature = (
+        cells, genes=None, normalize=None, normalize_over="stored", log1p=false, dense=false, top_k=None, float32=false
+    ))]
     #[allow(clippy::too_many_arguments)]
     fn get_formed<'py>(
         &self,
@@ -281,9 +283,10 @@ impl RawDataset {
         log1p: bool,
         dense: bool,
         top_k: Option<usize>,
+        float32: bool,
     ) -> PyResult<FormedArrays<'py>> {
         let cells = cell_vec(&cells);
-        let output = batch_output(genes.as_deref(), normalize, normalize_over, log1p, dense, top_k)
+        let output = batch_output(genes.as_deref(), normalize, normalize_over, log1p, dense, top_k, float32)
             .and_then(|o| o.check(self.dataset.n_genes()).map(|()| o).map_err(Failure::from))
             .map_err(|f| f.into_pyerr(py))?;
         let formed = detached(py, || {
@@ -373,7 +376,7 @@ impl RawDataset {
     /// Starts reading one epoch's share in batches, on background threads.
     #[pyo3(signature = (
         cells, options, weights=None, num_samples=None, genes=None, normalize=None, normalize_over="stored",
-        log1p=false, dense=false, top_k=None
+        log1p=false, dense=false, top_k=None, float32=false
     ))]
     #[allow(clippy::too_many_arguments)]
     fn batches(
@@ -389,11 +392,12 @@ impl RawDataset {
         log1p: bool,
         dense: bool,
         top_k: Option<usize>,
+        float32: bool,
     ) -> PyResult<RawBatches> {
         let cells = cells.as_ref().map(cell_vec);
         let weights = weights.as_ref().map(weight_vec);
         self.checked_map(genes.as_deref()).map_err(|f| f.into_pyerr(py))?;
-        let output = batch_output(genes.as_deref(), normalize, normalize_over, log1p, dense, top_k)
+        let output = batch_output(genes.as_deref(), normalize, normalize_over, log1p, dense, top_k, float32)
             .map_err(|f| f.into_pyerr(py))?;
         let kept = output.clone();
         detached(py, || {

@@ -32,6 +32,7 @@ pub(crate) fn batch_output(
     log1p: bool,
     dense: bool,
     top_k: Option<usize>,
+    float32: bool,
 ) -> Result<BatchOutput, Failure> {
     let over = match normalize_over {
         "stored" => SumOver::Stored,
@@ -52,6 +53,7 @@ pub(crate) fn batch_output(
         log1p,
         dense,
         top_k,
+        float32,
     })
 }
 

@@ -391,3 +391,24 @@ def test_torch_gives_dense_tensors_that_pin(source, torch) -> None:
     assert sum(b["X"].shape[0] for b in pinned) == 1000 and pinned[0]["X"].dtype == torch.float32
     if torch.cuda.is_available():
         assert pinned[0]["X"].is_pinned()
+
+
+def test_dtype_float32_gives_the_counts_as_floats(source) -> None:
+    root, x, names, _ = source
+    ds = deltacells.open_dataset(str(root))
+    cells = np.arange(0, 1000, 11)
+    want = reference(x, names, names, cells)  # genes="source": the input's columns
+    sparse = ds.get_batch(cells, genes="source", dtype=np.float32)
+    assert isinstance(sparse, deltacells.Batch) and sparse.data.dtype == np.float32
+    np.testing.assert_array_equal(sparse.to_scipy().toarray(), want)
+    dense = ds.get_batch(cells, genes="source", dtype="float32", dense=True)
+    assert dense.dtype == np.float32
+    np.testing.assert_array_equal(dense, want)
+    for batch in ds.batches(500, genes="source", dtype=np.float32, dense=True):
+        np.testing.assert_array_equal(batch.X, reference(x, names, names, batch.cells))
+    assert ds.get_batch(cells, dtype=np.int32).data.dtype == np.int32  # counts, as without dtype
+    with pytest.raises(deltacells.InvalidArgumentError, match="dtype int32: normalize and log1p"):
+        ds.get_batch(cells, normalize=10.0, dtype=np.int32)
+    for bad in [np.float64, "int64", "counts"]:
+        with pytest.raises(deltacells.InvalidArgumentError, match="dtype"):
+            ds.batches(dtype=bad)

@@ -401,7 +401,9 @@ fn every_form_of_a_batch_is_the_form_of_its_cells_read_directly() {
             log1p: true,
             dense: true,
             top_k: Some(5),
+            float32: false,
         },
+        BatchOutput { float32: true, dense: true, ..BatchOutput::default() },
         BatchOutput {
             normalize: Some(Normalize { target_sum: 10.0, over: SumOver::Output }),
             top_k: Some(300),
