@@ -191,6 +191,9 @@ impl<'a> CellWriter<'a> {
         };
         let (indices, data) = (&mut batch.x.indices[filled..end], &mut batch.x.data[filled..end]);
         let kept = match out.genes.as_deref() {
+            // A dense row is scattered: its entries need no order (unless
+            // names stored twice must be added first).
+            Some(map) if out.dense && !map.merges() => map.map_row_unordered(indices, data),
             Some(map) => map.map_row(indices, data, &mut self.scratch),
             None => indices.len(),
         };

@@ -151,6 +151,29 @@ impl GeneMap {
         self.from_output.get(column as usize).copied().unwrap_or(LEFT_OUT)
     }
 
+    /// Whether two stored columns go to one output column (a name stored
+    /// twice): their counts are added by [`GeneMap::map_row`] only.
+    pub fn merges(&self) -> bool {
+        self.merges
+    }
+
+    /// [`GeneMap::map_row`] without putting the kept entries in output
+    /// column order (they stay in stored order), nor adding the counts of
+    /// stored columns that share an output column: for a caller that
+    /// scatters them (into a dense row) and a map that does not merge.
+    pub fn map_row_unordered(&self, indices: &mut [u32], data: &mut [u32]) -> usize {
+        let n = indices.len().min(data.len());
+        // (Without a branch, as in map_row.)
+        let mut kept = 0;
+        for i in 0..n {
+            let j = self.to_output.get(indices[i] as usize).copied().unwrap_or(LEFT_OUT);
+            indices[kept] = j;
+            data[kept] = data[i];
+            kept += usize::from(j != LEFT_OUT);
+        }
+        kept
+    }
+
     /// Rewrites one cell, given as stored columns (increasing) and counts, in
     /// the output's columns: the kept entries move to the front, in output
     /// column order; returns how many there are. `scratch` is reused
