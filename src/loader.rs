@@ -586,7 +586,7 @@ impl Batches {
                 "deltacells-decode",
                 Box::new(move || {
                     guarded(chunk_tx, |out| {
-                        decode_chunks(&dataset, &plan, &output, pool.as_deref(), group, &planes, tile_rx, out)
+                        decode_chunks(&dataset, (&plan, &output), pool.as_deref(), group, &planes, tile_rx, out)
                     })
                 }),
             )?;
@@ -782,8 +782,7 @@ impl Window {
 /// never on the threads or the timing.
 fn decode_chunks(
     dataset: &Dataset,
-    plan: &EpochPlan,
-    output: &BatchOutput,
+    (plan, output): (&EpochPlan, &BatchOutput),
     pool: Option<&rayon::ThreadPool>,
     group: usize,
     pool_of_planes: &PlanesPool,
