@@ -181,45 +181,16 @@ impl<'a> CellWriter<'a> {
     /// the end of `batch.x.indices` and `batch.x.data` (from `batch.x`'s last
     /// row offset, `n` entries): maps, scales, and writes it in the form asked.
     pub fn finish_cell(&mut self, batch: &mut FormedBatch, n: usize) {
-        self.write_cell(batch, n, None);
-    }
-
-    /// [`CellWriter::finish_cell`] for a cell already in the output's
-    /// columns (by [`CellWriter::map_cell`]), whose counts over every stored
-    /// gene summed to `stored_sum`.
-    pub fn finish_mapped_cell(&mut self, batch: &mut FormedBatch, n: usize, stored_sum: u64) {
-        self.write_cell(batch, n, Some(stored_sum));
-    }
-
-    /// Puts one cell (stored columns and counts) in the output's columns as
-    /// [`CellWriter::finish_cell`] would, in place: returns how many entries
-    /// are kept and the sum of its counts over every stored gene, for
-    /// [`CellWriter::finish_mapped_cell`]. The loader maps cells on its
-    /// decoding threads with it, so that its batcher only copies them.
-    pub fn map_cell(&mut self, indices: &mut [u32], data: &mut [u32]) -> (usize, u64) {
-        let stored_sum = data.iter().map(|&c| u64::from(c)).sum();
-        let kept = match self.output.genes.as_deref() {
-            Some(map) if self.output.dense && !map.merges() => map.map_row_unordered(indices, data),
-            Some(map) => map.map_row(indices, data, &mut self.scratch),
-            None => indices.len().min(data.len()),
-        };
-        (kept, stored_sum)
-    }
-
-    fn write_cell(&mut self, batch: &mut FormedBatch, n: usize, premapped: Option<u64>) {
         let out = self.output;
         let filled = batch.x.indptr.last().copied().unwrap_or(0) as usize;
         let end = (filled + n).min(batch.x.indices.len()).min(batch.x.data.len());
-        let stored_sum: u64 = match premapped {
-            Some(sum) => sum,
-            None if matches!(out.normalize, Some(Normalize { over: SumOver::Stored, .. })) => {
-                batch.x.data[filled..end].iter().map(|&c| u64::from(c)).sum()
-            }
-            None => 0,
+        let stored_sum: u64 = if matches!(out.normalize, Some(Normalize { over: SumOver::Stored, .. })) {
+            batch.x.data[filled..end].iter().map(|&c| u64::from(c)).sum()
+        } else {
+            0
         };
         let (indices, data) = (&mut batch.x.indices[filled..end], &mut batch.x.data[filled..end]);
         let kept = match out.genes.as_deref() {
-            _ if premapped.is_some() => indices.len(),
             // A dense row is scattered: its entries need no order (unless
             // names stored twice must be added first).
             Some(map) if out.dense && !map.merges() => map.map_row_unordered(indices, data),

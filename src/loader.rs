@@ -424,79 +424,9 @@ pub struct LoaderBatch {
 /// tile's first cell, and the rows of it this share reads, in the order they
 /// are to be written (the batcher pops them from the end).
 struct OpenChunk {
-    cells: Cells,
+    planes: ChunkPlanes,
     start: u64,
     rows: Vec<u64>,
-}
-
-/// An open chunk's cells: its planes, from which the batcher writes each
-/// cell, or (with a gene vocabulary) the cells the share reads already in
-/// the vocabulary's columns, mapped on the decoding threads, which the
-/// batcher only copies (the batcher is the loader's one serial stage).
-enum Cells {
-    Planes(ChunkPlanes),
-    Mapped(MappedChunk),
-}
-
-/// Cells of a chunk in a vocabulary's columns, by tile row.
-struct MappedChunk {
-    first_row: u64,
-    /// Per chunk row: where its entries start, and the end.
-    offsets: Vec<usize>,
-    indices: Vec<u32>,
-    data: Vec<u32>,
-    /// Per chunk row: its counts over every stored gene.
-    stored_sums: Vec<u64>,
-}
-
-impl MappedChunk {
-    /// The rows `rows` of `planes`, mapped by `writer`.
-    fn new(planes: &ChunkPlanes, rows: &[u64], writer: &mut CellWriter) -> MappedChunk {
-        let cells = planes.cells();
-        let n = (cells.end - cells.start) as usize;
-        let mut wanted = vec![false; n];
-        for &r in rows {
-            if let Some(w) = r.checked_sub(cells.start).and_then(|i| wanted.get_mut(i as usize)) {
-                *w = true;
-            }
-        }
-        let mut m = MappedChunk {
-            first_row: cells.start,
-            offsets: Vec::with_capacity(n + 1),
-            indices: Vec::new(),
-            data: Vec::new(),
-            stored_sums: vec![0; n],
-        };
-        m.offsets.push(0);
-        for (i, row) in cells.enumerate() {
-            if wanted[i] {
-                let (at, k) = (m.indices.len(), planes.row_nnz(row));
-                m.indices.resize(at + k, 0);
-                m.data.resize(at + k, 0);
-                planes.write_row_with(row, &mut m.indices[at..], &mut m.data[at..], false);
-                let (kept, sum) = writer.map_cell(&mut m.indices[at..], &mut m.data[at..]);
-                m.indices.truncate(at + kept);
-                m.data.truncate(at + kept);
-                m.stored_sums[i] = sum;
-            }
-            m.offsets.push(m.indices.len());
-        }
-        m
-    }
-
-    fn range(&self, row: u64) -> std::ops::Range<usize> {
-        let i = (row - self.first_row) as usize;
-        self.offsets[i]..self.offsets[i + 1]
-    }
-}
-
-impl Cells {
-    fn row_nnz(&self, row: u64) -> usize {
-        match self {
-            Cells::Planes(p) => p.row_nnz(row),
-            Cells::Mapped(m) => m.range(row).len(),
-        }
-    }
 }
 
 /// The batches of one share, read on background threads. Dropping it stops
@@ -581,12 +511,11 @@ impl Batches {
         {
             let plan = plan.clone();
             let planes = planes.clone();
-            let output = output.clone();
             spawn(
                 "deltacells-decode",
                 Box::new(move || {
                     guarded(chunk_tx, |out| {
-                        decode_chunks(&dataset, (&plan, &output), pool.as_deref(), group, &planes, tile_rx, out)
+                        decode_chunks(&dataset, &plan, pool.as_deref(), group, &planes, tile_rx, out)
                     })
                 }),
             )?;
@@ -782,7 +711,7 @@ impl Window {
 /// never on the threads or the timing.
 fn decode_chunks(
     dataset: &Dataset,
-    (plan, output): (&EpochPlan, &BatchOutput),
+    plan: &EpochPlan,
     pool: Option<&rayon::ThreadPool>,
     group: usize,
     pool_of_planes: &PlanesPool,
@@ -828,16 +757,11 @@ fn decode_chunks(
                         let parsed = dataset.parse_tile_again(tile, blob)?;
                         let mut planes = pool_of_planes.take();
                         parsed.decode_planes(piece.chunk, &mut planes).map_err(|e| dataset.tile_error(tile, e))?;
-                        if output.genes.is_none() {
-                            return Ok(Cells::Planes(planes));
-                        }
-                        let mapped = MappedChunk::new(&planes, &piece.rows, &mut CellWriter::new(output, plan.n_genes));
-                        pool_of_planes.give(planes);
-                        Ok(Cells::Mapped(mapped))
+                        Ok(planes)
                     })
-                    .collect::<Result<Vec<Cells>, DatasetError>>()
+                    .collect::<Result<Vec<ChunkPlanes>, DatasetError>>()
             })?;
-            for (piece, cells) in chosen.into_iter().zip(decoded) {
+            for (piece, planes) in chosen.into_iter().zip(decoded) {
                 if window.unchosen[piece.unit] == 0 {
                     window.blobs[piece.unit] = None;
                 }
@@ -848,7 +772,7 @@ fn decode_chunks(
                     rows.reverse(); // popped from the end
                 }
                 let start = plan.tile_starts[units[piece.unit].tile];
-                if out.send(Ok(OpenChunk { cells, start, rows })).is_err() {
+                if out.send(Ok(OpenChunk { planes, start, rows })).is_err() {
                     return Ok(());
                 }
             }
@@ -942,7 +866,7 @@ fn cut_batches(
         let (cells, current) = batch.get_or_insert_with(|| new_batch(&writer));
         let x = &mut current.x;
         let filled = *x.indptr.last().expect("indptr starts at 0") as usize;
-        let n = chunk.cells.row_nnz(row);
+        let n = chunk.planes.row_nnz(row);
         // (The two buffers may come from different batches, with different
         // lengths.) They grow by half at least, so that a fresh buffer is
         // not resized for every cell.
@@ -955,25 +879,11 @@ fn cut_batches(
         // (Streaming stores where the batch goes straight out; cached ones
         // where the writer reads the row again.)
         let stream = !writer.rewrites();
-        match &chunk.cells {
-            Cells::Planes(planes) => {
-                let (indices, data) = (&mut x.indices[filled..filled + n], &mut x.data[filled..filled + n]);
-                planes.write_row_with(row, indices, data, stream);
-                writer.finish_cell(current, n);
-            }
-            Cells::Mapped(m) => {
-                let range = m.range(row);
-                x.indices[filled..filled + n].copy_from_slice(&m.indices[range.clone()]);
-                x.data[filled..filled + n].copy_from_slice(&m.data[range]);
-                let sum = m.stored_sums[(row - m.first_row) as usize];
-                writer.finish_mapped_cell(current, n, sum);
-            }
-        }
+        chunk.planes.write_row_with(row, &mut x.indices[filled..filled + n], &mut x.data[filled..filled + n], stream);
+        writer.finish_cell(current, n);
         cells.push(chunk.start + row);
         if chunk.rows.is_empty() {
-            if let Cells::Planes(planes) = open.remove(slot).cells {
-                pool_of_planes.give(planes);
-            }
+            pool_of_planes.give(open.remove(slot).planes);
         }
         if cells.len() == size {
             sent += 1;
