@@ -163,7 +163,7 @@ impl GeneMap {
     /// scatters them (into a dense row) and a map that does not merge.
     pub fn map_row_unordered(&self, indices: &mut [u32], data: &mut [u32]) -> usize {
         let n = indices.len().min(data.len());
-        // (Without a branch, as in map_row.)
+        // (Without a branch on whether the entry is kept, as in map_row.)
         let mut kept = 0;
         for i in 0..n {
             let j = self.to_output.get(indices[i] as usize).copied().unwrap_or(LEFT_OUT);
@@ -181,15 +181,8 @@ impl GeneMap {
     pub fn map_row(&self, indices: &mut [u32], data: &mut [u32], scratch: &mut RowScratch) -> usize {
         let n = indices.len().min(data.len());
         if self.in_order {
-            // (Without a branch, as below.)
-            let mut kept = 0;
-            for i in 0..n {
-                let j = self.to_output.get(indices[i] as usize).copied().unwrap_or(LEFT_OUT);
-                indices[kept] = j;
-                data[kept] = data[i];
-                kept += usize::from(j != LEFT_OUT);
-            }
-            return kept;
+            // Stored order is output order: compacting is all there is.
+            return self.map_row_unordered(indices, data);
         }
         // The kept entries as (output column << 32 | count), put in column
         // order by a radix sort on the column's bytes (least significant

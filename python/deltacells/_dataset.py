@@ -300,7 +300,7 @@ class Dataset:
         n_genes = self.n_genes if vocabulary is None else vocabulary.n_genes
         form = form_options(normalize, normalize_over, log1p, dense, None, n_genes, dtype)
         if form["normalize"] is not None or form["log1p"] or form["dense"] or form["float32"]:
-            indptr, indices, data, _, _ = self.native.get_formed(self._cell_array(cells), native, **form)
+            indptr, indices, data, _, _ = self.native.get_formed(self._cell_array(cells), form, native)
             if indptr is None or indices is None:
                 return data
             return Batch(indptr, indices, data, n_genes)

@@ -8,6 +8,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._options import LoaderOptions
+from ._vocabulary import Form
 
 #: A batch in a form (indptr, indices, data, top_k, top_k_values): CSR
 #: (indptr int64, indices int32, data int32 or float32) or dense (no
@@ -63,15 +64,7 @@ class RawDataset:
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
     def column_nonzeros(self) -> npt.NDArray[np.uint64]: ...
     def get_formed(
-        self,
-        cells: npt.NDArray[np.int64],
-        genes: RawGeneMap | None = None,
-        normalize: float | None = None,
-        normalize_over: str = "stored",
-        log1p: bool = False,
-        dense: bool = False,
-        top_k: int | None = None,
-        float32: bool = False,
+        self, cells: npt.NDArray[np.int64], form: Form, genes: RawGeneMap | None = None
     ) -> _Formed: ...
     def read_tile(
         self, tile: int
@@ -91,12 +84,7 @@ class RawDataset:
         weights: npt.NDArray[np.float64] | None = None,
         num_samples: int | None = None,
         genes: RawGeneMap | None = None,
-        normalize: float | None = None,
-        normalize_over: str = "stored",
-        log1p: bool = False,
-        dense: bool = False,
-        top_k: int | None = None,
-        float32: bool = False,
+        form: Form | None = None,
     ) -> RawBatches: ...
     def obs_schema_json(self) -> str | None: ...
     def localize(

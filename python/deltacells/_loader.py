@@ -156,7 +156,7 @@ class Loader:
         genes = self.genes
         raw = dataset.native.batches(
             self.cells, self.options, self.weights, self.num_samples, None if genes is None else genes.native,
-            **self.form,
+            self.form,
         )
         n_genes = dataset.n_genes if genes is None else genes.n_genes
         columns = self.obs_columns

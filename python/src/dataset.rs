@@ -22,7 +22,7 @@ use crate::arrays::{
 };
 use crate::batches::{LoaderArgs, RawBatches};
 use crate::errors::{detached, Failure, Kind};
-use crate::vocabulary::{batch_output, RawGeneMap};
+use crate::vocabulary::{FormArgs, RawGeneMap};
 
 /// An open dataset (`deltacells.open_dataset` wraps it).
 #[pyclass(frozen, module = "deltacells._deltacells")]
@@ -116,6 +116,18 @@ impl RawDataset {
             Some(g) => Ok(Some(&g.map)),
             None => Ok(None),
         }
+    }
+
+    /// The listed cells (checked), through the tile cache when there is one.
+    fn listed_cells(&self, cells: &[i64]) -> Result<CsrMatrix, Failure> {
+        let cells = self.check_cells(cells)?;
+        self.install(|| {
+            if self.caching() {
+                self.cells_via_cache(&cells)
+            } else {
+                Ok(self.dataset.read_cell_list(&cells)?)
+            }
+        })
     }
 
     fn check_cells(&self, cells: &[i64]) -> Result<Vec<u64>, Failure> {
@@ -222,14 +234,7 @@ impl RawDataset {
         let cells = cell_vec(&cells);
         let genes = self.checked_map(genes.as_deref()).map_err(|f| f.into_pyerr(py))?;
         let m = detached(py, || {
-            let cells = self.check_cells(&cells)?;
-            let mut m = self.install(|| {
-                if self.caching() {
-                    self.cells_via_cache(&cells)
-                } else {
-                    Ok(self.dataset.read_cell_list(&cells)?)
-                }
-            })?;
+            let mut m = self.listed_cells(&cells)?;
             if let Some(map) = genes {
                 map.map_matrix(&mut m, &mut RowScratch::default());
             }
@@ -269,35 +274,21 @@ impl RawDataset {
     /// The listed cells in a batch's form (see `deltacells::batch`): its gene
     /// vocabulary, scaling, dense or CSR, top-k tokens. Returns
     /// `FormedArrays` (indptr, indices, data, top_k, top_k_values).
-    #[pyo3(signature = (
-        cells, genes=None, normalize=None, normalize_over="stored", log1p=false, dense=false, top_k=None, float32=false
-    ))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (cells, form, genes=None))]
     fn get_formed<'py>(
         &self,
         py: Python<'py>,
         cells: PyReadonlyArray1<'py, i64>,
+        form: FormArgs,
         genes: Option<PyRef<'py, RawGeneMap>>,
-        normalize: Option<f64>,
-        normalize_over: &str,
-        log1p: bool,
-        dense: bool,
-        top_k: Option<usize>,
-        float32: bool,
     ) -> PyResult<FormedArrays<'py>> {
         let cells = cell_vec(&cells);
-        let output = batch_output(genes.as_deref(), normalize, normalize_over, log1p, dense, top_k, float32)
+        let output = form
+            .output(genes.as_deref())
             .and_then(|o| o.check(self.dataset.n_genes()).map(|()| o).map_err(Failure::from))
             .map_err(|f| f.into_pyerr(py))?;
         let formed = detached(py, || {
-            let cells = self.check_cells(&cells)?;
-            let m = self.install(|| {
-                if self.caching() {
-                    self.cells_via_cache(&cells)
-                } else {
-                    Ok(self.dataset.read_cell_list(&cells)?)
-                }
-            })?;
+            let m = self.listed_cells(&cells)?;
             let b = CellWriter::new(&output, self.dataset.n_genes()).form(m);
             Ok(Formed {
                 rows: b.rows,
@@ -374,10 +365,7 @@ impl RawDataset {
     }
 
     /// Starts reading one epoch's share in batches, on background threads.
-    #[pyo3(signature = (
-        cells, options, weights=None, num_samples=None, genes=None, normalize=None, normalize_over="stored",
-        log1p=false, dense=false, top_k=None, float32=false
-    ))]
+    #[pyo3(signature = (cells, options, weights=None, num_samples=None, genes=None, form=None))]
     #[allow(clippy::too_many_arguments)]
     fn batches(
         &self,
@@ -387,18 +375,15 @@ impl RawDataset {
         weights: Option<PyReadonlyArray1<'_, f64>>,
         num_samples: Option<u64>,
         genes: Option<PyRef<'_, RawGeneMap>>,
-        normalize: Option<f64>,
-        normalize_over: &str,
-        log1p: bool,
-        dense: bool,
-        top_k: Option<usize>,
-        float32: bool,
+        form: Option<FormArgs>,
     ) -> PyResult<RawBatches> {
         let cells = cells.as_ref().map(cell_vec);
         let weights = weights.as_ref().map(weight_vec);
         self.checked_map(genes.as_deref()).map_err(|f| f.into_pyerr(py))?;
-        let output = batch_output(genes.as_deref(), normalize, normalize_over, log1p, dense, top_k, float32)
-            .map_err(|f| f.into_pyerr(py))?;
+        let output = match form {
+            Some(form) => form.output(genes.as_deref()).map_err(|f| f.into_pyerr(py))?,
+            None => loader::BatchOutput { genes: genes.as_deref().map(|g| g.map.clone()), ..Default::default() },
+        };
         let kept = output.clone();
         detached(py, || {
             let plan = self.plan(cells.as_deref(), weights.as_deref(), num_samples, &options)?;

@@ -23,38 +23,58 @@ impl From<OutputError> for Failure {
     }
 }
 
-/// A batch's form from the read methods' arguments (checked by the caller
-/// against the dataset with `BatchOutput::check`).
-pub(crate) fn batch_output(
-    genes: Option<&RawGeneMap>,
+/// A batch's form, from the dict the Python layer passes (its `Form`:
+/// normalize, normalize_over, log1p, dense, top_k, float32); with the gene
+/// map, a `BatchOutput` (checked by the caller against the dataset).
+pub(crate) struct FormArgs {
     normalize: Option<f64>,
-    normalize_over: &str,
+    normalize_over: String,
     log1p: bool,
     dense: bool,
     top_k: Option<usize>,
     float32: bool,
-) -> Result<BatchOutput, Failure> {
-    let over = match normalize_over {
-        "stored" => SumOver::Stored,
-        "output" => SumOver::Output,
-        other => {
-            return Err(Failure {
-                kind: Kind::Value,
-                message: format!(
-                    "normalize_over: {other:?} is not 'stored' (every gene the dataset stores for the cell) or \
-                     'output' (the genes of the batch)"
-                ),
-            })
-        }
-    };
-    Ok(BatchOutput {
-        genes: genes.map(|g| g.map.clone()),
-        normalize: normalize.map(|target_sum| Normalize { target_sum, over }),
-        log1p,
-        dense,
-        top_k,
-        float32,
-    })
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for FormArgs {
+    type Error = PyErr;
+
+    fn extract(ob: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        let get = |name: &str| ob.get_item(name);
+        Ok(FormArgs {
+            normalize: get("normalize")?.extract()?,
+            normalize_over: get("normalize_over")?.extract()?,
+            log1p: get("log1p")?.extract()?,
+            dense: get("dense")?.extract()?,
+            top_k: get("top_k")?.extract()?,
+            float32: get("float32")?.extract()?,
+        })
+    }
+}
+
+impl FormArgs {
+    pub(crate) fn output(&self, genes: Option<&RawGeneMap>) -> Result<BatchOutput, Failure> {
+        let over = match self.normalize_over.as_str() {
+            "stored" => SumOver::Stored,
+            "output" => SumOver::Output,
+            other => {
+                return Err(Failure {
+                    kind: Kind::Value,
+                    message: format!(
+                        "normalize_over: {other:?} is not 'stored' (every gene the dataset stores for the cell) or \
+                         'output' (the genes of the batch)"
+                    ),
+                })
+            }
+        };
+        Ok(BatchOutput {
+            genes: genes.map(|g| g.map.clone()),
+            normalize: self.normalize.map(|target_sum| Normalize { target_sum, over }),
+            log1p: self.log1p,
+            dense: self.dense,
+            top_k: self.top_k,
+            float32: self.float32,
+        })
+    }
 }
 
 /// Where each stored column of a dataset goes in a vocabulary's columns
