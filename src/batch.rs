@@ -47,6 +47,10 @@ pub struct BatchOutput {
     pub top_k: Option<usize>,
     /// Values as float32 even without a transform (counts as floats).
     pub float32: bool,
+    /// With a vocabulary, leave each cell's CSR columns in the dataset's
+    /// stored order instead of sorting them (valid CSR that SciPy accepts,
+    /// with `has_sorted_indices` false): saves a sort per cell.
+    pub unsorted: bool,
 }
 
 /// Why a [`BatchOutput`] cannot be used.
@@ -192,8 +196,8 @@ impl<'a> CellWriter<'a> {
         let (indices, data) = (&mut batch.x.indices[filled..end], &mut batch.x.data[filled..end]);
         let kept = match out.genes.as_deref() {
             // A dense row is scattered: its entries need no order (unless
-            // names stored twice must be added first).
-            Some(map) if out.dense && !map.merges() => map.map_row_unordered(indices, data),
+            // names stored twice must be added first); nor do unsorted ones.
+            Some(map) if (out.dense || out.unsorted) && !map.merges() => map.map_row_unordered(indices, data),
             Some(map) => map.map_row(indices, data, &mut self.scratch),
             None => indices.len(),
         };
@@ -383,6 +387,7 @@ mod tests {
                 dense,
                 top_k: Some(k),
                 float32: false,
+                unsorted: false,
             };
             output.check(30).unwrap();
             let mut m = CsrMatrix::empty(30);

@@ -264,6 +264,7 @@ class Dataset:
         log1p: bool = False,
         dense: bool = False,
         dtype: Any = None,
+        sorted_columns: bool = True,
     ) -> Batch | np.ndarray:
         """The cells listed, in the order given (repeats allowed), as a :class:`Batch`.
 
@@ -286,6 +287,9 @@ class Dataset:
         ``dense=True`` returns a C-contiguous
         ``(cells, genes)`` NumPy array (int32, or float32 when scaled),
         written directly by the Rust reader, instead of a Batch.
+        ``sorted_columns=False`` (with ``genes``) leaves each cell's columns
+        in the dataset's stored order rather than sorting them: a valid CSR
+        matrix (``has_sorted_indices`` false) for a sort less per cell.
 
         Raises :class:`CellIndexError` (an ``IndexError``) for a cell outside
         ``0 .. n_cells``, naming it, and :class:`InvalidArgumentError` for a
@@ -298,8 +302,11 @@ class Dataset:
         vocabulary = resolve(self, genes, gene_column)
         native = None if vocabulary is None else vocabulary.native
         n_genes = self.n_genes if vocabulary is None else vocabulary.n_genes
-        form = form_options(normalize, normalize_over, log1p, dense, None, n_genes, dtype)
-        if form["normalize"] is not None or form["log1p"] or form["dense"] or form["float32"]:
+        form = form_options(normalize, normalize_over, log1p, dense, None, n_genes, dtype, sorted_columns)
+        if (
+            form["normalize"] is not None or form["log1p"] or form["dense"] or form["float32"]
+            or not form["sorted_columns"]
+        ):
             indptr, indices, data, _, _ = self.native.get_formed(self._cell_array(cells), form, native)
             if indptr is None or indices is None:
                 return data
@@ -343,6 +350,7 @@ class Dataset:
         dense: bool = False,
         top_k: int | None = None,
         dtype: Any = None,
+        sorted_columns: bool = True,
     ) -> Loader:
         """One epoch of training batches (a :class:`Loader`: iterate over it;
         each item is a :class:`CellBatch` with ``.X``, ``.cells`` and ``.obs``).
@@ -396,7 +404,7 @@ class Dataset:
 
         Values and form, as :meth:`get_batch` takes them: ``normalize``,
         ``normalize_over``, ``log1p`` (off by default: counts stay int32
-        counts), ``dtype``, and ``dense`` (``batch.X`` a ``(cells, genes)`` NumPy
+        counts), ``dtype``, ``sorted_columns``, and ``dense`` (``batch.X`` a ``(cells, genes)`` NumPy
         array). ``top_k=K`` adds ``batch.top_k``, for each cell the columns
         of its K highest values (int32 ``(cells, K)``, -1 past its nonzeros;
         ties go to the gene with more counts over the dataset, its stored
@@ -423,7 +431,7 @@ class Dataset:
         vocabulary = resolve(self, genes, gene_column)
         form = form_options(
             normalize, normalize_over, log1p, dense, top_k, self.n_genes if vocabulary is None else vocabulary.n_genes,
-            dtype,
+            dtype, sorted_columns,
         )
         return Loader(
             self, options, obs_columns, cells, weights=weights, num_samples=num_samples, balance=balance,

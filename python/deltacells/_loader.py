@@ -92,7 +92,8 @@ class Loader:
         self.dataset = dataset
         self.genes = genes
         self.form: Form = form or Form(
-            normalize=None, normalize_over="stored", log1p=False, dense=False, top_k=None, float32=False
+            normalize=None, normalize_over="stored", log1p=False, dense=False, top_k=None, float32=False,
+            sorted_columns=True,
         )
         self.options = LoaderOptions(**options)
         if obs_columns is not None and (isinstance(obs_columns, str) or not isinstance(obs_columns, Sequence)):

@@ -212,6 +212,7 @@ class Form(TypedDict):
     dense: bool
     top_k: int | None
     float32: bool
+    sorted_columns: bool
 
 
 def form_options(
@@ -222,6 +223,7 @@ def form_options(
     top_k: int | None,
     n_genes: int,
     dtype: object = None,
+    sorted_columns: bool = True,
 ) -> Form:
     """The form arguments of the read methods, checked, as the Rust reader takes them."""
     from ._args import flag, integer, positive_number
@@ -238,6 +240,7 @@ def form_options(
         "dense": flag("dense", dense),
         "top_k": None if top_k is None else integer("top_k", top_k, 1, n_genes),
         "float32": False,
+        "sorted_columns": flag("sorted_columns", sorted_columns),
     }
     if dtype is not None:
         try:

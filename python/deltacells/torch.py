@@ -146,6 +146,7 @@ class CellDataset(torch.utils.data.IterableDataset):
         dense: bool = False,
         top_k: int | None = None,
         dtype: Any = None,
+        sorted_columns: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
         **open_options: Any,
@@ -168,6 +169,7 @@ class CellDataset(torch.utils.data.IterableDataset):
             mix_chunks=mix_chunks, prefetch=prefetch, weights=weights, num_samples=num_samples, balance=balance,
             class_weights=class_weights, genes=genes, gene_column=gene_column, normalize=normalize,
             normalize_over=normalize_over, log1p=log1p, dense=dense, top_k=top_k, dtype=dtype,
+            sorted_columns=sorted_columns,
         )
         self.obs_columns = list(obs_columns) if obs_columns else None
         self.cells = None if cells is None else np.asarray(cells, dtype=np.int64)

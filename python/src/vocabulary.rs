@@ -24,7 +24,8 @@ impl From<OutputError> for Failure {
 }
 
 /// A batch's form, from the dict the Python layer passes (its `Form`:
-/// normalize, normalize_over, log1p, dense, top_k, float32); with the gene
+/// normalize, normalize_over, log1p, dense, top_k, float32,
+/// sorted_columns); with the gene
 /// map, a `BatchOutput` (checked by the caller against the dataset).
 pub(crate) struct FormArgs {
     normalize: Option<f64>,
@@ -33,6 +34,7 @@ pub(crate) struct FormArgs {
     dense: bool,
     top_k: Option<usize>,
     float32: bool,
+    unsorted: bool,
 }
 
 impl<'a, 'py> FromPyObject<'a, 'py> for FormArgs {
@@ -47,6 +49,7 @@ impl<'a, 'py> FromPyObject<'a, 'py> for FormArgs {
             dense: get("dense")?.extract()?,
             top_k: get("top_k")?.extract()?,
             float32: get("float32")?.extract()?,
+            unsorted: !get("sorted_columns")?.extract::<bool>()?,
         })
     }
 }
@@ -73,6 +76,7 @@ impl FormArgs {
             dense: self.dense,
             top_k: self.top_k,
             float32: self.float32,
+            unsorted: self.unsorted,
         })
     }
 }

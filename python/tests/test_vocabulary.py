@@ -412,3 +412,26 @@ def test_dtype_float32_gives_the_counts_as_floats(source) -> None:
     for bad in [np.float64, "int64", "counts"]:
         with pytest.raises(deltacells.InvalidArgumentError, match="dtype"):
             ds.batches(dtype=bad)
+
+
+def test_unsorted_columns_hold_the_same_counts(source) -> None:
+    root, x, names, _ = source
+    ds = deltacells.open_dataset(str(root))
+    genes = model_genes(names, seed=31)
+    cells = np.arange(0, 1000, 3)
+    batch = ds.get_batch(cells, genes=genes, sorted_columns=False)
+    m = batch.to_scipy()
+    assert m.shape == (len(cells), len(genes)) and batch.data.dtype == np.int32
+    np.testing.assert_array_equal(m.toarray(), reference(x, names, genes, cells))
+    # Each cell's columns in the stored order (by total counts), not sorted.
+    stored = {names[g]: j for j, g in enumerate(ds.gene_order)}
+    rank = np.array([stored.get(g, -1) for g in genes])
+    for r in range(0, len(cells), 50):
+        row = m.indices[m.indptr[r]:m.indptr[r + 1]]
+        assert (np.diff(rank[row]) > 0).all()
+    unsorted = [b for b in ds.batches(250, seed=1, genes=genes, sorted_columns=False)]
+    plain = [b for b in ds.batches(250, seed=1, genes=genes)]
+    for a, b in zip(unsorted, plain, strict=True):
+        assert (a.X.to_scipy() != b.X.to_scipy()).nnz == 0
+    with pytest.raises(deltacells.InvalidArgumentError, match="sorted_columns"):
+        ds.get_batch(cells, genes=genes, sorted_columns="no")

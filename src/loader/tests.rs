@@ -402,7 +402,9 @@ fn every_form_of_a_batch_is_the_form_of_its_cells_read_directly() {
             dense: true,
             top_k: Some(5),
             float32: false,
+            unsorted: false,
         },
+        BatchOutput { genes: Some(map.clone()), unsorted: true, ..BatchOutput::default() },
         BatchOutput { float32: true, dense: true, ..BatchOutput::default() },
         BatchOutput {
             normalize: Some(Normalize { target_sum: 10.0, over: SumOver::Output }),
