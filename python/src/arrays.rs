@@ -8,6 +8,7 @@ use std::sync::Arc;
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 
+use deltacells::batch::FormedBatch;
 use deltacells::loader::{BufferPool, FloatPool};
 use deltacells::CsrMatrix;
 
@@ -127,19 +128,9 @@ pub(crate) type FormedArrays<'py> = (
     Option<Bound<'py, PyAny>>,
 );
 
-/// The parts of a formed batch (see [`deltacells::batch::FormedBatch`]).
-pub(crate) struct Formed {
-    pub(crate) rows: usize,
-    pub(crate) x: CsrMatrix,
-    pub(crate) values: Vec<f32>,
-    pub(crate) dense_counts: Vec<u32>,
-    pub(crate) top_k: Vec<i32>,
-    pub(crate) top_k_values: Vec<f32>,
-}
-
 pub(crate) fn formed_arrays<'py>(
     py: Python<'py>,
-    f: Formed,
+    f: FormedBatch,
     output: &deltacells::batch::BatchOutput,
     pools: Option<(&Arc<BufferPool>, &Arc<FloatPool>)>,
 ) -> PyResult<FormedArrays<'py>> {
@@ -168,7 +159,7 @@ pub(crate) fn formed_arrays<'py>(
             pool.give(std::mem::take(&mut x.data));
         }
     }
-    let f = Formed { x, ..f };
+    let f = FormedBatch { x, ..f };
     let (indptr, indices, data) = if output.dense {
         let data = if output.scaled() {
             float32(py, f.values)?.reshape([rows, n_cols])?.into_any()

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 
-use deltacells::batch::BatchOutput;
+use deltacells::batch::{BatchOutput, FormedBatch};
 use deltacells::loader::{self, BufferPool, FloatPool, LoaderOptions};
 
-use crate::arrays::{as_i64, formed_arrays, Formed};
+use crate::arrays::{as_i64, formed_arrays};
 use crate::errors::{detached, Failure};
 
 /// The Rust loader's default options, as the dict `RawDataset.batches`
@@ -139,8 +139,9 @@ impl RawBatches {
         let Some(batch) = next else { return Ok(None) };
         let rows = batch.cells.len();
         let cells = as_i64(batch.cells).into_pyarray(py);
-        let formed = Formed {
+        let formed = FormedBatch {
             rows,
+            n_cols: batch.x.n_cols,
             x: batch.x,
             values: batch.values,
             dense_counts: batch.dense_counts,

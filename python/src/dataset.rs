@@ -8,17 +8,16 @@ use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use deltacells::batch::BatchOutput;
 use deltacells::batch::CellWriter;
 use deltacells::format::{self, CsrMatrix};
 use deltacells::loader::{self, BufferPool, EpochPlan, LoaderBuffers, LoaderOptions};
 use deltacells::obs::localize;
 use deltacells::storage::{self, StoreOptions};
-use deltacells::vocabulary::{GeneMap, RowScratch};
 use deltacells::{Dataset, TileCache};
 
 use crate::arrays::{
-    as_i64, cell_vec, csr_arrays, formed_arrays, pooled_array, weight_vec, CsrArrays, Formed, FormedArrays,
-    POOLED_BUFFERS,
+    as_i64, cell_vec, csr_arrays, formed_arrays, pooled_array, weight_vec, CsrArrays, FormedArrays, POOLED_BUFFERS,
 };
 use crate::batches::{LoaderArgs, RawBatches};
 use crate::errors::{detached, Failure, Kind};
@@ -102,19 +101,20 @@ impl RawDataset {
         Ok(EpochPlan::new(&self.dataset, Some(&drawn), &options.0)?)
     }
 
-    /// `genes`' map, checked to be of this dataset's stored columns.
-    fn checked_map<'a>(&self, genes: Option<&'a RawGeneMap>) -> Result<Option<&'a Arc<GeneMap>>, Failure> {
-        match genes {
-            Some(g) if g.map.n_stored() != self.dataset.n_genes() as usize => Err(Failure {
-                kind: Kind::Value,
-                message: format!(
-                    "genes: the map is of {} stored genes, the dataset has {}",
-                    g.map.n_stored(),
-                    self.dataset.n_genes()
-                ),
-            }),
-            Some(g) => Ok(Some(&g.map)),
-            None => Ok(None),
+    /// A batch's form with `genes` (and nothing else), checked against this
+    /// dataset, or None without a vocabulary.
+    fn genes_only(&self, genes: Option<&RawGeneMap>) -> Result<Option<BatchOutput>, Failure> {
+        let Some(g) = genes else { return Ok(None) };
+        let output = BatchOutput { genes: Some(g.map.clone()), ..BatchOutput::default() };
+        output.check(self.dataset.n_genes())?;
+        Ok(Some(output))
+    }
+
+    /// `m` (stored columns) in `output`'s columns, as CSR counts.
+    fn in_genes(&self, m: CsrMatrix, output: Option<&BatchOutput>) -> CsrMatrix {
+        match output {
+            Some(o) => CellWriter::new(o, self.dataset.n_genes()).form(m).x,
+            None => m,
         }
     }
 
@@ -232,14 +232,8 @@ impl RawDataset {
         genes: Option<PyRef<'py, RawGeneMap>>,
     ) -> PyResult<CsrArrays<'py>> {
         let cells = cell_vec(&cells);
-        let genes = self.checked_map(genes.as_deref()).map_err(|f| f.into_pyerr(py))?;
-        let m = detached(py, || {
-            let mut m = self.listed_cells(&cells)?;
-            if let Some(map) = genes {
-                map.map_matrix(&mut m, &mut RowScratch::default());
-            }
-            Ok(m)
-        })?;
+        let output = self.genes_only(genes.as_deref()).map_err(|f| f.into_pyerr(py))?;
+        let m = detached(py, || Ok(self.in_genes(self.listed_cells(&cells)?, output.as_ref())))?;
         Ok(csr_arrays(py, m))
     }
 
@@ -253,9 +247,9 @@ impl RawDataset {
         end: u64,
         genes: Option<PyRef<'py, RawGeneMap>>,
     ) -> PyResult<CsrArrays<'py>> {
-        let genes = self.checked_map(genes.as_deref()).map_err(|f| f.into_pyerr(py))?;
+        let output = self.genes_only(genes.as_deref()).map_err(|f| f.into_pyerr(py))?;
         let m = detached(py, || {
-            let mut m = self.install(|| {
+            let m = self.install(|| {
                 let n = self.dataset.n_cells();
                 if self.caching() && start <= end && end <= n {
                     self.cells_via_cache(&(start..end).collect::<Vec<u64>>())
@@ -263,10 +257,7 @@ impl RawDataset {
                     Ok(self.dataset.read_cells(start..end)?)
                 }
             })?;
-            if let Some(map) = genes {
-                map.map_matrix(&mut m, &mut RowScratch::default());
-            }
-            Ok(m)
+            Ok(self.in_genes(m, output.as_ref()))
         })?;
         Ok(csr_arrays(py, m))
     }
@@ -289,15 +280,7 @@ impl RawDataset {
             .map_err(|f| f.into_pyerr(py))?;
         let formed = detached(py, || {
             let m = self.listed_cells(&cells)?;
-            let b = CellWriter::new(&output, self.dataset.n_genes()).form(m);
-            Ok(Formed {
-                rows: b.rows,
-                x: b.x,
-                values: b.values,
-                dense_counts: b.dense_counts,
-                top_k: b.top_k,
-                top_k_values: b.top_k_values,
-            })
+            Ok(CellWriter::new(&output, self.dataset.n_genes()).form(m))
         })?;
         formed_arrays(py, formed, &output, None)
     }
@@ -379,7 +362,7 @@ impl RawDataset {
     ) -> PyResult<RawBatches> {
         let cells = cells.as_ref().map(cell_vec);
         let weights = weights.as_ref().map(weight_vec);
-        self.checked_map(genes.as_deref()).map_err(|f| f.into_pyerr(py))?;
+        // (Checked against the dataset when the batches start.)
         let output = match form {
             Some(form) => form.output(genes.as_deref()).map_err(|f| f.into_pyerr(py))?,
             None => loader::BatchOutput { genes: genes.as_deref().map(|g| g.map.clone()), ..Default::default() },
