@@ -74,12 +74,18 @@ impl BatchOutput {
                 return Err(OutputError::Map { map: map.n_stored(), dataset: n_genes });
             }
         }
+        self.check_columns(self.n_cols(n_genes))
+    }
+
+    /// Checks the options that do not depend on a dataset, for batches of
+    /// `n_cols` columns (a collection's vocabulary, whose datasets each have
+    /// their own map onto it).
+    pub fn check_columns(&self, n_cols: u32) -> Result<(), OutputError> {
         if let Some(n) = &self.normalize {
             if !(n.target_sum.is_finite() && n.target_sum > 0.0) {
                 return Err(OutputError::TargetSum(n.target_sum));
             }
         }
-        let n_cols = self.n_cols(n_genes);
         match self.top_k {
             Some(0) => Err(OutputError::TopK),
             Some(k) if k > n_cols as usize => Err(OutputError::TopKAboveGenes { k, n_cols }),
@@ -124,6 +130,9 @@ pub struct FormedBatch {
 pub struct CellWriter<'a> {
     output: &'a BatchOutput,
     n_cols: u32,
+    /// Cells are mapped onto the output's columns (by the output's map, or
+    /// each by its own).
+    mapped: bool,
     scratch: RowScratch,
     ranked: Vec<u64>,
     scaled_row: Vec<f32>,
@@ -133,9 +142,17 @@ impl<'a> CellWriter<'a> {
     /// A writer for batches of a dataset of `n_genes` stored genes (the
     /// output checked with [`BatchOutput::check`]).
     pub fn new(output: &'a BatchOutput, n_genes: u32) -> CellWriter<'a> {
+        CellWriter::with_columns(output, output.n_cols(n_genes), output.genes.is_some())
+    }
+
+    /// A writer for batches of `n_cols` columns, whose cells may each come
+    /// with their own map onto them ([`CellWriter::finish_cell_in`]; `mapped`
+    /// says whether they do): the cells of a collection's datasets.
+    pub fn with_columns(output: &'a BatchOutput, n_cols: u32, mapped: bool) -> CellWriter<'a> {
         CellWriter {
             output,
-            n_cols: output.n_cols(n_genes),
+            n_cols,
+            mapped,
             scratch: RowScratch::default(),
             ranked: Vec::new(),
             scaled_row: Vec::new(),
@@ -151,7 +168,7 @@ impl<'a> CellWriter<'a> {
     /// ranked or spread out dense) rather than left as written.
     pub fn rewrites(&self) -> bool {
         let o = self.output;
-        o.genes.is_some() || o.scaled() || o.dense || o.top_k.is_some()
+        self.mapped || o.scaled() || o.dense || o.top_k.is_some()
     }
 
     /// An empty batch to write up to `rows` cells into, reusing `x`'s buffers.
@@ -185,6 +202,12 @@ impl<'a> CellWriter<'a> {
     /// the end of `batch.x.indices` and `batch.x.data` (from `batch.x`'s last
     /// row offset, `n` entries): maps, scales, and writes it in the form asked.
     pub fn finish_cell(&mut self, batch: &mut FormedBatch, n: usize) {
+        self.finish_cell_in(batch, n, self.output.genes.as_deref());
+    }
+
+    /// [`CellWriter::finish_cell`] for a cell whose stored columns `genes`
+    /// maps onto the batch's (None: they are the batch's).
+    pub fn finish_cell_in(&mut self, batch: &mut FormedBatch, n: usize, genes: Option<&GeneMap>) {
         let out = self.output;
         let filled = batch.x.indptr.last().copied().unwrap_or(0) as usize;
         let end = (filled + n).min(batch.x.indices.len()).min(batch.x.data.len());
@@ -194,7 +217,7 @@ impl<'a> CellWriter<'a> {
             0
         };
         let (indices, data) = (&mut batch.x.indices[filled..end], &mut batch.x.data[filled..end]);
-        let kept = match out.genes.as_deref() {
+        let kept = match genes {
             // A dense row is scattered: its entries need no order (unless
             // names stored twice must be added first); nor do unsorted ones.
             Some(map) if (out.dense || out.unsorted) && !map.merges() => map.map_row_unordered(indices, data),
@@ -227,7 +250,7 @@ impl<'a> CellWriter<'a> {
             }
         }
         if let Some(k) = out.top_k {
-            self.rank(indices, data, scaled, k, (&mut batch.top_k, &mut batch.top_k_values));
+            self.rank(indices, data, (scaled, genes), k, (&mut batch.top_k, &mut batch.top_k_values));
         }
         let row = batch.rows;
         if out.dense {
@@ -263,14 +286,20 @@ impl<'a> CellWriter<'a> {
 
     /// The cell's `k` highest values, ties broken by the stored column (the
     /// gene with more counts over the dataset first), padded with -1.
-    fn rank(&mut self, indices: &[u32], data: &[u32], scaled: bool, k: usize, out: (&mut Vec<i32>, &mut Vec<f32>)) {
+    fn rank(
+        &mut self,
+        indices: &[u32],
+        data: &[u32],
+        (scaled, genes): (bool, Option<&GeneMap>),
+        k: usize,
+        out: (&mut Vec<i32>, &mut Vec<f32>),
+    ) {
         // Each entry as one integer, (inverted value bits, stored column):
         // values are never negative, so their f32 bits order as the values
         // do, and an integer sort ranks them, ties by stored column (unique
         // in a cell: each output column has its own first stored column).
         let keys = &mut self.ranked;
         keys.clear();
-        let genes = self.output.genes.as_deref();
         for (i, &j) in indices.iter().enumerate() {
             let v = if scaled { self.scaled_row[i] } else { data[i] as f32 };
             let inverted = u64::from(u32::MAX - v.max(0.0).to_bits());

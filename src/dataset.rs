@@ -70,6 +70,9 @@ pub enum DatasetError {
 pub struct Dataset {
     storage: Arc<dyn Storage>,
     manifest: Manifest,
+    /// SHA-256 of manifest.json's bytes, in hex: what a collection records
+    /// to notice a dataset that changed.
+    manifest_sha256: String,
     /// limits[i] = first cell after tile i (cumulative tile_cells).
     limits: Vec<u64>,
     /// The buffers of tiles decoded for a range or list of cells, kept for
@@ -107,9 +110,17 @@ impl Dataset {
 
     /// Opens a dataset in any storage backend.
     pub fn from_storage(storage: Arc<dyn Storage>) -> Result<Dataset, DatasetError> {
-        let manifest = read_manifest(storage.as_ref())?;
+        let (manifest, bytes) = read_manifest_bytes(storage.as_ref())?;
         let limits = cumulative(&manifest.tile_cells);
-        Ok(Dataset { storage, manifest, limits, buffers: BufferPool::new(2 * KEPT_TILES) })
+        let manifest_sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+        Ok(Dataset { storage, manifest, manifest_sha256, limits, buffers: BufferPool::new(2 * KEPT_TILES) })
+    }
+
+    /// SHA-256 of manifest.json as read, in hex: it changes whenever the
+    /// dataset does (an append, a new conversion), since the manifest lists
+    /// every tile's size and checksum.
+    pub fn manifest_sha256(&self) -> &str {
+        &self.manifest_sha256
     }
 
     /// The checked manifest.
@@ -120,6 +131,11 @@ impl Dataset {
     /// Where the dataset's bytes are.
     pub fn storage(&self) -> &Arc<dyn Storage> {
         &self.storage
+    }
+
+    /// The first cell after each tile (cumulative cells per tile).
+    pub fn tile_limits(&self) -> &[u64] {
+        &self.limits
     }
 
     /// Cells (rows) of the matrix.
@@ -468,6 +484,28 @@ impl Dataset {
         Ok(Some(order))
     }
 
+    /// The genes in stored column order as a vocabulary matches them: the
+    /// gene names (var_names.txt, else var.parquet's index), or var.parquet's
+    /// column `column` as text. Errors name the dataset and what it lacks.
+    pub fn gene_keys(&self, column: Option<&str>) -> Result<Vec<String>, DatasetError> {
+        let location = self.storage.location("");
+        if column.is_none() {
+            if let Some(names) = self.var_names()? {
+                return Ok(names);
+            }
+        }
+        if !self.manifest.has_var_table {
+            let what = match column {
+                None => "no gene names (no var_names.txt or var.parquet) to match genes against".to_string(),
+                Some(c) => format!("no var table (var.parquet) with a column {c:?} to match genes against"),
+            };
+            return Err(DatasetError::Invalid { location, message: what });
+        }
+        let (location, bytes) = self.flagged_file(format::VAR_TABLE_KEY, "has_var_table")?;
+        crate::format::var_table::text_column(bytes, column, self.manifest.n_genes)
+            .map_err(|message| DatasetError::Invalid { location, message })
+    }
+
     /// var_names.txt, when the dataset has it: gene names in column order.
     pub fn var_names(&self) -> Result<Option<Vec<String>>, DatasetError> {
         if !self.manifest.has_var_names {
@@ -482,9 +520,16 @@ impl Dataset {
 
 /// Reads and checks manifest.json.
 pub fn read_manifest(storage: &dyn Storage) -> Result<Manifest, DatasetError> {
+    read_manifest_bytes(storage).map(|(manifest, _)| manifest)
+}
+
+/// Reads and checks manifest.json; with the bytes read.
+fn read_manifest_bytes(storage: &dyn Storage) -> Result<(Manifest, bytes::Bytes), DatasetError> {
     let key = format::MANIFEST_KEY;
     let bytes = storage.get(key)?.ok_or_else(|| no_manifest(storage))?;
-    Manifest::parse_checked(&bytes).map_err(|source| DatasetError::Manifest { location: storage.location(key), source })
+    let manifest = Manifest::parse_checked(&bytes)
+        .map_err(|source| DatasetError::Manifest { location: storage.location(key), source })?;
+    Ok((manifest, bytes))
 }
 
 /// Why there is no manifest: nothing at all there (or, in a store, no such

@@ -36,6 +36,7 @@
 
 pub mod batch;
 pub mod buffers;
+pub mod collection;
 #[cfg(feature = "convert")]
 pub mod convert;
 pub mod dataset;

@@ -41,10 +41,11 @@ use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 pub use crate::batch::BatchOutput;
-use crate::batch::{CellWriter, FormedBatch};
+use crate::batch::{CellWriter, FormedBatch, OutputError};
 pub use crate::buffers::{BufferPool, FloatPool, Pool};
 use crate::format::tile::{finish_rows, ChunkPlanes};
 use crate::format::CsrMatrix;
+use crate::vocabulary::GeneMap;
 use crate::{Dataset, DatasetError};
 
 /// How an epoch is read. `Default` gives batches of 1,024 shuffled cells, one
@@ -111,6 +112,78 @@ pub enum LoaderError {
     /// A loader thread panicked or stopped: a bug in deltacells.
     #[error("internal error (a bug in deltacells): {0}")]
     Internal(String),
+    /// A dataset of a collection could not be opened, or changed since the
+    /// collection was made (the message names it).
+    #[error("{0}")]
+    Member(String),
+}
+
+impl From<OutputError> for LoaderError {
+    fn from(e: OutputError) -> Self {
+        LoaderError::Options(e.to_string())
+    }
+}
+
+/// What a loader reads: the datasets of a cell space, one after another (one
+/// dataset, or the datasets of a [`crate::collection::Collection`]), each
+/// opened when a share first reads from it.
+pub trait TileSource: Send + Sync {
+    /// The datasets.
+    fn n_members(&self) -> usize;
+    /// The cell space's index of dataset `member`'s first cell.
+    fn member_start(&self, member: usize) -> u64;
+    /// Dataset `member`'s tiles, as the first cell after each (its own
+    /// indices: cumulative cells per tile).
+    fn tile_limits(&self, member: usize) -> &[u64];
+    /// Dataset `member`, opened (once) if it is not yet, with the map of its
+    /// stored columns onto the batches' (None: the batches' columns are its
+    /// stored ones).
+    fn open_member(&self, member: usize) -> Result<OpenMember, LoaderError>;
+    /// Checks `output` against the source; the columns of its batches.
+    fn check_output(&self, output: &BatchOutput) -> Result<u32, LoaderError>;
+    /// Whether cells are mapped onto the batches' columns.
+    fn maps_cells(&self, output: &BatchOutput) -> bool;
+}
+
+/// A dataset of a [`TileSource`], open, with its map onto the batches' columns.
+#[derive(Clone)]
+pub struct OpenMember {
+    pub dataset: Arc<Dataset>,
+    pub genes: Option<Arc<GeneMap>>,
+}
+
+/// One dataset as a [`TileSource`], in the columns of its output's vocabulary.
+struct OneDataset {
+    dataset: Arc<Dataset>,
+    genes: Option<Arc<GeneMap>>,
+}
+
+impl TileSource for OneDataset {
+    fn n_members(&self) -> usize {
+        1
+    }
+
+    fn member_start(&self, _: usize) -> u64 {
+        0
+    }
+
+    fn tile_limits(&self, _: usize) -> &[u64] {
+        self.dataset.tile_limits()
+    }
+
+    fn open_member(&self, _: usize) -> Result<OpenMember, LoaderError> {
+        Ok(OpenMember { dataset: self.dataset.clone(), genes: self.genes.clone() })
+    }
+
+    fn check_output(&self, output: &BatchOutput) -> Result<u32, LoaderError> {
+        let n_genes = self.dataset.n_genes();
+        output.check(n_genes)?;
+        Ok(output.n_cols(n_genes))
+    }
+
+    fn maps_cells(&self, output: &BatchOutput) -> bool {
+        output.genes.is_some()
+    }
 }
 
 /// The rows of a tile that one share reads, in increasing order.
@@ -147,7 +220,12 @@ impl Rows {
 /// The cells one share reads from one tile.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unit {
+    /// The dataset (0 for a loader over one dataset).
+    pub member: usize,
+    /// The tile, of that dataset.
     pub tile: usize,
+    /// The cell space's index of the tile's first cell.
+    pub start: u64,
     pub rows: Rows,
 }
 
@@ -155,11 +233,8 @@ pub struct Unit {
 #[derive(Clone, Debug)]
 pub struct EpochPlan {
     units: Vec<Unit>,
-    /// The global index of each tile's first cell.
-    tile_starts: Vec<u64>,
     n_cells: u64,
     n_batches: u64,
-    n_genes: u32,
     options: LoaderOptions,
     share: usize,
 }
@@ -170,7 +245,7 @@ pub const MAX_PREFETCH: usize = 1024;
 
 /// A seeded generator for one purpose (`what`, with its indices) of one epoch:
 /// the bytes of SHA-256 over all of them, so that streams never overlap.
-fn rng_for(options: &LoaderOptions, what: &str, indices: &[u64]) -> Pcg64Mcg {
+pub(crate) fn rng_for(options: &LoaderOptions, what: &str, indices: &[u64]) -> Pcg64Mcg {
     let mut hash = Sha256::new();
     hash.update(b"deltacells loader\0");
     hash.update(what.as_bytes());
@@ -281,10 +356,40 @@ impl EpochPlan {
     /// read every cell exactly once. Shares differ by at most one cell (none
     /// with `drop_last`, which leaves out the last `n % shares` cells).
     pub fn new(dataset: &Dataset, cells: Option<&[u64]>, options: &LoaderOptions) -> Result<EpochPlan, LoaderError> {
+        EpochPlan::of_tiles(&[(0, dataset.tile_limits())], cells, options)
+    }
+
+    /// [`EpochPlan::new`] over the datasets of `source`, one after another
+    /// (`cells` in its cell space): the tiles of all of them are put in one
+    /// order, so that a window holds tiles of any of them.
+    pub fn over(
+        source: &dyn TileSource,
+        cells: Option<&[u64]>,
+        options: &LoaderOptions,
+    ) -> Result<EpochPlan, LoaderError> {
+        let members: Vec<(u64, &[u64])> =
+            (0..source.n_members()).map(|m| (source.member_start(m), source.tile_limits(m))).collect();
+        EpochPlan::of_tiles(&members, cells, options)
+    }
+
+    /// The plan over datasets given as (first cell, tile limits).
+    fn of_tiles(
+        members: &[(u64, &[u64])],
+        cells: Option<&[u64]>,
+        options: &LoaderOptions,
+    ) -> Result<EpochPlan, LoaderError> {
         check(options)?;
-        let n_tiles = dataset.n_tiles();
-        let tile_starts: Vec<u64> = (0..n_tiles).map(|t| dataset.tile_cells(t).start).collect();
-        let mut order: Vec<usize> = (0..n_tiles).collect();
+        // Every tile of every dataset: (dataset, tile, first cell, cells).
+        let mut tiles: Vec<(usize, usize, u64, u64)> = Vec::new();
+        for (m, &(first, limits)) in members.iter().enumerate() {
+            let mut previous = 0;
+            for (t, &limit) in limits.iter().enumerate() {
+                tiles.push((m, t, first + previous, limit - previous));
+                previous = limit;
+            }
+        }
+        let n = members.last().map_or(0, |&(first, limits)| first + limits.last().copied().unwrap_or(0));
+        let mut order: Vec<usize> = (0..tiles.len()).collect();
         if options.shuffle {
             order.shuffle(&mut rng_for(options, "tiles", &[]));
         }
@@ -293,7 +398,6 @@ impl EpochPlan {
         let sorted: Option<Vec<u64>> = match cells {
             None => None,
             Some(cells) => {
-                let n = dataset.n_cells();
                 if let Some(&cell) = cells.iter().find(|&&c| c >= n) {
                     return Err(DatasetError::CellOutOfRange { cell, n_cells: n }.into());
                 }
@@ -302,14 +406,14 @@ impl EpochPlan {
                 Some(sorted)
             }
         };
-        let selected = |t: usize| -> Range<usize> {
-            let cells = dataset.tile_cells(t);
+        let selected = |g: usize| -> Range<usize> {
+            let (_, _, start, count) = tiles[g];
             match &sorted {
-                None => 0..(cells.end - cells.start) as usize,
-                Some(s) => s.partition_point(|&c| c < cells.start)..s.partition_point(|&c| c < cells.end),
+                None => 0..count as usize,
+                Some(s) => s.partition_point(|&c| c < start)..s.partition_point(|&c| c < start + count),
             }
         };
-        let total: u64 = (0..n_tiles).map(|t| selected(t).len() as u64).sum();
+        let total: u64 = (0..tiles.len()).map(|g| selected(g).len() as u64).sum();
         let shares = (options.world_size * options.num_workers) as u64;
         let share = options.rank * options.num_workers + options.worker;
         let s = share as u64;
@@ -322,20 +426,18 @@ impl EpochPlan {
         };
         let mut units = Vec::new();
         let mut position = 0u64;
-        for &tile in &order {
-            let picked = selected(tile);
+        for &g in &order {
+            let picked = selected(g);
             let count = picked.len() as u64;
             let (a, b) = (lo.max(position), hi.min(position + count));
             if a < b {
                 let (a, b) = ((a - position) as usize, (b - position) as usize);
+                let (member, tile, start, _) = tiles[g];
                 let rows = match &sorted {
                     None => Rows::Range(a as u64..b as u64),
-                    Some(s) => {
-                        let start = tile_starts[tile];
-                        Rows::List(s[picked.start + a..picked.start + b].iter().map(|&c| c - start).collect())
-                    }
+                    Some(s) => Rows::List(s[picked.start + a..picked.start + b].iter().map(|&c| c - start).collect()),
                 };
-                units.push(Unit { tile, rows });
+                units.push(Unit { member, tile, start, rows });
             }
             position += count;
             if position >= hi {
@@ -345,15 +447,7 @@ impl EpochPlan {
         let n_cells = hi - lo;
         let size = options.batch_size as u64;
         let n_batches = if options.drop_last { n_cells / size } else { n_cells.div_ceil(size) };
-        Ok(EpochPlan {
-            units,
-            tile_starts,
-            n_cells,
-            n_batches,
-            n_genes: dataset.n_genes(),
-            options: options.clone(),
-            share,
-        })
+        Ok(EpochPlan { units, n_cells, n_batches, options: options.clone(), share })
     }
 
     /// What this share reads, in order.
@@ -427,6 +521,15 @@ struct OpenChunk {
     planes: ChunkPlanes,
     start: u64,
     rows: Vec<u64>,
+    /// The map of its dataset's columns onto the batches'.
+    genes: Option<Arc<GeneMap>>,
+}
+
+/// A tile fetched, still compressed, with its dataset.
+#[derive(Clone)]
+struct Fetched {
+    blob: bytes::Bytes,
+    member: OpenMember,
 }
 
 /// The batches of one share, read on background threads. Dropping it stops
@@ -482,11 +585,26 @@ impl Batches {
         buffers: &LoaderBuffers,
         output: BatchOutput,
     ) -> Result<Batches, LoaderError> {
-        output.check(dataset.n_genes()).map_err(|e| LoaderError::Options(e.to_string()))?;
+        let source = Arc::new(OneDataset { dataset, genes: output.genes.clone() });
+        Batches::start_over(source, plan, pool, buffers, output)
+    }
+
+    /// [`Batches::start_with`] over the datasets of `source` (a plan made by
+    /// [`EpochPlan::over`] of it), each opened when the share first reads a
+    /// tile of it and written in the batches' columns by its own map.
+    pub fn start_over(
+        source: Arc<dyn TileSource>,
+        plan: EpochPlan,
+        pool: Option<Arc<rayon::ThreadPool>>,
+        buffers: &LoaderBuffers,
+        output: BatchOutput,
+    ) -> Result<Batches, LoaderError> {
+        let n_cols = source.check_output(&output)?;
+        let mapped = source.maps_cells(&output);
         let plan = Arc::new(plan);
         let group = decode_group(pool.as_deref());
         let (batch_tx, receiver) = sync_channel(plan.options.prefetch);
-        let (tile_tx, tile_rx) = sync_channel::<Result<bytes::Bytes, LoaderError>>(FETCH_GROUP);
+        let (tile_tx, tile_rx) = sync_channel::<Result<Fetched, LoaderError>>(FETCH_GROUP);
         let (chunk_tx, chunk_rx) = sync_channel::<Result<OpenChunk, LoaderError>>(group);
         let (planes, batches, values) = (buffers.planes.clone(), buffers.batches.clone(), buffers.values.clone());
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
@@ -502,10 +620,10 @@ impl Batches {
             }
         }
         {
-            let (dataset, plan, pool) = (dataset.clone(), plan.clone(), pool.clone());
+            let (plan, pool) = (plan.clone(), pool.clone());
             spawn(
                 "deltacells-fetch",
-                Box::new(move || guarded(tile_tx, |out| fetch_tiles(&dataset, &plan, pool.as_deref(), out))),
+                Box::new(move || guarded(tile_tx, |out| fetch_tiles(source.as_ref(), &plan, pool.as_deref(), out))),
             )?;
         }
         {
@@ -514,9 +632,7 @@ impl Batches {
             spawn(
                 "deltacells-decode",
                 Box::new(move || {
-                    guarded(chunk_tx, |out| {
-                        decode_chunks(&dataset, &plan, pool.as_deref(), group, &planes, tile_rx, out)
-                    })
+                    guarded(chunk_tx, |out| decode_chunks(&plan, pool.as_deref(), group, &planes, tile_rx, out))
                 }),
             )?;
         }
@@ -525,7 +641,10 @@ impl Batches {
             spawn(
                 "deltacells-batch",
                 Box::new(move || {
-                    guarded(batch_tx, |out| cut_batches(&plan, &output, chunk_rx, &planes, (&batches, &values), out))
+                    guarded(batch_tx, |out| {
+                        let writer = CellWriter::with_columns(&output, n_cols, mapped);
+                        cut_batches(&plan, writer, chunk_rx, &planes, (&batches, &values), out)
+                    })
                 }),
             )?;
         }
@@ -581,25 +700,46 @@ fn on<T: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> T + Send) -
 }
 
 /// The fetching thread: the share's tiles in plan order, still compressed,
-/// [`FETCH_GROUP`] at a time in parallel.
+/// [`FETCH_GROUP`] at a time in parallel, each dataset opened when a tile of
+/// it first comes up.
 fn fetch_tiles(
-    dataset: &Dataset,
+    source: &dyn TileSource,
     plan: &EpochPlan,
     pool: Option<&rayon::ThreadPool>,
-    out: &SyncSender<Result<bytes::Bytes, LoaderError>>,
+    out: &SyncSender<Result<Fetched, LoaderError>>,
 ) {
+    let mut opened: Vec<Option<OpenMember>> = vec![None; source.n_members()];
     for units in plan.units.chunks(FETCH_GROUP) {
-        let blobs = on(pool, || units.par_iter().map(|u| dataset.fetch_tile(u.tile)).collect::<Result<Vec<_>, _>>());
-        match blobs {
-            Ok(blobs) => {
-                for blob in blobs {
-                    if out.send(Ok(blob)).is_err() {
+        let members: Result<Vec<OpenMember>, LoaderError> = units
+            .iter()
+            .map(|u| match &opened[u.member] {
+                Some(m) => Ok(m.clone()),
+                None => {
+                    let m = source.open_member(u.member)?;
+                    opened[u.member] = Some(m.clone());
+                    Ok(m)
+                }
+            })
+            .collect();
+        let fetched = members.and_then(|members| {
+            on(pool, || {
+                units
+                    .par_iter()
+                    .zip(members)
+                    .map(|(u, member)| Ok(Fetched { blob: member.dataset.fetch_tile(u.tile)?, member }))
+                    .collect::<Result<Vec<_>, LoaderError>>()
+            })
+        });
+        match fetched {
+            Ok(fetched) => {
+                for f in fetched {
+                    if out.send(Ok(f)).is_err() {
                         return;
                     }
                 }
             }
             Err(e) => {
-                let _ = out.send(Err(e.into()));
+                let _ = out.send(Err(e));
                 return;
             }
         }
@@ -616,8 +756,9 @@ struct Piece {
 /// The decoding thread's window: the units whose chunks are still to be
 /// chosen, and the bytes of every unit with a chunk still to be decoded.
 struct Window {
-    /// Per unit: its tile's bytes while a chunk of it is to be decoded.
-    blobs: Vec<Option<bytes::Bytes>>,
+    /// Per unit: its tile's bytes (and dataset) while a chunk of it is to be
+    /// decoded.
+    blobs: Vec<Option<Fetched>>,
     /// Per unit: how many of its chunks are still to be chosen.
     unchosen: Vec<usize>,
     /// The chunks still to be chosen, of every unit in the window.
@@ -635,18 +776,17 @@ impl Window {
     fn admit(
         &mut self,
         size: usize,
-        dataset: &Dataset,
         units: &[Unit],
-        tiles: &Receiver<Result<bytes::Bytes, LoaderError>>,
+        tiles: &Receiver<Result<Fetched, LoaderError>>,
     ) -> Result<bool, LoaderError> {
         while self.open < size && self.next < units.len() {
-            let Ok(blob) = tiles.recv() else {
+            let Ok(fetched) = tiles.recv() else {
                 return Ok(false);
             };
-            let blob = blob?;
+            let fetched = fetched?;
             let u = self.next;
             let unit = &units[u];
-            let tile = dataset.parse_tile(unit.tile, &blob)?;
+            let tile = fetched.member.dataset.parse_tile(unit.tile, &fetched.blob)?;
             let mut i = 0;
             for (chunk, cells) in tile.chunk_cells().enumerate() {
                 let mut rows = Vec::new();
@@ -676,7 +816,7 @@ impl Window {
                 }
             }
             if self.unchosen[u] > 0 {
-                self.blobs[u] = Some(blob);
+                self.blobs[u] = Some(fetched);
                 self.open += 1;
             }
             self.next += 1;
@@ -710,12 +850,11 @@ impl Window {
 /// on in the order chosen. The choices depend only on the plan and the seed,
 /// never on the threads or the timing.
 fn decode_chunks(
-    dataset: &Dataset,
     plan: &EpochPlan,
     pool: Option<&rayon::ThreadPool>,
     group: usize,
     pool_of_planes: &PlanesPool,
-    tiles: Receiver<Result<bytes::Bytes, LoaderError>>,
+    tiles: Receiver<Result<Fetched, LoaderError>>,
     out: &SyncSender<Result<OpenChunk, LoaderError>>,
 ) {
     let options = &plan.options;
@@ -737,7 +876,7 @@ fn decode_chunks(
         loop {
             let mut chosen: Vec<Piece> = Vec::with_capacity(group);
             while chosen.len() < group {
-                if !window.admit(size, dataset, units, &tiles)? {
+                if !window.admit(size, units, &tiles)? {
                     return Ok(());
                 }
                 let Some(piece) = window.choose(options.shuffle.then_some(&mut choose)) else {
@@ -753,15 +892,22 @@ fn decode_chunks(
                     .par_iter()
                     .map(|piece| {
                         let tile = units[piece.unit].tile;
-                        let blob = window.blobs[piece.unit].as_deref().unwrap_or_default();
-                        let parsed = dataset.parse_tile_again(tile, blob)?;
+                        let fetched = window.blobs[piece.unit].as_ref().ok_or_else(|| {
+                            LoaderError::Internal("a chunk was chosen after its tile was let go".into())
+                        })?;
+                        let dataset = &fetched.member.dataset;
+                        let parsed = dataset.parse_tile_again(tile, &fetched.blob)?;
                         let mut planes = pool_of_planes.take();
                         parsed.decode_planes(piece.chunk, &mut planes).map_err(|e| dataset.tile_error(tile, e))?;
                         Ok(planes)
                     })
-                    .collect::<Result<Vec<ChunkPlanes>, DatasetError>>()
+                    .collect::<Result<Vec<ChunkPlanes>, LoaderError>>()
             })?;
-            for (piece, planes) in chosen.into_iter().zip(decoded) {
+            // (Read before any unit is let go: a group may hold several
+            // chunks of one.)
+            let maps: Vec<Option<Arc<GeneMap>>> =
+                chosen.iter().map(|p| window.blobs[p.unit].as_ref().and_then(|f| f.member.genes.clone())).collect();
+            for ((piece, planes), genes) in chosen.into_iter().zip(decoded).zip(maps) {
                 if window.unchosen[piece.unit] == 0 {
                     window.blobs[piece.unit] = None;
                 }
@@ -771,8 +917,8 @@ fn decode_chunks(
                 } else {
                     rows.reverse(); // popped from the end
                 }
-                let start = plan.tile_starts[units[piece.unit].tile];
-                if out.send(Ok(OpenChunk { planes, start, rows })).is_err() {
+                let start = units[piece.unit].start;
+                if out.send(Ok(OpenChunk { planes, start, rows, genes })).is_err() {
                     return Ok(());
                 }
             }
@@ -793,7 +939,7 @@ fn decode_chunks(
 /// defaults, in benches/shuffle_quality.py.)
 fn cut_batches(
     plan: &EpochPlan,
-    output: &BatchOutput,
+    mut writer: CellWriter<'_>,
     chunks: Receiver<Result<OpenChunk, LoaderError>>,
     pool_of_planes: &PlanesPool,
     (buffers, floats): (&BufferPool, &FloatPool),
@@ -806,7 +952,6 @@ fn cut_batches(
     // grow (new room is zeroed once), written up to `filled`, cut there.
     // (Reserved for the cells a batch can hold, not for what batch_size asks.)
     let cells_in_batch = size.min(usize::try_from(plan.n_cells).unwrap_or(usize::MAX));
-    let mut writer = CellWriter::new(output, plan.n_genes);
     let new_batch = |writer: &CellWriter| {
         let (counts, values) = if writer.output().dense && !writer.output().scaled() {
             (buffers.take(), Vec::new())
@@ -880,7 +1025,7 @@ fn cut_batches(
         // where the writer reads the row again.)
         let stream = !writer.rewrites();
         chunk.planes.write_row_with(row, &mut x.indices[filled..filled + n], &mut x.data[filled..filled + n], stream);
-        writer.finish_cell(current, n);
+        writer.finish_cell_in(current, n, chunk.genes.as_deref());
         cells.push(chunk.start + row);
         if chunk.rows.is_empty() {
             pool_of_planes.give(open.remove(slot).planes);

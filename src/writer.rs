@@ -145,6 +145,17 @@ pub enum WriteError {
 /// Writes a whole in-memory matrix as a dataset (tiles and manifest only). For
 /// tests, examples and benchmarks; `convert` streams instead.
 pub fn write_matrix(storage: &dyn Storage, matrix: &CsrMatrix, options: WriteOptions) -> Result<Manifest, WriteError> {
+    write_named_matrix(storage, matrix, options, None)
+}
+
+/// [`write_matrix`], with gene names (var_names.txt) when `names` has them,
+/// one per column.
+pub fn write_named_matrix(
+    storage: &dyn Storage,
+    matrix: &CsrMatrix,
+    options: WriteOptions,
+    names: Option<&[String]>,
+) -> Result<Manifest, WriteError> {
     let encoder = TileEncoder::new(options.n_chunks, options.zstd_level);
     let mut writer = DatasetWriter::new(storage, options, matrix.n_cols);
     let n = matrix.n_rows() as u64;
@@ -160,7 +171,13 @@ pub fn write_matrix(storage: &dyn Storage, matrix: &CsrMatrix, options: WriteOpt
         writer.put_tile(index, blob, end - start, block.nnz() as u64)?;
         start = end;
     }
-    let manifest = writer.manifest(ManifestFlags::default(), Map::new());
+    let mut flags = ManifestFlags::default();
+    if let Some(names) = names {
+        let text: String = names.iter().map(|n| format!("{n}\n")).collect();
+        storage.put(crate::format::VAR_NAMES_KEY, bytes::Bytes::from(text))?;
+        flags.var_names = true;
+    }
+    let manifest = writer.manifest(flags, Map::new());
     writer.finish(&manifest)?;
     Ok(manifest)
 }

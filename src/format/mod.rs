@@ -14,6 +14,7 @@ pub mod manifest;
 pub mod npy;
 pub mod obs_schema;
 pub mod tile;
+pub mod var_table;
 
 pub use csr::CsrMatrix;
 pub use error::{EncodeError, Stream, TileError};

@@ -140,7 +140,7 @@ pub fn var_table(ds: &Dataset, order: Option<&[i32]>) -> Result<Option<Table>, E
         .ok_or_else(|| DatasetError::Missing { location: location.clone(), what: "has_var_table is true".into() })?;
     let reader = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| invalid(e.to_string()))?;
     let schema = reader.schema().clone();
-    let index_field = crate::obs::pandas_index_columns(&schema).into_iter().next();
+    let index_field = crate::format::var_table::pandas_index_columns(&schema).into_iter().next();
     let batches: Vec<RecordBatch> = reader
         .build()
         .map_err(|e| invalid(e.to_string()))?

@@ -10,6 +10,7 @@ use parquet::arrow::ProjectionMask;
 
 use crate::dataset::DatasetError;
 use crate::format::obs_schema::{ObsKind, ObsSchema};
+use crate::format::var_table::pandas_index_columns;
 use crate::storage::Storage;
 
 pub mod localize;
@@ -208,17 +209,6 @@ pub(crate) fn parquet_rows(bytes: Bytes) -> Result<u64, String> {
 pub type ParquetColumns = (Vec<(String, String)>, Vec<String>);
 
 /// The columns of a Parquet file, from its footer.
-/// The index columns that the "pandas" schema metadata of a Parquet file names.
-pub(crate) fn pandas_index_columns(schema: &arrow_schema::Schema) -> Vec<String> {
-    schema
-        .metadata()
-        .get("pandas")
-        .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
-        .and_then(|v| v.get("index_columns").and_then(|c| c.as_array()).cloned())
-        .map(|cols| cols.iter().filter_map(|c| c.as_str().map(str::to_string)).collect())
-        .unwrap_or_default()
-}
-
 pub(crate) fn parquet_columns(bytes: Bytes) -> Result<ParquetColumns, String> {
     let builder =
         ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| format!("not a readable Parquet file: {e}"))?;

@@ -1,0 +1,781 @@
+//! Many datasets read as one: a [`Collection`] puts the cells of its
+//! datasets one after another in one cell space (the first dataset's cells
+//! first, in the order the datasets were given), and writes every cell in one
+//! gene vocabulary: the union of the datasets' genes, their intersection, or
+//! a list of names. Each dataset's stored columns are mapped onto the
+//! vocabulary by its own [`GeneMap`], as each cell is written.
+//!
+//! The vocabulary's order: for `union`, the first dataset's genes in the
+//! order of its source files, then each next dataset's genes that were not
+//! seen yet, in its source files' order; for `intersection`, the genes every
+//! dataset has, in the first dataset's source order; a list keeps its order.
+//! Genes are matched by name (var_names), or by a var column when one is
+//! given; a name a dataset stores twice is one gene (its counts added).
+//!
+//! Opening a collection opens every dataset once, to read its manifest and
+//! gene names; what it learns (cells per tile, the manifest's SHA-256, the
+//! vocabulary) is its [`CollectionState`], from which another process makes
+//! the same collection without opening anything: each dataset is opened when
+//! it is first read, and refused, naming it, if its manifest changed. An open
+//! dataset costs its manifest (a few hundred bytes per tile) and its map (4
+//! bytes per stored gene and 8 per vocabulary gene).
+//!
+//! A collection can be written down as a small JSON file
+//! ([`CollectionFile`]): the roots, the gene choice, weights per dataset and
+//! each manifest's SHA-256.
+
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use rand::seq::SliceRandom;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::batch::{BatchOutput, CellWriter, FormedBatch};
+use crate::loader::{rng_for, LoaderError, LoaderOptions, OpenMember, TileSource, MAX_DRAWS_PER_CELL};
+use crate::storage::{self, StoreOptions};
+use crate::vocabulary::{GeneMap, VocabularyError};
+use crate::{CsrMatrix, Dataset, DatasetError};
+
+/// Why a collection cannot be made or read.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectionError {
+    /// An argument out of its range (the message names it).
+    #[error("{0}")]
+    Argument(String),
+    /// A dataset could not be opened or read (its error names its location).
+    #[error("dataset {name:?}: {source}")]
+    Member { name: String, source: DatasetError },
+    /// A dataset's manifest is not the one the collection recorded.
+    #[error(
+        "dataset {name:?} ({root}) changed since the collection was made: its manifest.json has SHA-256 {now}, \
+         the collection recorded {was}; make the collection again to read it as it is now"
+    )]
+    Changed { name: String, root: String, was: String, now: String },
+    /// The gene vocabulary cannot be built.
+    #[error(transparent)]
+    Genes(#[from] VocabularyError),
+    /// A cell index at or past the collection's cells.
+    #[error("cell {cell} is out of range: the collection has {n_cells} cells")]
+    CellOutOfRange { cell: u64, n_cells: u64 },
+    /// A collection file that cannot be read (the message says why).
+    #[error("{path}: {message}")]
+    File { path: String, message: String },
+}
+
+impl From<CollectionError> for LoaderError {
+    fn from(e: CollectionError) -> Self {
+        match e {
+            CollectionError::Argument(m) => LoaderError::Options(m),
+            other => LoaderError::Member(other.to_string()),
+        }
+    }
+}
+
+/// The genes of a collection's batches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GeneChoice {
+    /// Every gene of any dataset.
+    Union,
+    /// The genes of every dataset.
+    Intersection,
+    /// These names, in this order.
+    List(Vec<String>),
+}
+
+impl GeneChoice {
+    /// `"union"`, `"intersection"`, or the list, as JSON.
+    fn to_json(&self) -> serde_json::Value {
+        match self {
+            GeneChoice::Union => "union".into(),
+            GeneChoice::Intersection => "intersection".into(),
+            GeneChoice::List(names) => names.clone().into(),
+        }
+    }
+
+    fn from_json(value: &serde_json::Value) -> Result<GeneChoice, String> {
+        match value {
+            serde_json::Value::String(s) if s == "union" => Ok(GeneChoice::Union),
+            serde_json::Value::String(s) if s == "intersection" => Ok(GeneChoice::Intersection),
+            serde_json::Value::Array(items) => items
+                .iter()
+                .map(|v| v.as_str().map(str::to_string).ok_or("genes: a list of names holds a value that is not text"))
+                .collect::<Result<_, _>>()
+                .map(GeneChoice::List)
+                .map_err(str::to_string),
+            other => Err(format!("genes must be \"union\", \"intersection\" or a list of names, not {other}")),
+        }
+    }
+}
+
+/// What a collection knows of one dataset without opening it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberSummary {
+    pub name: String,
+    /// The root as given (a folder or a bucket URL).
+    pub root: String,
+    pub n_cells: u64,
+    pub n_genes: u32,
+    /// Cells per tile.
+    pub tile_cells: Vec<u64>,
+    /// SHA-256 of its manifest.json, in hex.
+    pub manifest_sha256: String,
+}
+
+/// Everything another process needs to read a collection as this one does,
+/// without opening any dataset first (`Collection::from_state`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CollectionState {
+    pub members: Vec<MemberSummary>,
+    /// The batches' genes, in column order.
+    pub vocabulary: Vec<String>,
+    /// The var column the names were matched against (None: the gene names).
+    pub gene_column: Option<String>,
+    pub anonymous: bool,
+    pub endpoint: Option<String>,
+}
+
+/// One dataset of a collection: its summary, its tiles, and (once read) the
+/// open dataset with its map onto the vocabulary.
+struct Member {
+    summary: MemberSummary,
+    /// Cumulative cells per tile.
+    limits: Vec<u64>,
+    open: Mutex<Option<OpenMember>>,
+}
+
+/// Several datasets read as one. See the [module](self).
+pub struct Collection {
+    members: Vec<Member>,
+    /// `starts[m]`: the first cell of dataset m in the cell space; the last
+    /// entry is the number of cells.
+    starts: Vec<u64>,
+    vocabulary: Arc<Vec<String>>,
+    gene_column: Option<String>,
+    store: StoreOptions,
+}
+
+/// Checks the datasets' names and roots: some, each name and root once,
+/// names not empty.
+fn check_members(members: &[(String, String)]) -> Result<(), CollectionError> {
+    let bad = |m: String| Err(CollectionError::Argument(m));
+    if members.is_empty() {
+        return bad("roots: the list is empty; a collection needs at least one dataset".into());
+    }
+    let mut names = HashSet::new();
+    let mut roots = HashSet::new();
+    for (name, root) in members {
+        if name.is_empty() {
+            return bad(format!("roots: the dataset at {root} has an empty name"));
+        }
+        if !names.insert(name.as_str()) {
+            return bad(format!("roots: the name {name:?} is given twice; each dataset needs its own name"));
+        }
+        if !roots.insert(root.trim_end_matches('/')) {
+            return bad(format!("roots: {root} is given twice; each dataset may be in a collection once"));
+        }
+    }
+    Ok(())
+}
+
+/// A dataset opened, with its genes as the vocabulary matches them (in
+/// stored order) and its order back to the source files.
+struct Opened {
+    dataset: Arc<Dataset>,
+    keys: Vec<String>,
+    gene_order: Option<Vec<i32>>,
+}
+
+impl Collection {
+    /// Opens the datasets `members` ((name, root) pairs, in cell-space
+    /// order), each once (in parallel on `pool`, or rayon's global pool),
+    /// and builds the vocabulary `genes` (matched against `gene_column` of
+    /// var, or the gene names).
+    pub fn open(
+        members: &[(String, String)],
+        genes: &GeneChoice,
+        gene_column: Option<&str>,
+        store: &StoreOptions,
+    ) -> Result<Collection, CollectionError> {
+        check_members(members)?;
+        if let GeneChoice::List(names) = genes {
+            // Checked before anything is opened.
+            GeneMap::by_name(&[] as &[&str], names)?;
+        }
+        let opened: Vec<Opened> = members
+            .par_iter()
+            .map(|(name, root)| {
+                let member = |source| CollectionError::Member { name: name.clone(), source };
+                let dataset = storage::open_with(root, store)
+                    .map_err(DatasetError::from)
+                    .and_then(Dataset::from_storage)
+                    .map_err(member)?;
+                let keys = dataset.gene_keys(gene_column).map_err(member)?;
+                let gene_order = match genes {
+                    GeneChoice::List(_) => None,
+                    _ => dataset.gene_order().map_err(member)?,
+                };
+                Ok(Opened { dataset: Arc::new(dataset), keys, gene_order })
+            })
+            .collect::<Result<_, CollectionError>>()?;
+        let vocabulary = match genes {
+            GeneChoice::List(names) => names.clone(),
+            choice => combined(&opened, *choice == GeneChoice::Union),
+        };
+        if vocabulary.is_empty() {
+            let names: Vec<&str> = members.iter().map(|(n, _)| n.as_str()).collect();
+            return Err(CollectionError::Argument(format!(
+                "genes=\"intersection\": the datasets {names:?} share no gene (matched by {})",
+                gene_column.unwrap_or("var_names")
+            )));
+        }
+        let mut built = Vec::with_capacity(opened.len());
+        for ((name, root), o) in members.iter().zip(opened) {
+            let map = GeneMap::by_name(&o.keys, &vocabulary)?;
+            let m = o.dataset.manifest();
+            let summary = MemberSummary {
+                name: name.clone(),
+                root: root.clone(),
+                n_cells: o.dataset.n_cells(),
+                n_genes: o.dataset.n_genes(),
+                tile_cells: m.tile_cells.clone(),
+                manifest_sha256: o.dataset.manifest_sha256().to_string(),
+            };
+            let limits = o.dataset.tile_limits().to_vec();
+            let open = OpenMember { dataset: o.dataset, genes: Some(Arc::new(map)) };
+            built.push(Member { summary, limits, open: Mutex::new(Some(open)) });
+        }
+        Ok(Collection::assemble(built, vocabulary, gene_column.map(str::to_string), store.clone()))
+    }
+
+    /// The collection `state` describes, with no dataset opened yet: each is
+    /// opened when first read, and refused if its manifest changed.
+    pub fn from_state(state: CollectionState) -> Result<Collection, CollectionError> {
+        let pairs: Vec<(String, String)> = state.members.iter().map(|m| (m.name.clone(), m.root.clone())).collect();
+        check_members(&pairs)?;
+        if state.vocabulary.is_empty() {
+            return Err(CollectionError::Argument("the collection's vocabulary is empty".into()));
+        }
+        let mut members = Vec::with_capacity(state.members.len());
+        for summary in state.members {
+            let limits = crate::dataset::cumulative(&summary.tile_cells);
+            if limits.last().copied().unwrap_or(0) != summary.n_cells {
+                return Err(CollectionError::Argument(format!(
+                    "dataset {:?}: its tiles' cells do not add up to its {} cells",
+                    summary.name, summary.n_cells
+                )));
+            }
+            members.push(Member { summary, limits, open: Mutex::new(None) });
+        }
+        let store = StoreOptions { anonymous: state.anonymous, endpoint: state.endpoint };
+        Ok(Collection::assemble(members, state.vocabulary, state.gene_column, store))
+    }
+
+    fn assemble(
+        members: Vec<Member>,
+        vocabulary: Vec<String>,
+        gene_column: Option<String>,
+        store: StoreOptions,
+    ) -> Collection {
+        let mut starts = Vec::with_capacity(members.len() + 1);
+        let mut total = 0u64;
+        for m in &members {
+            starts.push(total);
+            total += m.summary.n_cells;
+        }
+        starts.push(total);
+        Collection { members, starts, vocabulary: Arc::new(vocabulary), gene_column, store }
+    }
+
+    /// What another process needs to make this collection again.
+    pub fn state(&self) -> CollectionState {
+        CollectionState {
+            members: self.members.iter().map(|m| m.summary.clone()).collect(),
+            vocabulary: self.vocabulary.as_ref().clone(),
+            gene_column: self.gene_column.clone(),
+            anonymous: self.store.anonymous,
+            endpoint: self.store.endpoint.clone(),
+        }
+    }
+
+    /// The datasets, in cell-space order.
+    pub fn members(&self) -> impl Iterator<Item = &MemberSummary> {
+        self.members.iter().map(|m| &m.summary)
+    }
+
+    /// Datasets.
+    pub fn n_members(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Cells of all the datasets.
+    pub fn n_cells(&self) -> u64 {
+        self.starts.last().copied().unwrap_or(0)
+    }
+
+    /// The vocabulary: the batches' genes, in column order.
+    pub fn vocabulary(&self) -> &[String] {
+        &self.vocabulary
+    }
+
+    /// The var column names were matched against (None: the gene names).
+    pub fn gene_column(&self) -> Option<&str> {
+        self.gene_column.as_deref()
+    }
+
+    /// The cells of dataset `member` in the cell space.
+    pub fn member_cells(&self, member: usize) -> Range<u64> {
+        self.starts[member]..self.starts[member + 1]
+    }
+
+    /// The dataset of cell `cell` and its row there.
+    pub fn locate(&self, cell: u64) -> Result<(usize, u64), CollectionError> {
+        if cell >= self.n_cells() {
+            return Err(CollectionError::CellOutOfRange { cell, n_cells: self.n_cells() });
+        }
+        let m = self.starts.partition_point(|&s| s <= cell) - 1;
+        Ok((m, cell - self.starts[m]))
+    }
+
+    /// Dataset `member`, opened now if it is not yet (and checked against
+    /// the manifest the collection recorded), with its map onto the
+    /// vocabulary.
+    pub fn open_member(&self, member: usize) -> Result<OpenMember, CollectionError> {
+        let m = self.members.get(member).ok_or_else(|| {
+            CollectionError::Argument(format!(
+                "dataset {member} is out of range: the collection has {}",
+                self.members.len()
+            ))
+        })?;
+        let mut open = m.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(o) = &*open {
+            return Ok(o.clone());
+        }
+        let s = &m.summary;
+        let failed = |source| CollectionError::Member { name: s.name.clone(), source };
+        let dataset = storage::open_with(&s.root, &self.store)
+            .map_err(DatasetError::from)
+            .and_then(Dataset::from_storage)
+            .map_err(failed)?;
+        if dataset.manifest_sha256() != s.manifest_sha256 {
+            return Err(CollectionError::Changed {
+                name: s.name.clone(),
+                root: s.root.clone(),
+                was: s.manifest_sha256.clone(),
+                now: dataset.manifest_sha256().to_string(),
+            });
+        }
+        let keys = dataset.gene_keys(self.gene_column.as_deref()).map_err(failed)?;
+        let map = GeneMap::by_name(&keys, &self.vocabulary)?;
+        let opened = OpenMember { dataset: Arc::new(dataset), genes: Some(Arc::new(map)) };
+        *open = Some(opened.clone());
+        Ok(opened)
+    }
+
+    /// Whether dataset `member` is open in this process.
+    pub fn is_open(&self, member: usize) -> bool {
+        self.members.get(member).is_some_and(|m| m.open.lock().map(|o| o.is_some()).unwrap_or(false))
+    }
+
+    /// The listed cells (of the cell space, any order, repeats allowed) in the
+    /// form `output` asks for (its `genes` must be None: the collection's
+    /// vocabulary is the batches' columns). Each dataset's cells are read
+    /// together, its tiles decoded once, on the calling thread's rayon pool.
+    pub fn read_cells_formed(&self, cells: &[u64], output: &BatchOutput) -> Result<FormedBatch, CollectionError> {
+        let n_cols = self.vocabulary.len() as u32;
+        check_output(output, n_cols)?;
+        let mut located = Vec::with_capacity(cells.len());
+        for &cell in cells {
+            located.push(self.locate(cell)?);
+        }
+        let mut rows_of: Vec<Vec<u64>> = vec![Vec::new(); self.members.len()];
+        for &(m, row) in &located {
+            rows_of[m].push(row);
+        }
+        let needed: Vec<usize> = (0..self.members.len()).filter(|&m| !rows_of[m].is_empty()).collect();
+        let read: Vec<(OpenMember, CsrMatrix)> = needed
+            .par_iter()
+            .map(|&m| {
+                let open = self.open_member(m)?;
+                let name = &self.members[m].summary.name;
+                let matrix = open
+                    .dataset
+                    .read_cell_list(&rows_of[m])
+                    .map_err(|source| CollectionError::Member { name: name.clone(), source })?;
+                Ok((open, matrix))
+            })
+            .collect::<Result<_, CollectionError>>()?;
+        let mut slot = vec![usize::MAX; self.members.len()];
+        for (i, &m) in needed.iter().enumerate() {
+            slot[m] = i;
+        }
+        let mut next = vec![0usize; needed.len()];
+        let nnz: usize = read.iter().map(|(_, m)| m.nnz()).sum();
+        let mut writer = CellWriter::with_columns(output, n_cols, true);
+        let x = CsrMatrix { n_cols, indptr: Vec::new(), indices: vec![0; nnz], data: vec![0; nnz] };
+        let mut batch = writer.start(x, cells.len());
+        for &(m, _) in &located {
+            let i = slot[m];
+            let (open, matrix) = &read[i];
+            let (indices, data) = matrix.row(next[i]);
+            next[i] += 1;
+            let at = batch.x.indptr.last().copied().unwrap_or(0) as usize;
+            let n = indices.len();
+            batch.x.indices[at..at + n].copy_from_slice(indices);
+            batch.x.data[at..at + n].copy_from_slice(data);
+            writer.finish_cell_in(&mut batch, n, open.genes.as_deref());
+        }
+        writer.finish(&mut batch);
+        Ok(batch)
+    }
+
+    /// Which datasets hold each gene of the vocabulary: per dataset, a flag
+    /// per vocabulary gene. Opens every dataset.
+    pub fn holders(&self) -> Result<Vec<Vec<bool>>, CollectionError> {
+        (0..self.members.len())
+            .into_par_iter()
+            .map(|m| {
+                let open = self.open_member(m)?;
+                let map = open.genes.as_deref();
+                Ok((0..self.vocabulary.len() as u32)
+                    .map(|j| map.is_none_or(|m| m.first_stored(j) != u32::MAX))
+                    .collect())
+            })
+            .collect()
+    }
+
+    /// An epoch's cells drawn by dataset: dataset m gets the share
+    /// `weights[m] / sum(weights)` of `n` cells (largest remainders), taken
+    /// from its cells among `cells` (or all of them): every one of them as
+    /// many whole times as fit, then the rest drawn without replacement, in
+    /// a draw fixed by the seed and epoch of `options` (the same for every
+    /// rank and worker). A dataset with weight 0, or no cells, gets none.
+    ///
+    /// Refused, naming the argument: weights of the wrong length, a weight
+    /// that is negative or not finite, weights all zero (or only on datasets
+    /// with no cells), and more than [`MAX_DRAWS_PER_CELL`] draws per cell
+    /// that can be drawn.
+    pub fn draw_by_dataset(
+        &self,
+        cells: Option<&[u64]>,
+        weights: &[f64],
+        n: u64,
+        options: &LoaderOptions,
+    ) -> Result<Vec<u64>, CollectionError> {
+        let bad = |m: String| Err(CollectionError::Argument(m));
+        if weights.len() != self.members.len() {
+            return bad(format!(
+                "weights: {} values for {} datasets; give one per dataset",
+                weights.len(),
+                self.members.len()
+            ));
+        }
+        for (m, &w) in weights.iter().enumerate() {
+            if !(w.is_finite() && w >= 0.0) {
+                return bad(format!(
+                    "weights: dataset {:?} has weight {w}; weights must be finite and not negative",
+                    self.members[m].summary.name
+                ));
+            }
+        }
+        // Each dataset's pool: its cells among `cells`, or all of them.
+        let pools: Vec<Pool> = match cells {
+            None => (0..self.members.len()).map(|m| Pool::Range(self.member_cells(m))).collect(),
+            Some(cells) => {
+                let mut lists: Vec<Vec<u64>> = vec![Vec::new(); self.members.len()];
+                for &c in cells {
+                    let (m, _) = self.locate(c)?;
+                    lists[m].push(c);
+                }
+                lists.into_iter().map(Pool::List).collect()
+            }
+        };
+        let drawable: u64 = pools.iter().zip(weights).filter(|(_, &w)| w > 0.0).map(|(p, _)| p.len()).sum();
+        let total: f64 = pools.iter().zip(weights).filter(|(p, _)| p.len() > 0).map(|(_, &w)| w).sum();
+        if drawable == 0 || total <= 0.0 {
+            return bad("weights: no dataset with a positive weight has cells to draw".into());
+        }
+        if n > drawable.saturating_mul(MAX_DRAWS_PER_CELL) {
+            return bad(format!(
+                "num_samples {n} is more than {MAX_DRAWS_PER_CELL} draws for each of the {drawable} cells that can be drawn"
+            ));
+        }
+        // Largest remainders: each dataset's whole share, then one more for
+        // the largest fractions until n are given.
+        let mut counts = vec![0u64; pools.len()];
+        let mut fractions = Vec::new();
+        let mut given = 0u64;
+        for (m, (p, &w)) in pools.iter().zip(weights).enumerate() {
+            if p.len() == 0 || w == 0.0 {
+                continue;
+            }
+            let exact = n as f64 * w / total;
+            counts[m] = exact.floor() as u64;
+            given += counts[m];
+            fractions.push((exact - exact.floor(), m));
+        }
+        fractions.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        for &(_, m) in fractions.iter().cycle().take(n.saturating_sub(given) as usize) {
+            counts[m] += 1;
+        }
+        let mut drawn = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
+        for (m, (pool, &k)) in pools.iter().zip(&counts).enumerate() {
+            let size = pool.len();
+            if k == 0 || size == 0 {
+                continue;
+            }
+            for _ in 0..k / size {
+                pool.extend_into(&mut drawn);
+            }
+            let rest = (k % size) as usize;
+            if rest > 0 {
+                let mut rng = rng_for(options, "datasets", &[m as u64]);
+                let picked = rand::seq::index::sample(&mut rng, size as usize, rest);
+                drawn.extend(picked.into_iter().map(|i| pool.get(i as u64)));
+            }
+        }
+        drawn.shuffle(&mut rng_for(options, "dataset draws", &[]));
+        Ok(drawn)
+    }
+}
+
+/// The cells a dataset's draws come from.
+enum Pool {
+    Range(Range<u64>),
+    List(Vec<u64>),
+}
+
+impl Pool {
+    fn len(&self) -> u64 {
+        match self {
+            Pool::Range(r) => r.end - r.start,
+            Pool::List(l) => l.len() as u64,
+        }
+    }
+
+    fn get(&self, i: u64) -> u64 {
+        match self {
+            Pool::Range(r) => r.start + i,
+            Pool::List(l) => l[i as usize],
+        }
+    }
+
+    fn extend_into(&self, out: &mut Vec<u64>) {
+        match self {
+            Pool::Range(r) => out.extend(r.clone()),
+            Pool::List(l) => out.extend_from_slice(l),
+        }
+    }
+}
+
+/// A batch's form as a collection takes it: no map of its own.
+fn check_output(output: &BatchOutput, n_cols: u32) -> Result<(), CollectionError> {
+    if output.genes.is_some() {
+        return Err(CollectionError::Argument(
+            "genes: a collection's batches are in its own vocabulary (chosen when it is opened)".into(),
+        ));
+    }
+    output.check_columns(n_cols).map_err(|e| CollectionError::Argument(e.to_string()))
+}
+
+/// The union (or intersection) of the datasets' genes: see the [module](self).
+fn combined(opened: &[Opened], union: bool) -> Vec<String> {
+    let in_source_order = |o: &Opened| -> Vec<String> {
+        match &o.gene_order {
+            None => o.keys.clone(),
+            Some(order) => {
+                let mut names = vec![String::new(); o.keys.len()];
+                for (j, &g) in order.iter().enumerate() {
+                    if let Some(slot) = usize::try_from(g).ok().and_then(|g| names.get_mut(g)) {
+                        slot.clone_from(&o.keys[j]);
+                    }
+                }
+                names
+            }
+        }
+    };
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    if union {
+        for o in opened {
+            for name in in_source_order(o) {
+                if seen.insert(name.clone()) {
+                    out.push(name);
+                }
+            }
+        }
+    } else {
+        let sets: Vec<HashSet<&str>> =
+            opened[1..].iter().map(|o| o.keys.iter().map(String::as_str).collect()).collect();
+        for name in in_source_order(&opened[0]) {
+            if sets.iter().all(|s| s.contains(name.as_str())) && seen.insert(name.clone()) {
+                out.push(name);
+            }
+        }
+    }
+    out
+}
+
+impl TileSource for Collection {
+    fn n_members(&self) -> usize {
+        self.members.len()
+    }
+
+    fn member_start(&self, member: usize) -> u64 {
+        self.starts[member]
+    }
+
+    fn tile_limits(&self, member: usize) -> &[u64] {
+        &self.members[member].limits
+    }
+
+    fn open_member(&self, member: usize) -> Result<OpenMember, LoaderError> {
+        Ok(Collection::open_member(self, member)?)
+    }
+
+    fn check_output(&self, output: &BatchOutput) -> Result<u32, LoaderError> {
+        let n_cols = self.vocabulary.len() as u32;
+        check_output(output, n_cols)?;
+        Ok(n_cols)
+    }
+
+    fn maps_cells(&self, _: &BatchOutput) -> bool {
+        true
+    }
+}
+
+/// The collection file's version this build writes and reads.
+pub const COLLECTION_FILE_VERSION: u64 = 1;
+
+/// A collection written down: a small JSON file that `open_collection`
+/// reads back (roots relative to the file's folder are resolved from it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CollectionFile {
+    /// (name, root, SHA-256 of its manifest.json when recorded).
+    pub datasets: Vec<(String, String, Option<String>)>,
+    pub genes: GeneChoice,
+    pub gene_column: Option<String>,
+    /// Weights by dataset name, when the collection has them.
+    pub weights: Option<Vec<(String, f64)>>,
+}
+
+impl CollectionFile {
+    /// The file's JSON text.
+    pub fn to_json(&self) -> String {
+        let datasets: Vec<serde_json::Value> = self
+            .datasets
+            .iter()
+            .map(|(name, root, digest)| serde_json::json!({"name": name, "root": root, "manifest_sha256": digest}))
+            .collect();
+        let weights = self.weights.as_ref().map(|w| {
+            w.iter()
+                .map(|(n, v)| (n.clone(), serde_json::json!(v)))
+                .collect::<serde_json::Map<String, serde_json::Value>>()
+        });
+        let value = serde_json::json!({
+            "deltacells_collection": COLLECTION_FILE_VERSION,
+            "datasets": datasets,
+            "genes": self.genes.to_json(),
+            "gene_column": self.gene_column,
+            "weights": weights,
+        });
+        serde_json::to_string_pretty(&value).unwrap_or_default() + "\n"
+    }
+
+    /// Reads the collection file at `path` (a local file): its roots as
+    /// written, and resolved against the file's folder when relative.
+    pub fn read(path: &Path) -> Result<CollectionFile, CollectionError> {
+        let err = |message: String| CollectionError::File { path: path.display().to_string(), message };
+        let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read it: {e}")))?;
+        let mut file = CollectionFile::parse(&text).map_err(err)?;
+        let base = path.parent().unwrap_or(Path::new(""));
+        for (_, root, _) in &mut file.datasets {
+            if !root.contains("://") && Path::new(root.as_str()).is_relative() {
+                *root = base.join(root.as_str()).display().to_string();
+            }
+        }
+        Ok(file)
+    }
+
+    /// The file's JSON text, checked.
+    pub fn parse(text: &str) -> Result<CollectionFile, String> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| format!("not a collection file (not JSON: {e})"))?;
+        let version = value.get("deltacells_collection").and_then(serde_json::Value::as_u64);
+        match version {
+            None => return Err("not a collection file (no \"deltacells_collection\" version)".into()),
+            Some(v) if v != COLLECTION_FILE_VERSION => {
+                return Err(format!(
+                    "collection file version {v}; this deltacells reads version {COLLECTION_FILE_VERSION}"
+                ))
+            }
+            Some(_) => {}
+        }
+        let items = value.get("datasets").and_then(serde_json::Value::as_array).ok_or("\"datasets\" is not a list")?;
+        let mut datasets = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let text = |key: &str| item.get(key).and_then(serde_json::Value::as_str).map(str::to_string);
+            let root = text("root").ok_or_else(|| format!("datasets[{i}] has no \"root\""))?;
+            let name = text("name").unwrap_or_else(|| root.clone());
+            datasets.push((name, root, text("manifest_sha256")));
+        }
+        let genes = match value.get("genes") {
+            None | Some(serde_json::Value::Null) => GeneChoice::Union,
+            Some(g) => GeneChoice::from_json(g)?,
+        };
+        let gene_column = value.get("gene_column").and_then(serde_json::Value::as_str).map(str::to_string);
+        let weights = match value.get("weights") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::Object(map)) => Some(
+                map.iter()
+                    .map(|(k, v)| {
+                        v.as_f64().map(|w| (k.clone(), w)).ok_or_else(|| format!("weights[{k:?}] is not a number"))
+                    })
+                    .collect::<Result<_, _>>()?,
+            ),
+            Some(_) => return Err("\"weights\" is not a mapping of dataset names to numbers".into()),
+        };
+        Ok(CollectionFile { datasets, genes, gene_column, weights })
+    }
+
+    /// Opens the collection the file describes, refusing (by name) a dataset
+    /// whose manifest is not the one recorded.
+    pub fn open(&self, store: &StoreOptions) -> Result<Collection, CollectionError> {
+        let pairs: Vec<(String, String)> = self.datasets.iter().map(|(n, r, _)| (n.clone(), r.clone())).collect();
+        let collection = Collection::open(&pairs, &self.genes, self.gene_column.as_deref(), store)?;
+        for ((name, root, recorded), member) in self.datasets.iter().zip(collection.members()) {
+            if let Some(was) = recorded {
+                if *was != member.manifest_sha256 {
+                    return Err(CollectionError::Changed {
+                        name: name.clone(),
+                        root: root.clone(),
+                        was: was.clone(),
+                        now: member.manifest_sha256.clone(),
+                    });
+                }
+            }
+        }
+        Ok(collection)
+    }
+
+    /// Weights in the collection's dataset order (0 for a dataset the file
+    /// gives none), refusing a name that is no dataset of it.
+    pub fn weights_in_order(&self) -> Result<Option<Vec<f64>>, String> {
+        let Some(weights) = &self.weights else { return Ok(None) };
+        let index: HashMap<&str, usize> =
+            self.datasets.iter().enumerate().map(|(i, (n, _, _))| (n.as_str(), i)).collect();
+        let mut out = vec![0.0; self.datasets.len()];
+        for (name, w) in weights {
+            let i = index
+                .get(name.as_str())
+                .ok_or_else(|| format!("weights: {name:?} is not a dataset of the collection"))?;
+            out[*i] = *w;
+        }
+        Ok(Some(out))
+    }
+}
+
+#[cfg(test)]
+mod tests;
