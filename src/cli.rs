@@ -131,6 +131,13 @@ pub(crate) enum Command {
     /// under a temporary name and renamed when complete.
     Export(ExportArgs),
     /// Summarize a dataset: cells, genes, tiles, size, encoding, obs and var.
+    ///
+    /// Given a collection file (a .json written by the Python package's
+    /// Collection.save), summarize the collection instead: its cells and
+    /// genes, and for each dataset its cells, genes, how many of the
+    /// collection's genes it holds, tiles, weight and root. Every dataset is
+    /// opened and checked against the manifest digest the file records; one
+    /// that changed is named (exit status 2).
     Info(InfoArgs),
     /// Cell metadata (obs): what a dataset holds, and copying columns into the
     /// local cache that training jobs memory-map.
@@ -181,7 +188,8 @@ pub(crate) struct DownloadArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct InfoArgs {
-    /// The dataset: a local folder, file://, s3://, gs://, http:// or https:// URL.
+    /// The dataset: a local folder, file://, s3://, gs://, http:// or https:// URL;
+    /// or a collection file (COLLECTION.json).
     pub dataset: String,
     #[command(flatten)]
     pub store: StoreArgs,

@@ -87,7 +87,7 @@ pub enum GeneChoice {
 
 impl GeneChoice {
     /// `"union"`, `"intersection"`, or the list, as JSON.
-    fn to_json(&self) -> serde_json::Value {
+    pub fn to_json(&self) -> serde_json::Value {
         match self {
             GeneChoice::Union => "union".into(),
             GeneChoice::Intersection => "intersection".into(),

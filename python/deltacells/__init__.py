@@ -10,11 +10,13 @@ The reading is done by the Rust library (decoding on its own threads, with
 the GIL released); this package gives it NumPy, SciPy and pandas types.
 """
 
+from ._collection import Collection, CollectionObs, Member, open_collection
 from ._dataset import Batch, Dataset, open_dataset
 from ._errors import (
     ArgumentTypeError,
     CellIndexError,
     CorruptDatasetError,
+    DatasetChangedError,
     DatasetNotFoundError,
     DeltacellsError,
     InvalidArgumentError,
@@ -26,7 +28,11 @@ from ._vocabulary import Vocabulary, VocabularyReport, VocabularyWarning
 
 __all__ = [
     "open_dataset",
+    "open_collection",
     "Dataset",
+    "Collection",
+    "CollectionObs",
+    "Member",
     "Batch",
     "Loader",
     "CellBatch",
@@ -41,4 +47,5 @@ __all__ = [
     "InvalidArgumentError",
     "ArgumentTypeError",
     "UnknownNameError",
+    "DatasetChangedError",
 ]

@@ -15,8 +15,8 @@ from . import _deltacells
 from ._args import flag, integer
 from ._errors import ArgumentTypeError, CellIndexError, DeltacellsError, InvalidArgumentError
 from ._obs import Obs
-from ._options import DEFAULTS, loader_options
-from ._vocabulary import Genes, Vocabulary, VocabularyReport, form_options, resolve
+from ._options import DEFAULTS, LoaderOptions, loader_options
+from ._vocabulary import Form, Genes, Vocabulary, VocabularyReport, form_options, resolve
 
 if TYPE_CHECKING:
     import anndata
@@ -316,6 +316,27 @@ class Dataset:
             if r.step == 1 and 0 <= r.start <= r.stop <= self.n_cells:
                 return Batch(*self.native.get_range(r.start, r.stop, native), n_genes)
         return Batch(*self.native.get_batch(self._cell_array(cells), native), n_genes)
+
+    #: An epoch is drawn (by weight) only when batches() asks for it.
+    _draws_by_default = False
+
+    def _epoch_size(
+        self, cells: np.ndarray | None, options: LoaderOptions, weights: np.ndarray | None, num_samples: int | None
+    ) -> tuple[int, int]:
+        """(cells, batches) of one epoch's share (the loader's protocol)."""
+        return self.native.epoch_size(cells, options, weights, num_samples)
+
+    def _start_batches(
+        self,
+        cells: np.ndarray | None,
+        options: LoaderOptions,
+        weights: np.ndarray | None,
+        num_samples: int | None,
+        genes: Vocabulary | None,
+        form: Form,
+    ) -> _deltacells.RawBatches:
+        """Starts reading one epoch's share (the loader's protocol)."""
+        return self.native.batches(cells, options, weights, num_samples, None if genes is None else genes.native, form)
 
     def read_tile(self, tile: int) -> Batch:
         """Tile ``tile``, whole, as a :class:`Batch`."""

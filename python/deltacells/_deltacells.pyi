@@ -31,7 +31,17 @@ _LoaderBatch = tuple[
 ]
 
 __version__: str
-__all__ = ["RawBatches", "RawDataset", "RawGeneMap", "__version__", "cache_root", "column_path", "loader_defaults"]
+__all__ = [
+    "RawBatches",
+    "RawCollection",
+    "RawDataset",
+    "RawGeneMap",
+    "__version__",
+    "cache_root",
+    "collection_file",
+    "column_path",
+    "loader_defaults",
+]
 
 @final
 class RawDataset:
@@ -116,6 +126,55 @@ class RawGeneMap:
     def left_out(self) -> int: ...
     def left_out_of(self, nonzeros: npt.NDArray[np.uint64]) -> int: ...
 
+@final
+class RawCollection:
+    def __new__(
+        cls,
+        names: list[str],
+        roots: list[str],
+        genes: str | list[str],
+        gene_column: str | None = None,
+        threads: int | None = None,
+        anonymous: bool = False,
+        endpoint: str | None = None,
+        digests: list[str | None] | None = None,
+    ) -> Self: ...
+    @staticmethod
+    def from_state(state_json: str, genes: str | list[str], threads: int | None = None) -> RawCollection: ...
+    def state_json(self) -> str: ...
+    def file_json(self, weights: list[tuple[str, float]] | None = None) -> str: ...
+    @property
+    def n_cells(self) -> int: ...
+    @property
+    def n_genes(self) -> int: ...
+    @property
+    def gene_column(self) -> str | None: ...
+    def vocabulary(self) -> list[str]: ...
+    def members(self) -> list[tuple[str, str, int, int, int, int, str]]: ...
+    def is_open(self, member: int) -> bool: ...
+    def member(self, member: int) -> RawDataset: ...
+    def locate(self, cells: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...
+    def holders(self) -> npt.NDArray[np.bool_]: ...
+    def get_formed(self, cells: npt.NDArray[np.int64], form: Form) -> _Formed: ...
+    def epoch_size(
+        self,
+        cells: npt.NDArray[np.int64] | None,
+        options: LoaderOptions,
+        weights: npt.NDArray[np.float64] | None = None,
+        num_samples: int | None = None,
+        dataset_weights: list[float] | None = None,
+    ) -> tuple[int, int]: ...
+    def batches(
+        self,
+        cells: npt.NDArray[np.int64] | None,
+        options: LoaderOptions,
+        weights: npt.NDArray[np.float64] | None = None,
+        num_samples: int | None = None,
+        dataset_weights: list[float] | None = None,
+        form: Form | None = None,
+    ) -> RawBatches: ...
+
 def cache_root(explicit: str | None = None) -> str: ...
+def collection_file(path: str) -> str: ...
 def column_path(root: str, fingerprint: str, column: str) -> str: ...
 def loader_defaults() -> LoaderOptions: ...

@@ -44,6 +44,12 @@ class UnknownNameError(DeltacellsError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class DatasetChangedError(DeltacellsError):
+    """A dataset of a collection whose manifest is not the one the collection
+    recorded: it was appended to or converted again since. The message names
+    it; make the collection again to read it as it is now."""
+
+
 __all__ = [
     "DeltacellsError",
     "DatasetNotFoundError",
@@ -52,4 +58,5 @@ __all__ = [
     "InvalidArgumentError",
     "ArgumentTypeError",
     "UnknownNameError",
+    "DatasetChangedError",
 ]

@@ -15,6 +15,7 @@ from ._options import MAX_U64, LoaderOptions
 from ._vocabulary import Form
 
 if TYPE_CHECKING:
+    from ._collection import Collection
     from ._dataset import Cells, Dataset
     from ._vocabulary import Vocabulary
 
@@ -77,7 +78,7 @@ class Loader:
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: Dataset | Collection,
         options: LoaderOptions,
         obs_columns: Sequence[str] | None,
         cells: Cells | None,
@@ -103,7 +104,7 @@ class Loader:
             dataset.obs.kind(name)  # an unknown column fails here, not in a worker
         self.cells = None if cells is None else dataset.cell_indices(cells)
         self.num_samples = None if num_samples is None else integer("num_samples", num_samples, 0, MAX_U64)
-        if num_samples is not None and weights is None and balance is None:
+        if num_samples is not None and weights is None and balance is None and not dataset._draws_by_default:
             raise InvalidArgumentError("num_samples is the size of an epoch drawn by weights= or balance=")
         if class_weights is not None and balance is None:
             raise InvalidArgumentError("class_weights goes with balance= (the category column they weigh)")
@@ -137,7 +138,7 @@ class Loader:
 
     def _epoch_size(self) -> tuple[int, int]:
         if self._size is None:
-            self._size = self.dataset.native.epoch_size(self.cells, self.options, self.weights, self.num_samples)
+            self._size = self.dataset._epoch_size(self.cells, self.options, self.weights, self.num_samples)
         return self._size
 
     @property
@@ -155,10 +156,7 @@ class Loader:
         if self.obs_columns:
             obs.ensure_local(self.obs_columns)
         genes = self.genes
-        raw = dataset.native.batches(
-            self.cells, self.options, self.weights, self.num_samples, None if genes is None else genes.native,
-            self.form,
-        )
+        raw = dataset._start_batches(self.cells, self.options, self.weights, self.num_samples, genes, self.form)
         n_genes = dataset.n_genes if genes is None else genes.n_genes
         columns = self.obs_columns
         for cells, indptr, indices, data, top_k, top_k_values in raw:

@@ -34,7 +34,9 @@ import torch
 import torch.utils.data
 
 from ._args import integer
+from ._collection import Collection
 from ._dataset import Cells, Dataset
+from ._errors import InvalidArgumentError
 from ._loader import CellBatch
 from ._options import DEFAULTS, loader_options
 from ._vocabulary import Vocabulary
@@ -99,7 +101,10 @@ def _distributed() -> tuple[int, int]:
 class CellDataset(torch.utils.data.IterableDataset):
     """Shuffled batches of a deltacells dataset for a ``torch.utils.data.DataLoader``.
 
-    ``root`` and ``open_options`` are those of :func:`deltacells.open_dataset`;
+    ``root`` and ``open_options`` are those of :func:`deltacells.open_dataset`,
+    or ``root`` is a :class:`deltacells.Collection` (from
+    :func:`deltacells.open_collection`, whose genes and weights then apply;
+    each worker opens a dataset of it when its share first reads from it);
     the other arguments those of :meth:`deltacells.Dataset.batches` (rank,
     world size, worker and worker count are filled in), sampling included
     (``weights``, ``num_samples``, ``balance``, ``class_weights``) and the
@@ -121,7 +126,7 @@ class CellDataset(torch.utils.data.IterableDataset):
 
     def __init__(
         self,
-        root: str,
+        root: str | Collection,
         batch_size: int = DEFAULTS["batch_size"],
         *,
         shuffle: bool = DEFAULTS["shuffle"],
@@ -152,7 +157,14 @@ class CellDataset(torch.utils.data.IterableDataset):
         **open_options: Any,
     ) -> None:
         super().__init__()
-        self.root = str(root)
+        self.root: str | Collection = root if isinstance(root, Collection) else str(root)
+        if isinstance(root, Collection):
+            if genes is not None or gene_column is not None:
+                raise InvalidArgumentError(
+                    "genes: a collection's batches are in its own genes; choose them with open_collection(genes=...)"
+                )
+            if obs_columns:
+                root.obs.ensure_local(list(obs_columns))  # merges the obs schemas once, here
         # Checked here, in the main process, rather than in every worker.
         loader_options(
             batch_size=batch_size, shuffle=shuffle, seed=seed, epoch=0, rank=rank or 0,
@@ -171,13 +183,15 @@ class CellDataset(torch.utils.data.IterableDataset):
             normalize_over=normalize_over, log1p=log1p, dense=dense, top_k=top_k, dtype=dtype,
             sorted_columns=sorted_columns,
         )
+        if isinstance(root, Collection):
+            del self.batch_options["genes"], self.batch_options["gene_column"]
         self.obs_columns = list(obs_columns) if obs_columns else None
         self.cells = None if cells is None else np.asarray(cells, dtype=np.int64)
         self.threads = threads
         self.transform = to_tensors if transform is None else transform
         self.open_options = open_options
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
-        self._dataset: Dataset | None = None
+        self._dataset: Dataset | Collection | None = None
         # DataLoader workers are processes of their own, where the process
         # group is not initialized: the rank is read here, in the process
         # that made the dataset, and again by set_epoch.
@@ -208,14 +222,16 @@ class CellDataset(torch.utils.data.IterableDataset):
         state["_dataset"] = None  # opened again by each process
         return state
 
-    def _new_dataset(self, num_workers: int) -> Dataset:
+    def _new_dataset(self, num_workers: int) -> Dataset | Collection:
         threads = self.threads or max(1, (os.cpu_count() or 1) // num_workers)
+        if isinstance(self.root, Collection):
+            return self.root._copy(threads)
         options: dict[str, Any] = dict(threads=threads, anonymous=False, endpoint=None, cache_bytes=0)
         options.update(self.open_options)
         cache_dir = options.pop("cache_dir", None)
         return Dataset(self.root, options, cache_dir)
 
-    def _open(self, num_workers: int) -> Dataset:
+    def _open(self, num_workers: int) -> Dataset | Collection:
         if self._dataset is None:
             self._dataset = self._new_dataset(num_workers)
         return self._dataset

@@ -2,7 +2,7 @@
 //! tiles and its buffers; reading cells, tiles and obs columns.
 
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
@@ -11,7 +11,7 @@ use pyo3::types::PyBytes;
 use deltacells::batch::BatchOutput;
 use deltacells::batch::CellWriter;
 use deltacells::format::{self, CsrMatrix};
-use deltacells::loader::{self, BufferPool, EpochPlan, LoaderBuffers, LoaderOptions};
+use deltacells::loader::{self, BufferPool, EpochPlan};
 use deltacells::obs::localize;
 use deltacells::storage::{self, StoreOptions};
 use deltacells::{Dataset, TileCache};
@@ -21,14 +21,14 @@ use crate::arrays::{
 };
 use crate::batches::{LoaderArgs, RawBatches};
 use crate::errors::{detached, Failure, Kind};
+use crate::threads::{KeptBuffers, Threads};
 use crate::vocabulary::{FormArgs, RawGeneMap};
 
 /// An open dataset (`deltacells.open_dataset` wraps it).
 #[pyclass(frozen, module = "deltacells._deltacells")]
 pub(crate) struct RawDataset {
     dataset: Arc<Dataset>,
-    threads: Option<usize>,
-    pool: OnceLock<Result<Arc<rayon::ThreadPool>, String>>,
+    threads: Threads,
     /// Decoded tiles, when `cache_bytes` > 0.
     cache: std::sync::Mutex<TileCache>,
     /// Output buffers for whole tiles: taken back when NumPy frees the arrays
@@ -36,25 +36,24 @@ pub(crate) struct RawDataset {
     /// already mapped instead of faulting in fresh pages for every tile.
     buffers: Arc<BufferPool>,
     /// The loader's buffers, kept from one epoch to the next.
-    loader_buffers: std::sync::Mutex<Option<LoaderBuffers>>,
+    loader_buffers: KeptBuffers,
 }
 
 impl RawDataset {
-    /// Runs `f` on this dataset's thread pool (made on first use).
-    fn install<T: Send>(&self, f: impl FnOnce() -> Result<T, Failure> + Send) -> Result<T, Failure> {
-        self.thread_pool()?.install(f)
+    /// An open dataset, its thread pool of `threads` made on first use.
+    pub(crate) fn wrap(dataset: Arc<Dataset>, threads: Option<usize>, cache_bytes: u64) -> RawDataset {
+        RawDataset {
+            dataset,
+            threads: Threads::new(threads),
+            cache: std::sync::Mutex::new(TileCache::new(cache_bytes)),
+            buffers: Arc::new(BufferPool::new(POOLED_BUFFERS)),
+            loader_buffers: KeptBuffers::default(),
+        }
     }
 
-    /// This dataset's thread pool, made on first use.
-    fn thread_pool(&self) -> Result<Arc<rayon::ThreadPool>, Failure> {
-        let pool = self.pool.get_or_init(|| {
-            let mut builder = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("deltacells-{i}"));
-            if let Some(n) = self.threads {
-                builder = builder.num_threads(n.max(1));
-            }
-            builder.build().map(Arc::new).map_err(|e| e.to_string())
-        });
-        pool.clone().map_err(|e| Failure { kind: Kind::Other, message: format!("cannot start threads: {e}") })
+    /// Runs `f` on this dataset's thread pool (made on first use).
+    fn install<T: Send>(&self, f: impl FnOnce() -> Result<T, Failure> + Send) -> Result<T, Failure> {
+        self.threads.install(f)
     }
 
     /// Whether decoded tiles are kept (`cache_bytes` > 0).
@@ -66,19 +65,6 @@ impl RawDataset {
     /// decoded now (in parallel, each once) and put in the cache.
     fn cells_via_cache(&self, cells: &[u64]) -> Result<CsrMatrix, Failure> {
         Ok(self.dataset.read_cell_list_cached(cells, &self.cache)?)
-    }
-
-    /// The loader's buffers, kept from one epoch to the next (and made larger
-    /// when a loader's windows or queue need more).
-    fn loader_buffers(&self, options: &LoaderOptions) -> LoaderBuffers {
-        let mut kept = self.loader_buffers.lock().unwrap_or_else(|p| p.into_inner());
-        let wanted = LoaderBuffers::new(options);
-        match &*kept {
-            Some(b) if b.planes.keep() >= wanted.planes.keep() && b.batches.keep() >= wanted.batches.keep() => {
-                b.clone()
-            }
-            _ => kept.insert(wanted).clone(),
-        }
     }
 
     /// One epoch's share over `cells` (or every cell); with `weights`, over
@@ -152,15 +138,7 @@ impl RawDataset {
             let store = storage::open_with(&root, &options)?;
             Ok(Dataset::from_storage(store)?)
         })?;
-        let cache = std::sync::Mutex::new(TileCache::new(cache_bytes));
-        Ok(RawDataset {
-            dataset: Arc::new(dataset),
-            threads,
-            pool: OnceLock::new(),
-            cache,
-            buffers: Arc::new(BufferPool::new(POOLED_BUFFERS)),
-            loader_buffers: std::sync::Mutex::new(None),
-        })
+        Ok(RawDataset::wrap(Arc::new(dataset), threads, cache_bytes))
     }
 
     #[getter]
@@ -371,8 +349,8 @@ impl RawDataset {
         detached(py, || {
             let plan = self.plan(cells.as_deref(), weights.as_deref(), num_samples, &options)?;
             let (n_cells, n_batches) = (plan.n_cells(), plan.n_batches());
-            let buffers = self.loader_buffers(&options.0);
-            let pool = Some(self.thread_pool()?);
+            let buffers = self.loader_buffers.for_options(&options.0);
+            let pool = Some(self.threads.pool()?);
             let batches = loader::Batches::start_with(self.dataset.clone(), plan, pool, &buffers, output)?;
             Ok(RawBatches::new(batches, (buffers.batches, buffers.values), n_cells, n_batches, kept))
         })

@@ -24,6 +24,8 @@ pub(crate) enum Kind {
     /// A name the dataset does not have: an obs column (an UnknownNameError,
     /// also a KeyError, as the Python layer raises for one).
     Name,
+    /// A dataset of a collection that changed since the collection was made.
+    Changed,
     /// Anything else: storage unreachable, cache not writable...
     Other,
 }
@@ -42,7 +44,14 @@ impl Failure {
 
 impl From<DatasetError> for Failure {
     fn from(e: DatasetError) -> Failure {
-        let kind = match &e {
+        Failure::new(Failure::from_dataset_kind(&e), &e)
+    }
+}
+
+impl Failure {
+    /// The exception a dataset's error is.
+    pub(crate) fn from_dataset_kind(e: &DatasetError) -> Kind {
+        match e {
             DatasetError::Incomplete { .. }
             | DatasetError::Unfinished { .. }
             | DatasetError::AppendUnfinished { .. }
@@ -54,8 +63,7 @@ impl From<DatasetError> for Failure {
             DatasetError::CellOutOfRange { .. } | DatasetError::NegativeCell { .. } => Kind::Index,
             DatasetError::Output(_) => Kind::Value,
             DatasetError::Storage(_) => Kind::Other,
-        };
-        Failure::new(kind, &e)
+        }
     }
 }
 
@@ -83,7 +91,7 @@ impl From<LoaderError> for Failure {
         match e {
             LoaderError::Dataset(d) => d.into(),
             LoaderError::Options(_) => Failure::new(Kind::Value, &e),
-            LoaderError::Internal(_) => Failure::new(Kind::Other, &e),
+            LoaderError::Internal(_) | LoaderError::Member(_) => Failure::new(Kind::Other, &e),
         }
     }
 }
@@ -96,6 +104,7 @@ impl Failure {
             Kind::Index => "CellIndexError",
             Kind::Value => "InvalidArgumentError",
             Kind::Name => "UnknownNameError",
+            Kind::Changed => "DatasetChangedError",
             Kind::Other => "DeltacellsError",
         };
         let class = py.import("deltacells._errors").and_then(|m| m.getattr(name));

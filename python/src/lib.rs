@@ -16,8 +16,10 @@ use deltacells::obs::localize;
 
 mod arrays;
 mod batches;
+mod collection;
 mod dataset;
 mod errors;
+mod threads;
 mod vocabulary;
 
 use batches::{loader_defaults, RawBatches};
@@ -41,6 +43,8 @@ fn column_path(root: String, fingerprint: String, column: String) -> String {
 fn _deltacells(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RawDataset>()?;
     m.add_class::<RawBatches>()?;
+    m.add_class::<collection::RawCollection>()?;
+    m.add_function(wrap_pyfunction!(collection::collection_file, m)?)?;
     m.add_class::<vocabulary::RawGeneMap>()?;
     m.add_function(wrap_pyfunction!(cache_root, m)?)?;
     m.add_function(wrap_pyfunction!(column_path, m)?)?;

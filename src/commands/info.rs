@@ -4,13 +4,19 @@ use std::process::ExitCode;
 use anyhow::Context;
 use indicatif::{HumanBytes, HumanCount};
 
+use deltacells::collection::{CollectionFile, GeneChoice};
 use deltacells::info::dataset_info;
+use deltacells::storage::StoreOptions;
 use deltacells::Dataset;
 
 use super::progress::plural;
 use crate::cli::InfoArgs;
 
 pub(crate) fn run(args: &InfoArgs) -> anyhow::Result<ExitCode> {
+    let path = std::path::Path::new(&args.dataset);
+    if args.dataset.ends_with(".json") && path.is_file() {
+        return collection(path, args);
+    }
     let started = std::time::Instant::now();
     let ds = Dataset::from_storage(super::open_store(&args.dataset, &args.store)?).context("info")?;
     let info = dataset_info(&ds).context("info")?;
@@ -80,5 +86,94 @@ pub(crate) fn run(args: &InfoArgs) -> anyhow::Result<ExitCode> {
     }
     writeln!(out, "metadata     {}", serde_json::Value::Object(info.metadata.clone()))?;
     super::report_stats(ds.storage().as_ref(), &args.store, started, false);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `info` reports of a collection file.
+#[derive(serde::Serialize)]
+struct CollectionInfo {
+    collection: String,
+    n_datasets: usize,
+    n_cells: u64,
+    /// "union", "intersection" or "list".
+    genes: String,
+    n_genes: usize,
+    gene_column: Option<String>,
+    datasets: Vec<MemberInfo>,
+}
+
+#[derive(serde::Serialize)]
+struct MemberInfo {
+    name: String,
+    root: String,
+    n_cells: u64,
+    n_genes: u32,
+    n_tiles: usize,
+    /// Genes of the collection this dataset holds.
+    genes_held: usize,
+    weight: Option<f64>,
+    manifest_sha256: String,
+}
+
+/// `info COLLECTION.json`: opens every dataset of the collection file (each
+/// checked against the manifest digest it records) and summarizes them.
+fn collection(path: &std::path::Path, args: &InfoArgs) -> anyhow::Result<ExitCode> {
+    let file = CollectionFile::read(path).context("info")?;
+    let weights = file.weights_in_order().map_err(|m| anyhow::anyhow!("{}: {m}", path.display()))?;
+    let store = StoreOptions { anonymous: args.store.anonymous, endpoint: args.store.endpoint.clone() };
+    let c = file.open(&store).context("info")?;
+    let held = c.holders().context("info")?;
+    let info = CollectionInfo {
+        collection: path.display().to_string(),
+        n_datasets: c.n_members(),
+        n_cells: c.n_cells(),
+        genes: match &file.genes {
+            GeneChoice::Union => "union".into(),
+            GeneChoice::Intersection => "intersection".into(),
+            GeneChoice::List(_) => "list".into(),
+        },
+        n_genes: c.vocabulary().len(),
+        gene_column: file.gene_column.clone(),
+        datasets: c
+            .members()
+            .enumerate()
+            .map(|(i, m)| MemberInfo {
+                name: m.name.clone(),
+                root: m.root.clone(),
+                n_cells: m.n_cells,
+                n_genes: m.n_genes,
+                n_tiles: m.tile_cells.len(),
+                genes_held: held[i].iter().filter(|&&h| h).count(),
+                weight: weights.as_ref().map(|w| w[i]),
+                manifest_sha256: m.manifest_sha256.clone(),
+            })
+            .collect(),
+    };
+    if args.json {
+        super::print_json(&info)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "collection   {}", info.collection)?;
+    writeln!(out, "datasets     {}", HumanCount(info.n_datasets as u64))?;
+    writeln!(out, "cells        {}", HumanCount(info.n_cells))?;
+    let by = info.gene_column.as_deref().unwrap_or("var_names");
+    writeln!(out, "genes        {} ({}, matched by {by})", HumanCount(info.n_genes as u64), info.genes)?;
+    let width = info.datasets.iter().map(|d| d.name.len()).max().unwrap_or(4).max(4);
+    writeln!(out, "  {:width$}  {:>12}  {:>8}  {:>10}  {:>6}  {:>7}  root", "name", "cells", "genes", "held", "tiles", "weight")?;
+    for d in &info.datasets {
+        let weight = d.weight.map_or("-".to_string(), |w| format!("{w}"));
+        writeln!(
+            out,
+            "  {:width$}  {:>12}  {:>8}  {:>10}  {:>6}  {:>7}  {}",
+            d.name,
+            HumanCount(d.n_cells).to_string(),
+            HumanCount(u64::from(d.n_genes)).to_string(),
+            HumanCount(d.genes_held as u64).to_string(),
+            d.n_tiles,
+            weight,
+            d.root
+        )?;
+    }
     Ok(ExitCode::SUCCESS)
 }
