@@ -20,7 +20,6 @@ from ._dataset import _INHERITED, Batch, Cells, Dataset
 from ._errors import (
     ArgumentTypeError,
     CellIndexError,
-    DeltacellsError,
     InvalidArgumentError,
     UnknownNameError,
 )
@@ -203,7 +202,9 @@ class Collection:
             try:
                 array = np.asarray(cells)
             except (TypeError, ValueError) as e:
-                raise ArgumentTypeError(f"cells must be integers in a list, an array, a range or a slice: {e}") from None
+                raise ArgumentTypeError(
+                    f"cells must be integers in a list, an array, a range or a slice: {e}"
+                ) from None
             if array.ndim != 1:
                 raise ArgumentTypeError(f"cells must be one-dimensional, not of shape {array.shape}")
             if array.size and not np.issubdtype(array.dtype, np.integer):
@@ -355,7 +356,8 @@ class Collection:
         replacement, fixed by ``(seed, epoch)``. Per-cell ``weights`` or
         ``balance`` here then draw within each dataset's share.
 
-        >>> coll = deltacells.open_collection({"a": "out/a", "b": "s3://bucket/b"}, weights={"a": 0.7, "b": 0.3})
+        >>> coll = deltacells.open_collection({"a": "out/a", "b": "s3://bucket/b"},
+        ...                                   weights={"a": 0.7, "b": 0.3})
         >>> for batch in coll.batches(1024, obs_columns=["cell_type"]):
         ...     x, y = batch.X.to_scipy(), batch.obs["cell_type"]
         """
@@ -371,6 +373,25 @@ class Collection:
             self, options, obs_columns, cells, weights=weights, num_samples=num_samples, balance=balance,
             class_weights=class_weights, form=form,
         )
+
+    def split(
+        self,
+        by: str,
+        fractions: Sequence[float] = (0.8, 0.1, 0.1),
+        seed: int = 0,
+        cells: Cells | None = None,
+    ) -> tuple[np.ndarray, ...]:
+        """Splits the cells (or ``cells``) into parts by the groups of the
+        merged obs column ``by``, as :meth:`Dataset.split` does: every group
+        (a donor, say, across all datasets that have the column) goes whole
+        into one part. Returns sorted int64 arrays of the collection's cell
+        indices, to pass as ``cells=``."""
+        from ._sampling import split
+
+        seed = integer("seed", seed, 0)
+        self.obs.kind(by)
+        index = None if cells is None else self.cell_indices(cells)
+        return split(self.obs, by, fractions, seed, index)
 
     def to_anndata(self, cells: Cells | None = None, obs_columns: Sequence[str] | None = None) -> anndata.AnnData:
         """Cells (default: all) as an ``anndata.AnnData``: X an int32 CSR
@@ -456,8 +477,8 @@ class CollectionObs:
     first appear, dataset by dataset), each dataset's codes mapped onto it,
     int32 codes with -1 for missing. Numeric columns come as float64, NaN
     where missing; bool and string columns as object arrays, None where
-    missing: the same dtype in every batch, whichever datasets it draws on. A column that is a category in one dataset and
-    of another kind in another cannot be merged, and says so when used.
+    missing: the same dtype in every batch, whichever datasets it draws on. A
+    column that is a category in one dataset and of another kind in another cannot be merged, and says so when used.
 
     Values are read from each dataset's local cache (see :class:`Obs`); a
     process localizes a dataset's columns when it first takes from it.
@@ -538,7 +559,7 @@ class CollectionObs:
             kind, dtype = column["kind"], np.dtype(column["dtype"])
             if kind == "category":
                 values = np.full(len(rows), -1, dtype=np.int32)
-            elif dtype == object:
+            elif dtype.kind == "O":
                 values = np.full(len(rows), None, dtype=object)
             elif dtype.kind == "f":
                 values = np.full(len(rows), np.nan, dtype=dtype)
@@ -596,7 +617,7 @@ class CollectionObs:
             if column in conditions:
                 raise InvalidArgumentError(f"obs column {column!r} is given twice")
             conditions = {column: values, **conditions}
-        return where(self, conditions)  # type: ignore[arg-type]
+        return where(self, conditions)
 
     def __repr__(self) -> str:
         return f"<deltacells.CollectionObs {len(self._schema)} columns: {', '.join(self.columns)}>"
@@ -706,7 +727,7 @@ def open_collection(
             genes = described["genes"]
         gene_column = gene_column if gene_column is not None else described["gene_column"]
         if described["weights"] is not None:
-            file_weights = {name: w for (name, _), w in zip(pairs, described["weights"])}
+            file_weights = {name: w for (name, _), w in zip(pairs, described["weights"], strict=True)}
     elif isinstance(roots, Mapping):
         pairs = [(_text("roots: a name", k), _text(f"roots[{k!r}]", v)) for k, v in roots.items()]
     elif isinstance(roots, (Sequence, np.ndarray)) and not isinstance(roots, bytes):
@@ -719,7 +740,7 @@ def open_collection(
             raise InvalidArgumentError(
                 f"genes must be 'union', 'intersection' or a list of gene names, not {genes!r}"
             )
-        choice: GeneChoice = genes
+        choice: str | list[str] = genes
     else:
         from ._vocabulary import _names
 

@@ -15,6 +15,7 @@ from ._errors import InvalidArgumentError, UnknownNameError
 from ._obs import index_array
 
 if TYPE_CHECKING:
+    from ._collection import CollectionObs
     from ._obs import Obs
 
 
@@ -24,7 +25,7 @@ def _as_list(values: Any) -> list[Any]:
     return list(values)
 
 
-def where(obs: Obs, conditions: Mapping[str, Any]) -> np.ndarray:
+def where(obs: Obs | CollectionObs, conditions: Mapping[str, Any]) -> np.ndarray:
     """The cells (sorted int64 indices) whose value in every column of
     ``conditions`` is one of the values given for it."""
     import pyarrow as pa
@@ -62,7 +63,7 @@ def where(obs: Obs, conditions: Mapping[str, Any]) -> np.ndarray:
     return np.flatnonzero(mask).astype(np.int64)
 
 
-def group_labels(obs: Obs, column: str, cells: np.ndarray | None) -> tuple[np.ndarray, int]:
+def group_labels(obs: Obs | CollectionObs, column: str, cells: np.ndarray | None) -> tuple[np.ndarray, int]:
     """For ``cells`` (or every cell), the group of each in ``column`` as an
     int64 code (missing values are a group of their own), and the number of
     groups."""
@@ -84,7 +85,7 @@ def group_labels(obs: Obs, column: str, cells: np.ndarray | None) -> tuple[np.nd
 
 
 def split(
-    obs: Obs, by: str, fractions: Sequence[float], seed: int, cells: np.ndarray | None
+    obs: Obs | CollectionObs, by: str, fractions: Sequence[float], seed: int, cells: np.ndarray | None
 ) -> tuple[np.ndarray, ...]:
     """See :meth:`Dataset.split`."""
     try:
@@ -117,7 +118,7 @@ def split(
 
 
 def balance_weights(
-    obs: Obs, column: str, cells: np.ndarray | None, class_weights: Mapping[Any, float] | None
+    obs: Obs | CollectionObs, column: str, cells: np.ndarray | None, class_weights: Mapping[Any, float] | None
 ) -> np.ndarray:
     """One weight per cell (of ``cells``, or of the dataset) that makes every
     class of category column ``column`` equally likely, or as likely as

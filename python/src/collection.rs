@@ -185,39 +185,6 @@ impl RawCollection {
         .to_json()
     }
 
-    #[getter]
-    fn n_cells(&self) -> u64 {
-        self.collection.n_cells()
-    }
-
-    #[getter]
-    fn n_genes(&self) -> usize {
-        self.collection.vocabulary().len()
-    }
-
-    #[getter]
-    fn gene_column(&self) -> Option<String> {
-        self.collection.gene_column().map(str::to_string)
-    }
-
-    /// The vocabulary: the batches' genes, in column order.
-    fn vocabulary(&self) -> Vec<String> {
-        self.collection.vocabulary().to_vec()
-    }
-
-    /// Each dataset: (name, root, first cell, cells, stored genes, tiles,
-    /// manifest SHA-256).
-    fn members(&self) -> Vec<(String, String, u64, u64, u32, usize, String)> {
-        let c = &self.collection;
-        c.members()
-            .enumerate()
-            .map(|(i, m)| {
-                let start = c.member_cells(i).start;
-                (m.name.clone(), m.root.clone(), start, m.n_cells, m.n_genes, m.tile_cells.len(), m.manifest_sha256.clone())
-            })
-            .collect()
-    }
-
     /// Whether dataset `member` is open in this process.
     fn is_open(&self, member: usize) -> bool {
         self.collection.is_open(member)
@@ -229,27 +196,6 @@ impl RawCollection {
         let c = self.collection.clone();
         let open = detached(py, move || Ok(c.open_member(member)?))?;
         Ok(RawDataset::wrap(open.dataset, self.threads.count(), 0))
-    }
-
-    /// The dataset and row of each cell (int64 arrays), each cell checked.
-    fn locate<'py>(
-        &self,
-        py: Python<'py>,
-        cells: PyReadonlyArray1<'py, i64>,
-    ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>)> {
-        let cells = cell_vec(&cells);
-        let (members, rows) = detached(py, || {
-            let cells = self.checked(&cells)?;
-            let mut members = Vec::with_capacity(cells.len());
-            let mut rows = Vec::with_capacity(cells.len());
-            for c in cells {
-                let (m, r) = self.collection.locate(c)?;
-                members.push(m as i64);
-                rows.push(r as i64);
-            }
-            Ok((members, rows))
-        })?;
-        Ok((members.into_pyarray(py), rows.into_pyarray(py)))
     }
 
     /// Per dataset, whether it holds each gene of the vocabulary: a flat
@@ -336,7 +282,8 @@ impl RawCollection {
 pub(crate) fn collection_file(py: Python<'_>, path: String) -> PyResult<String> {
     detached(py, move || {
         let file = CollectionFile::read(Path::new(&path))?;
-        let weights = file.weights_in_order().map_err(|m| Failure { kind: Kind::Value, message: format!("{path}: {m}") })?;
+        let weights =
+            file.weights_in_order().map_err(|m| Failure { kind: Kind::Value, message: format!("{path}: {m}") })?;
         let datasets: Vec<serde_json::Value> = file
             .datasets
             .iter()

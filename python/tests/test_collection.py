@@ -137,6 +137,10 @@ def test_obs_categories_are_merged_by_value(sources, cache: str) -> None:
     assert np.isnan(frame["score"][0]) and frame["score"][2] == pytest.approx(b.obs["score"].iloc[0])
     assert obs.take(cells, ["label"])["label"].dtype == np.int32
     assert len(obs.where("label", "Mono")) == int((b.obs["label"] == "Mono").sum())
+    train, test = coll.split(by="label", fractions=(0.6, 0.4), seed=1)
+    assert len(train) + len(test) == coll.n_cells
+    labels = obs.take(train, ["label"])["label"]
+    assert not set(labels) & set(obs.take(test, ["label"])["label"])
     adata = coll.to_anndata(cells, obs_columns=["label"])
     assert adata.shape == (5, coll.n_genes)
     assert list(adata.obs["dataset"]) == ["a", "a", "b", "b", "a"]

@@ -160,7 +160,11 @@ fn collection(path: &std::path::Path, args: &InfoArgs) -> anyhow::Result<ExitCod
     let by = info.gene_column.as_deref().unwrap_or("var_names");
     writeln!(out, "genes        {} ({}, matched by {by})", HumanCount(info.n_genes as u64), info.genes)?;
     let width = info.datasets.iter().map(|d| d.name.len()).max().unwrap_or(4).max(4);
-    writeln!(out, "  {:width$}  {:>12}  {:>8}  {:>10}  {:>6}  {:>7}  root", "name", "cells", "genes", "held", "tiles", "weight")?;
+    writeln!(
+        out,
+        "  {:width$}  {:>12}  {:>8}  {:>10}  {:>6}  {:>7}  root",
+        "name", "cells", "genes", "held", "tiles", "weight"
+    )?;
     for d in &info.datasets {
         let weight = d.weight.map_or("-".to_string(), |w| format!("{w}"));
         writeln!(

@@ -3,6 +3,7 @@
 //! ../shared/golden (skipped, with a note, where ../shared is absent).
 
 mod append;
+mod collection;
 mod convert;
 mod dataset;
 mod fuzz_regressions;
