@@ -11,12 +11,16 @@ shuffled epoch in batches of 1,024 with one obs column (cell_type), each
 batch made a SciPy CSR matrix, the median of EPOCHS epochs after one untimed:
 
 - the one dataset (Dataset.batches);
-- the PARTS datasets as one collection (open_collection(...).batches), genes
-  the union (the same genes, in the same order in every part);
-- the same, each part's genes in another order (every cell's columns mapped
-  and sorted into the first part's order);
-- the collection with weights per dataset (each part's share of the epoch
-  drawn by weight; here equal weights, so every cell once, as a list).
+- the PARTS datasets as one collection (open_collection(...).batches, genes
+  the union), each part after the first with its genes in a random order of
+  its own (its var permuted, converted with --gene-order-files 0 to keep
+  it), so that the cells of all but the first are mapped onto the first's
+  order (a lookup per entry, a sort per cell);
+- the parts converted with `--gene-order-from` the first: one gene order,
+  no map (the PBMC copies have the same totals, so parts converted with the
+  defaults would also share one order);
+- those with weights per dataset (each part's share of the epoch drawn by
+  weight; equal weights here, so each cell about once, as a list).
 
 Also measured: opening the collection (every dataset, in parallel), and a
 process's first read of one cell of each dataset of a collection made from
@@ -44,13 +48,14 @@ sys.path.insert(0, str(HERE))
 from loader import BATCH, peak_rss  # noqa: E402
 
 
-def make_parts(work: Path, source: Path, parts: int, permuted: bool) -> list[Path]:
-    """`source` cut into `parts` slices of consecutive cells, each converted;
-    with `permuted`, each part's genes in a random order of its own."""
+def make_parts(work: Path, source: Path, parts: int, aligned: bool) -> list[Path]:
+    """`source` cut into `parts` slices of consecutive cells, each converted:
+    with `aligned`, every part after the first with --gene-order-from it;
+    otherwise with its genes in a random order of its own."""
     import anndata
 
     binary = HERE.parent / "target" / "release" / "deltacells"
-    suffix = "perm" if permuted else "part"
+    suffix = "aligned" if aligned else "permuted"
     roots = [work / f"{source.stem}_{suffix}{i}" for i in range(parts)]
     if all((r / "manifest.json").exists() for r in roots):
         return roots
@@ -59,12 +64,14 @@ def make_parts(work: Path, source: Path, parts: int, permuted: bool) -> list[Pat
     rng = np.random.default_rng(0)
     for i, root in enumerate(roots):
         part = whole[edges[i]:edges[i + 1]].copy()
-        if permuted and i > 0:
+        if not aligned and i > 0:
             part = part[:, rng.permutation(part.n_vars)].copy()
         path = work / f"{root.name}.h5ad"
         part.write_h5ad(path)
         env = dict(os.environ, HDF5_USE_FILE_LOCKING="FALSE")
-        subprocess.run([str(binary), "convert", "-q", "--overwrite", str(path), str(root)], check=True, env=env)
+        order = [] if i == 0 else ["--gene-order-from", str(roots[0])] if aligned else ["--gene-order-files", "0"]
+        subprocess.run([str(binary), "convert", "-q", "--overwrite", *order, str(path), str(root)], check=True,
+                       env=env)
         path.unlink()
     return roots
 
@@ -142,15 +149,15 @@ def main() -> None:
 
     work = Path(args.work)
     source, dataset = make_inputs(work, args.copies)
-    parts = [str(p) for p in make_parts(work, source, args.parts, permuted=False)]
-    permuted = [str(p) for p in make_parts(work, source, args.parts, permuted=True)]
+    parts = [str(p) for p in make_parts(work, source, args.parts, aligned=False)]
+    aligned = [str(p) for p in make_parts(work, source, args.parts, aligned=True)]
     cache, e, t = str(work / "cache"), str(args.epochs), str(args.threads)
     one = child(["dataset", json.dumps([str(dataset)]), e, t, cache])
     rows = [
         ("one dataset (Dataset.batches)", one),
-        (f"{args.parts} datasets, one collection (same gene order)", child(["collection", json.dumps(parts), e, t, cache])),
-        (f"{args.parts} datasets, genes in {args.parts} orders", child(["collection", json.dumps(permuted), e, t, cache])),
-        (f"{args.parts} datasets, weights per dataset", child(["weighted", json.dumps(parts), e, t, cache])),
+        (f"{args.parts} datasets, genes in {args.parts} orders", child(["collection", json.dumps(parts), e, t, cache])),
+        (f"{args.parts} datasets, one gene order", child(["collection", json.dumps(aligned), e, t, cache])),
+        (f"{args.parts} datasets, one gene order, weights", child(["weighted", json.dumps(aligned), e, t, cache])),
     ]
     opening = child(["open", json.dumps(parts), t])
     print(f"{one['cells']:,} cells ({args.copies} x PBMC ctrl + stim), batches of {BATCH:,}, one obs column; "

@@ -5,10 +5,13 @@
 //! a list of names. Each dataset's stored columns are mapped onto the
 //! vocabulary by its own [`GeneMap`], as each cell is written.
 //!
-//! The vocabulary's order: for `union`, the first dataset's genes in the
-//! order of its source files, then each next dataset's genes that were not
-//! seen yet, in its source files' order; for `intersection`, the genes every
-//! dataset has, in the first dataset's source order; a list keeps its order.
+//! The vocabulary's order: for `union`, the first dataset's genes in its
+//! column (stored) order, then each next dataset's genes that were not seen
+//! yet, in its column order; for `intersection`, the genes every dataset
+//! has, in the first dataset's column order; a list keeps its order. So the
+//! first dataset's cells, and those of every dataset stored in its gene order
+//! (`convert --gene-order-from` it), are written as they are stored, with no
+//! map: a map costs a lookup per entry and a sort per cell.
 //! Genes are matched by name (var_names), or by a var column when one is
 //! given; a name a dataset stores twice is one gene (its counts added).
 //!
@@ -122,6 +125,9 @@ pub struct MemberSummary {
     pub tile_cells: Vec<u64>,
     /// SHA-256 of its manifest.json, in hex.
     pub manifest_sha256: String,
+    /// Its stored columns are the vocabulary's, in its order: its cells are
+    /// written as they are stored, with no map.
+    pub in_vocabulary: bool,
 }
 
 /// Everything another process needs to read a collection as this one does,
@@ -181,11 +187,10 @@ fn check_members(members: &[(String, String)]) -> Result<(), CollectionError> {
 }
 
 /// A dataset opened, with its genes as the vocabulary matches them (in
-/// stored order) and its order back to the source files.
+/// stored order).
 struct Opened {
     dataset: Arc<Dataset>,
     keys: Vec<String>,
-    gene_order: Option<Vec<i32>>,
 }
 
 impl Collection {
@@ -213,11 +218,7 @@ impl Collection {
                     .and_then(Dataset::from_storage)
                     .map_err(member)?;
                 let keys = dataset.gene_keys(gene_column).map_err(member)?;
-                let gene_order = match genes {
-                    GeneChoice::List(_) => None,
-                    _ => dataset.gene_order().map_err(member)?,
-                };
-                Ok(Opened { dataset: Arc::new(dataset), keys, gene_order })
+                Ok(Opened { dataset: Arc::new(dataset), keys })
             })
             .collect::<Result<_, CollectionError>>()?;
         let vocabulary = match genes {
@@ -234,6 +235,7 @@ impl Collection {
         let mut built = Vec::with_capacity(opened.len());
         for ((name, root), o) in members.iter().zip(opened) {
             let map = GeneMap::by_name(&o.keys, &vocabulary)?;
+            let in_vocabulary = map.is_identity();
             let m = o.dataset.manifest();
             let summary = MemberSummary {
                 name: name.clone(),
@@ -242,9 +244,10 @@ impl Collection {
                 n_genes: o.dataset.n_genes(),
                 tile_cells: m.tile_cells.clone(),
                 manifest_sha256: o.dataset.manifest_sha256().to_string(),
+                in_vocabulary,
             };
             let limits = o.dataset.tile_limits().to_vec();
-            let open = OpenMember { dataset: o.dataset, genes: Some(Arc::new(map)) };
+            let open = OpenMember { dataset: o.dataset, genes: (!in_vocabulary).then(|| Arc::new(map)) };
             built.push(Member { summary, limits, open: Mutex::new(Some(open)) });
         }
         Ok(Collection::assemble(built, vocabulary, gene_column.map(str::to_string), store.clone()))
@@ -341,7 +344,7 @@ impl Collection {
 
     /// Dataset `member`, opened now if it is not yet (and checked against
     /// the manifest the collection recorded), with its map onto the
-    /// vocabulary.
+    /// vocabulary (None when its stored columns are the vocabulary's).
     pub fn open_member(&self, member: usize) -> Result<OpenMember, CollectionError> {
         let m = self.members.get(member).ok_or_else(|| {
             CollectionError::Argument(format!(
@@ -369,9 +372,15 @@ impl Collection {
         }
         let keys = dataset.gene_keys(self.gene_column.as_deref()).map_err(failed)?;
         let map = GeneMap::by_name(&keys, &self.vocabulary)?;
-        let opened = OpenMember { dataset: Arc::new(dataset), genes: Some(Arc::new(map)) };
+        let genes = (!map.is_identity()).then(|| Arc::new(map));
+        let opened = OpenMember { dataset: Arc::new(dataset), genes };
         *open = Some(opened.clone());
         Ok(opened)
+    }
+
+    /// Whether the cells of some dataset are mapped onto the vocabulary.
+    fn maps_any(&self) -> bool {
+        self.members.iter().any(|m| !m.summary.in_vocabulary)
     }
 
     /// Whether dataset `member` is open in this process.
@@ -413,7 +422,7 @@ impl Collection {
         }
         let mut next = vec![0usize; needed.len()];
         let nnz: usize = read.iter().map(|(_, m)| m.nnz()).sum();
-        let mut writer = CellWriter::with_columns(output, n_cols, true);
+        let mut writer = CellWriter::with_columns(output, n_cols, self.maps_any());
         let x = CsrMatrix { n_cols, indptr: Vec::new(), indices: vec![0; nnz], data: vec![0; nnz] };
         let mut batch = writer.start(x, cells.len());
         for &(m, _) in &located {
@@ -582,36 +591,22 @@ fn check_output(output: &BatchOutput, n_cols: u32) -> Result<(), CollectionError
 
 /// The union (or intersection) of the datasets' genes: see the [module](self).
 fn combined(opened: &[Opened], union: bool) -> Vec<String> {
-    let in_source_order = |o: &Opened| -> Vec<String> {
-        match &o.gene_order {
-            None => o.keys.clone(),
-            Some(order) => {
-                let mut names = vec![String::new(); o.keys.len()];
-                for (j, &g) in order.iter().enumerate() {
-                    if let Some(slot) = usize::try_from(g).ok().and_then(|g| names.get_mut(g)) {
-                        slot.clone_from(&o.keys[j]);
-                    }
-                }
-                names
-            }
-        }
-    };
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     if union {
         for o in opened {
-            for name in in_source_order(o) {
-                if seen.insert(name.clone()) {
-                    out.push(name);
+            for name in &o.keys {
+                if seen.insert(name.as_str()) {
+                    out.push(name.clone());
                 }
             }
         }
     } else {
         let sets: Vec<HashSet<&str>> =
             opened[1..].iter().map(|o| o.keys.iter().map(String::as_str).collect()).collect();
-        for name in in_source_order(&opened[0]) {
-            if sets.iter().all(|s| s.contains(name.as_str())) && seen.insert(name.clone()) {
-                out.push(name);
+        for name in &opened[0].keys {
+            if sets.iter().all(|s| s.contains(name.as_str())) && seen.insert(name.as_str()) {
+                out.push(name.clone());
             }
         }
     }
@@ -642,7 +637,7 @@ impl TileSource for Collection {
     }
 
     fn maps_cells(&self, _: &BatchOutput) -> bool {
-        true
+        self.maps_any()
     }
 }
 

@@ -149,6 +149,12 @@ impl GeneMap {
         self.from_output.get(column as usize).copied().unwrap_or(LEFT_OUT)
     }
 
+    /// Whether the map changes nothing: every stored column is the output
+    /// column of the same index (a dataset already in the vocabulary).
+    pub fn is_identity(&self) -> bool {
+        self.in_order && !self.merges && self.present == self.n_output && self.to_output.len() == self.n_output as usize
+    }
+
     /// Whether two stored columns go to one output column (a name stored
     /// twice): their counts are added by [`GeneMap::map_row`] only.
     pub fn merges(&self) -> bool {

@@ -686,10 +686,12 @@ def open_collection(
         manifest digest recorded there).
     genes
         The batches' columns: ``"union"`` (every gene of any dataset: the
-        first dataset's genes in its input files' order, then each next
-        dataset's new ones in theirs), ``"intersection"`` (the genes all
-        share, in the first dataset's order) or a list of names (a model's
-        vocabulary: genes no dataset has are zero columns).
+        first dataset's genes in its column order, then each next dataset's
+        new ones in its column order), ``"intersection"`` (the genes all
+        share, in the first dataset's column order) or a list of names (a
+        model's vocabulary: genes no dataset has are zero columns). The cells
+        of the first dataset, and of any stored in its gene order (converted
+        with ``--gene-order-from`` it), are then read without a map.
     gene_column
         Match genes by this var column (``"gene_ids"`` for Ensembl IDs, say)
         instead of the gene names.

@@ -257,3 +257,28 @@ fn a_collection_file_reads_back_with_relative_roots() {
         assert!(CollectionFile::parse(bad).is_err(), "{bad}");
     }
 }
+
+#[test]
+fn datasets_already_in_the_vocabulary_are_read_without_a_map() {
+    let genes = names(0..40);
+    let (a, ma) = dataset(200, &genes, 64, 1);
+    let (b, mb) = dataset(150, &genes, 50, 2);
+    let pairs =
+        vec![("a".to_string(), a.path().display().to_string()), ("b".to_string(), b.path().display().to_string())];
+    let c = Collection::open(&pairs, &GeneChoice::Union, None, &StoreOptions::default()).unwrap();
+    assert!(c.members().all(|m| m.in_vocabulary));
+    assert!(c.open_member(1).unwrap().genes.is_none());
+    let formed = c.read_cells_formed(&[5, 260, 199], &BatchOutput::default()).unwrap();
+    for (r, (m, row)) in [(&ma, 5), (&mb, 60), (&ma, 199)].into_iter().enumerate() {
+        assert_eq!(formed.x.row(r), m.row(row));
+    }
+    // With a third dataset in another order, the first two still need no map.
+    let mut other = genes.clone();
+    other.reverse();
+    let (d, _) = dataset(30, &other, 16, 3);
+    let mut more = pairs.clone();
+    more.push(("d".into(), d.path().display().to_string()));
+    let c = Collection::open(&more, &GeneChoice::Union, None, &StoreOptions::default()).unwrap();
+    let flags: Vec<bool> = c.members().map(|m| m.in_vocabulary).collect();
+    assert_eq!(flags, vec![true, true, false]);
+}
