@@ -78,7 +78,25 @@ pub struct Dataset {
     /// The buffers of tiles decoded for a range or list of cells, kept for
     /// the next read (up to [`KEPT_TILES`] tiles' worth).
     buffers: BufferPool,
+    /// The tile the last range read ended in, for the next range.
+    recent: std::sync::Mutex<Recent>,
 }
+
+/// The tile a range read ended in: its bytes, checked (CRC included) once,
+/// and its chunks decoded last, as planes. A pass over the cells in
+/// consecutive ranges (an inference or export loop of `read_cells`) then
+/// fetches and checks each tile once and decompresses each chunk once,
+/// instead of once per range. Holds one compressed tile and at most
+/// [`RECENT_CHUNKS`] chunks (4 bytes per nonzero).
+#[derive(Default)]
+struct Recent {
+    tile: Option<usize>,
+    blob: bytes::Bytes,
+    chunks: Vec<(usize, format::tile::ChunkPlanes)>,
+}
+
+/// Decoded chunks a [`Recent`] keeps.
+const RECENT_CHUNKS: usize = 2;
 
 /// Decoded tiles whose buffers a [`Dataset`] keeps for reuse.
 pub const KEPT_TILES: usize = 4;
@@ -113,7 +131,14 @@ impl Dataset {
         let (manifest, bytes) = read_manifest_bytes(storage.as_ref())?;
         let limits = cumulative(&manifest.tile_cells);
         let manifest_sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
-        Ok(Dataset { storage, manifest, manifest_sha256, limits, buffers: BufferPool::new(2 * KEPT_TILES) })
+        Ok(Dataset {
+            storage,
+            manifest,
+            manifest_sha256,
+            limits,
+            buffers: BufferPool::new(2 * KEPT_TILES),
+            recent: std::sync::Mutex::new(Recent::default()),
+        })
     }
 
     /// SHA-256 of manifest.json as read, in hex: it changes whenever the
@@ -345,13 +370,26 @@ impl Dataset {
     /// it touches in parallel; of a tile it covers in part, only the chunks
     /// holding its cells are decoded.
     pub fn read_cells(&self, range: Range<u64>) -> Result<CsrMatrix, DatasetError> {
+        let mut out = CsrMatrix::default();
+        self.read_cells_into(range, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Dataset::read_cells`] into `out`'s buffers (reused as far as they
+    /// are large enough): a loop over consecutive ranges faults in no fresh
+    /// memory for each.
+    pub fn read_cells_into(&self, range: Range<u64>, out: &mut CsrMatrix) -> Result<(), DatasetError> {
         if range.end > self.n_cells() || range.start > range.end {
             let cell = range.end.max(range.start);
             return Err(DatasetError::CellOutOfRange { cell, n_cells: self.n_cells() });
         }
-        let mut out = CsrMatrix::empty(self.n_genes());
+        out.n_cols = self.n_genes();
+        out.indptr.clear();
+        out.indptr.push(0);
+        out.indices.clear();
+        out.data.clear();
         if range.is_empty() {
-            return Ok(out);
+            return Ok(());
         }
         let first = self.locate(range.start)?.0;
         let last = self.locate(range.end - 1)?.0;
@@ -362,6 +400,11 @@ impl Dataset {
             let whole = rows.start == 0 && rows.end == cells.end - cells.start;
             (rows, whole)
         };
+        // A range within one tile (a pass in consecutive ranges): from the
+        // tile the last range ended in, when it is that one.
+        if first == last && !span(first).1 {
+            return self.read_rows_of_recent(first, span(first).0, out);
+        }
         let tiles: Vec<PooledTile<'_>> = (first..=last)
             .into_par_iter()
             .map(|t| {
@@ -395,7 +438,61 @@ impl Dataset {
                 }
             }
         }
-        Ok(out)
+        Ok(())
+    }
+
+    /// Appends rows `rows` of tile `tile` to `out`, through [`Recent`]: the
+    /// tile's bytes are fetched and checked unless they are the recent
+    /// tile's, and each chunk is decompressed unless it is one of the recent
+    /// chunks.
+    fn read_rows_of_recent(&self, tile: usize, rows: Range<u64>, out: &mut CsrMatrix) -> Result<(), DatasetError> {
+        let taken = {
+            let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+            (recent.tile == Some(tile)).then(|| (recent.blob.clone(), std::mem::take(&mut recent.chunks)))
+        };
+        let (blob, mut chunks, checked) = match taken {
+            Some((blob, chunks)) => (blob, chunks, true),
+            None => (self.tile_blob(tile)?.1, Vec::new(), false),
+        };
+        let parsed = if checked { self.parse_tile_again(tile, &blob)? } else { self.parse_tile(tile, &blob)? };
+        let spans: Vec<Range<u64>> = parsed.chunk_cells().collect();
+        let mut used = Vec::new();
+        for (c, cells) in spans.iter().enumerate() {
+            let (lo, hi) = (rows.start.max(cells.start), rows.end.min(cells.end));
+            if lo >= hi {
+                continue;
+            }
+            let planes = match chunks.iter().position(|(k, _)| *k == c) {
+                Some(at) => chunks.swap_remove(at).1,
+                None => {
+                    // (The buffers of a kept chunk this range does not need.)
+                    let needless = |k: usize| spans[k].end <= rows.start || spans[k].start >= rows.end;
+                    let spare = chunks.iter().position(|(k, _)| needless(*k));
+                    let mut planes = spare.map(|at| chunks.swap_remove(at).1).unwrap_or_default();
+                    parsed.decode_planes(c, &mut planes).map_err(|e| self.tile_error(tile, e))?;
+                    planes
+                }
+            };
+            // The rows' room made once (not grown row by row), then each
+            // row written into its part of it.
+            let mut at = out.indices.len();
+            let total: usize = (lo..hi).map(|r| planes.row_nnz(r)).sum();
+            out.indices.resize(at + total, 0);
+            out.data.resize(at + total, 0);
+            for r in lo..hi {
+                let n = planes.row_nnz(r);
+                planes.write_row_with(r, &mut out.indices[at..at + n], &mut out.data[at..at + n], false);
+                at += n;
+                out.indptr.push(at as u64);
+            }
+            format::tile::finish_rows();
+            used.push((c, planes));
+        }
+        // The chunks used last are kept (the last one first to be found).
+        let keep = used.len().saturating_sub(RECENT_CHUNKS);
+        let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        *recent = Recent { tile: Some(tile), blob, chunks: used.split_off(keep) };
+        Ok(())
     }
 
     /// Reads the listed cells, in the order given (repeats allowed), as one CSR
@@ -687,5 +784,64 @@ mod tests {
         let mut none = TileCache::new(0);
         none.put(0, tile(1, 1));
         assert!(none.get(0).is_none());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+        /// Ranges read one after another (as a pass over the cells reads
+        /// them, and in any order) give the rows of the matrix, whichever
+        /// tile and chunks the last range left behind.
+        #[test]
+        fn ranges_read_in_turn_give_the_matrix_rows(
+            cuts in proptest::collection::vec((0u64..700, 1u64..300), 1..25),
+            step in 1u64..400,
+        ) {
+            let (_dir, ds, m) = written(700, 97);
+            let mut ranges: Vec<Range<u64>> = (0..700).step_by(step as usize).map(|a| a..(a + step).min(700)).collect();
+            ranges.extend(cuts.iter().map(|&(a, n)| a..(a + n).min(700)));
+            for r in ranges {
+                let got = ds.read_cells(r.clone()).unwrap();
+                let mut want = CsrMatrix::empty(m.n_cols);
+                for row in r.clone() {
+                    want.push_row_from(&m, row as usize);
+                }
+                proptest::prop_assert_eq!(got, want, "cells {:?}", r);
+            }
+        }
+    }
+
+    /// A dataset of `n` cells (a few counts each) in tiles of `tile_size`
+    /// cells and 4 chunks, in a temporary folder.
+    fn written(n: usize, tile_size: u64) -> (tempfile::TempDir, Dataset, CsrMatrix) {
+        let mut m = CsrMatrix::empty(300);
+        for cell in 0..n as u32 {
+            let genes: std::collections::BTreeSet<u32> = (0..cell % 13).map(|k| (cell * 31 + k * 97) % 300).collect();
+            for g in genes {
+                m.indices.push(g);
+                m.data.push(1 + (cell + g) % 40);
+            }
+            m.indptr.push(m.indices.len() as u64);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::storage::LocalStorage::new(dir.path().to_path_buf());
+        let options = crate::writer::WriteOptions { tile_size, n_chunks: 4, zstd_level: 1 };
+        crate::writer::write_matrix(&store, &m, options).unwrap();
+        let ds = Dataset::open(dir.path().to_str().unwrap()).unwrap();
+        (dir, ds, m)
+    }
+
+    #[test]
+    fn a_corrupt_tile_is_caught_by_the_range_that_first_reads_it() {
+        let (dir, ds, _) = written(300, 97);
+        ds.read_cells(0..10).unwrap();
+        let path = dir.path().join(format::tile_key(1));
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0x55;
+        std::fs::write(&path, bytes).unwrap();
+        // Tile 0 is recent and unchanged; tile 1 is fetched and checked.
+        ds.read_cells(10..20).unwrap();
+        let e = ds.read_cells(100..110).unwrap_err().to_string();
+        assert!(e.contains("tile 1") || e.contains("00000001"), "{e}");
     }
 }

@@ -232,12 +232,18 @@ impl RawDataset {
                 if self.caching() && start <= end && end <= n {
                     self.cells_via_cache(&(start..end).collect::<Vec<u64>>())
                 } else {
-                    Ok(self.dataset.read_cells(start..end)?)
+                    // Into pooled buffers, which come back when NumPy frees
+                    // the arrays: a pass in consecutive ranges writes into
+                    // memory already mapped.
+                    let mut out = self.buffers.take_matrix();
+                    self.dataset.read_cells_into(start..end, &mut out)?;
+                    Ok(out)
                 }
             })?;
             Ok(self.in_genes(m, output.as_ref()))
         })?;
-        Ok(csr_arrays(py, m))
+        let indptr = as_i64(m.indptr).into_pyarray(py);
+        Ok((indptr, pooled_array(py, m.indices, &self.buffers)?, pooled_array(py, m.data, &self.buffers)?))
     }
 
     /// The listed cells in a batch's form (see `deltacells::batch`): its gene
