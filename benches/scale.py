@@ -12,7 +12,7 @@ then, each in a process of its own, timed with its peak resident memory
 - append of 10,000 cells (a copy of the dataset); verify; info;
 - obs localize of three columns (into an empty cache); export of 10,000 cells;
 - Python: ds.batches over a full shuffled epoch (batches of 1,024, one obs
-  column); get_batch of 100 random batches of 1,024 cells.
+  column); get_batch of 20 random batches of 1,024 cells.
 
 With --cold, before each timed read (the Python rows, verify, export, info)
 every file of the dataset is dropped from the page cache
@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -74,9 +73,9 @@ def timed(args: list[str], cold_root: Path | None = None) -> dict:
 
 
 def measure_loader(dataset: str, cache: str, cold: bool) -> dict:
-    import deltacells
-
     from loader import peak_rss
+
+    import deltacells
 
     cached = evict(Path(dataset)) if cold else None
     started = time.perf_counter()
@@ -88,10 +87,10 @@ def measure_loader(dataset: str, cache: str, cold: bool) -> dict:
     return {"seconds": time.perf_counter() - started, "cells": cells, "rss": peak_rss(), "cached_before": cached}
 
 
-def measure_get_batch(dataset: str, cold: bool, n: int = 100) -> dict:
-    import deltacells
-
+def measure_get_batch(dataset: str, cold: bool, n: int = 20) -> dict:
     from loader import peak_rss
+
+    import deltacells
 
     cached = evict(Path(dataset)) if cold else None
     ds = deltacells.open_dataset(dataset)
@@ -148,7 +147,7 @@ def run_size(cells: int, work: Path, cold: bool) -> list[tuple[str, dict, int]]:
                         str(out), str(exported)], cold_root), 10_000))
     exported.unlink(missing_ok=True)
     rows.append(("ds.batches, a full epoch", python_row("loader", str(out), str(cache), str(cold)), cells))
-    rows.append(("get_batch, 100 random batches of 1,024", python_row("get_batch", str(out), str(cold)), 102_400))
+    rows.append(("get_batch, 20 random batches of 1,024", python_row("get_batch", str(out), str(cold)), 20_480))
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     manifest = json.loads((out / "manifest.json").read_text())
     nnz = sum(manifest["tile_nnz"])
@@ -180,8 +179,8 @@ def main() -> None:
     base = sizes[0]
     print(f"\npage cache: {'cold (dataset files dropped before each read)' if args.cold else 'warm'}; "
           f"{os.cpu_count()} cores")
-    header = "| what | " + " | ".join(f"{n:,}: s | peak MiB | us/cell" for n in sizes) + " | growth per cell | memory growth |"
-    print(header)
+    columns = " | ".join(f"{n:,}: s | peak MiB | us/cell" for n in sizes)
+    print(f"| what | {columns} | growth per cell | memory growth |")
     print("|" + "---|" * (2 + 3 * len(sizes) + 1))
     for i, (name, _, _) in enumerate(results[base]):
         cells_cols = []
