@@ -584,16 +584,9 @@ class CollectionObs:
     def take_pandas(self, cells: Cells, columns: Sequence[str]) -> pd.DataFrame:
         """:meth:`take` as a DataFrame; category columns as pandas
         categoricals carrying the merged vocabulary."""
-        import pandas as pd
+        from ._obs import as_frame
 
-        values = self.take(cells, columns)
-        frame: dict[str, Any] = {}
-        for name in columns:
-            if self.kind(name) == "category":
-                frame[name] = pd.Categorical.from_codes(values[name], categories=self.categories(name))
-            else:
-                frame[name] = values[name]
-        return pd.DataFrame(frame)
+        return as_frame(self, self.take(cells, columns), columns)
 
     def column_array(self, column: str) -> Any:
         """Every value of ``column``, in the collection's cell order, as a

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
+    from ._collection import CollectionObs
     from ._dataset import Cells, Dataset
 
 
@@ -28,6 +29,20 @@ def index_array(cells: np.ndarray) -> pa.Array:
 
     cells = np.ascontiguousarray(cells, dtype=np.int64)
     return pa.Array.from_buffers(pa.int64(), len(cells), [None, pa.py_buffer(cells)])
+
+
+def as_frame(obs: Obs | CollectionObs, values: dict[str, np.ndarray], columns: Sequence[str]) -> pd.DataFrame:
+    """Taken ``values`` as a DataFrame, category columns as pandas
+    categoricals over ``obs``'s whole vocabulary of each."""
+    import pandas as pd
+
+    frame: dict[str, Any] = {}
+    for name in columns:
+        if obs.kind(name) == "category":
+            frame[name] = pd.Categorical.from_codes(values[name], categories=obs.categories(name))
+        else:
+            frame[name] = values[name]
+    return pd.DataFrame(frame)
 
 
 class Obs:
@@ -236,16 +251,7 @@ class Obs:
         """:meth:`take` as a pandas DataFrame; category columns are pandas
         categoricals that carry the dataset's whole vocabulary, so
         ``.cat.categories`` is the same in every batch."""
-        import pandas as pd
-
-        values = self.take(cells, columns)
-        frame = {}
-        for name in columns:
-            if self.kind(name) == "category":
-                frame[name] = pd.Categorical.from_codes(values[name], categories=self.categories(name))
-            else:
-                frame[name] = values[name]
-        return pd.DataFrame(frame)
+        return as_frame(self, self.take(cells, columns), columns)
 
     def __repr__(self) -> str:
         return f"<deltacells.Obs {len(self._schema)} columns: {', '.join(self.columns)}>"
