@@ -278,24 +278,27 @@ class Collection:
             return None
         return [float(self.weights.get(m.name, 0.0)) for m in self.datasets]
 
-    def _cell_weights(self, cells: np.ndarray | None, weights: np.ndarray) -> np.ndarray:
-        """Per-cell weights scaled so that each dataset's cells weigh its share."""
+    def _draws(
+        self, cells: np.ndarray | None, weights: np.ndarray | None
+    ) -> tuple[np.ndarray | None, list[float] | None]:
+        """The draw the Rust loader makes, as (per-cell weights, per-dataset
+        weights), at most one of them: per-cell weights are scaled so that
+        each dataset's cells weigh its share when the collection has weights."""
         shares = self._dataset_weights()
-        assert shares is not None
+        if weights is None or shares is None:
+            return weights, None if weights is not None else shares
         base = np.arange(self.n_cells, dtype=np.int64) if cells is None else cells
         if len(weights) != len(base):
-            return weights  # the Rust check names the mismatch
+            return weights, None  # the Rust check names the mismatch
         member, _ = self.locate(base)
         totals = np.bincount(member, weights=weights, minlength=len(self.datasets))
         scale = np.divide(np.asarray(shares), totals, out=np.zeros(len(totals)), where=totals > 0)
-        return np.ascontiguousarray(weights * scale[member], dtype=np.float64)
+        return np.ascontiguousarray(weights * scale[member], dtype=np.float64), None
 
     def _epoch_size(
         self, cells: np.ndarray | None, options: LoaderOptions, weights: np.ndarray | None, num_samples: int | None
     ) -> tuple[int, int]:
-        if weights is not None and self.weights is not None:
-            weights = self._cell_weights(cells, weights)
-        dataset_weights = None if weights is not None else self._dataset_weights()
+        weights, dataset_weights = self._draws(cells, weights)
         return self.native.epoch_size(cells, options, weights, num_samples, dataset_weights)
 
     def _start_batches(
@@ -307,9 +310,7 @@ class Collection:
         genes: Vocabulary | None,
         form: Form,
     ) -> _deltacells.RawBatches:
-        if weights is not None and self.weights is not None:
-            weights = self._cell_weights(cells, weights)
-        dataset_weights = None if weights is not None else self._dataset_weights()
+        weights, dataset_weights = self._draws(cells, weights)
         return self.native.batches(cells, options, weights, num_samples, dataset_weights, form)
 
     def batches(
