@@ -131,16 +131,25 @@ fn without_shuffle_cells_come_in_dataset_order() {
 fn batches_hold_the_rows_of_their_cells() {
     let (_dir, ds, m) = dataset(1003, 97);
     let subset: Vec<u64> = (0..1003).step_by(7).collect();
-    let options = LoaderOptions { batch_size: 33, window_tiles: 3, ..LoaderOptions::default() };
-    for cells in [None, Some(&subset[..])] {
-        for batch in read(&ds, cells, &options) {
-            assert_eq!(batch.x.n_rows(), batch.cells.len());
-            assert_eq!(batch.x.n_cols, 300);
-            let mut want = CsrMatrix::empty(300);
-            for &c in &batch.cells {
-                want.push_row_from(&m, c as usize);
+    // (Batches of more than ROWS_PER_TASK cells are written by several
+    // tasks at once, each its rows' part of the buffers.)
+    for (batch_size, threads) in [(33, 0), (300, 1), (300, 3), (1003, 2), (129, 2)] {
+        let options = LoaderOptions { batch_size, window_tiles: 3, ..LoaderOptions::default() };
+        for cells in [None, Some(&subset[..])] {
+            let batches =
+                if threads == 0 { read(&ds, cells, &options) } else { read_on(&ds, cells, &options, threads) };
+            let mut seen = 0;
+            for batch in batches {
+                assert_eq!(batch.x.n_rows(), batch.cells.len());
+                assert_eq!(batch.x.n_cols, 300);
+                let mut want = CsrMatrix::empty(300);
+                for &c in &batch.cells {
+                    want.push_row_from(&m, c as usize);
+                }
+                assert_eq!(batch.x, want, "batches of {batch_size} on {threads} threads");
+                seen += batch.cells.len();
             }
-            assert_eq!(batch.x, want);
+            assert_eq!(seen, cells.map_or(1003, <[u64]>::len));
         }
     }
 }
@@ -214,24 +223,30 @@ fn dropping_the_batches_stops_the_threads() {
 #[test]
 fn reused_buffers_of_any_length_give_the_same_batches() {
     let (_dir, ds, m) = dataset(1003, 97);
-    let options = LoaderOptions { batch_size: 50, ..LoaderOptions::default() };
-    let buffers = LoaderBuffers::new(&options);
-    // Buffers given back by a consumer: stale values, and the two halves of a
-    // batch of different lengths.
-    for (i, d) in [(5000usize, 1usize), (1, 7000), (3, 3), (100_000, 10), (1, 20_000)] {
-        buffers.batches.give_matrix(CsrMatrix { indices: vec![u32::MAX; i], data: vec![7; d], ..CsrMatrix::default() });
-    }
-    for epoch in 0..3 {
-        let plan = EpochPlan::new(&ds, None, &LoaderOptions { epoch, ..options.clone() }).unwrap();
-        for batch in Batches::start(ds.clone(), plan, None, &buffers).unwrap() {
-            let batch = batch.unwrap();
-            let mut want = CsrMatrix::empty(300);
-            for &c in &batch.cells {
-                want.push_row_from(&m, c as usize);
+    for batch_size in [50, 400] {
+        let options = LoaderOptions { batch_size, ..LoaderOptions::default() };
+        let buffers = LoaderBuffers::new(&options);
+        // Buffers given back by a consumer: stale values, and the two halves of a
+        // batch of different lengths.
+        for (i, d) in [(5000usize, 1usize), (1, 7000), (3, 3), (100_000, 10), (1, 20_000)] {
+            buffers.batches.give_matrix(CsrMatrix {
+                indices: vec![u32::MAX; i],
+                data: vec![7; d],
+                ..CsrMatrix::default()
+            });
+        }
+        for epoch in 0..3 {
+            let plan = EpochPlan::new(&ds, None, &LoaderOptions { epoch, ..options.clone() }).unwrap();
+            for batch in Batches::start(ds.clone(), plan, None, &buffers).unwrap() {
+                let batch = batch.unwrap();
+                let mut want = CsrMatrix::empty(300);
+                for &c in &batch.cells {
+                    want.push_row_from(&m, c as usize);
+                }
+                assert_eq!(batch.x, want);
+                // Given back as the binding does when NumPy frees the arrays.
+                buffers.batches.give_matrix(batch.x);
             }
-            assert_eq!(batch.x, want);
-            // Given back as the binding does when NumPy frees the arrays.
-            buffers.batches.give_matrix(batch.x);
         }
     }
 }
