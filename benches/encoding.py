@@ -55,7 +55,7 @@ def main() -> None:
         fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
         for ax, values, title in zip(axes, [bpn, decode, encode],
                                      ["bytes per nonzero", "decode, M nonzeros/s (1 thread)",
-                                      "encode, M nonzeros/s (1 thread)"]):
+                                      "encode, M nonzeros/s (1 thread)"], strict=True):
             ax.bar(range(len(values)), values, color="#4477aa")
             ax.set_xticks(range(len(values)), labels, rotation=20 if choice == "gene order" else 0, fontsize=8)
             ax.set_title(title, fontsize=10)

@@ -49,7 +49,6 @@ def main() -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import scipy.sparse
 
     import deltacells
 
@@ -72,7 +71,7 @@ def main() -> None:
 
     # detected genes of 80 cells
     fig, axes = plt.subplots(2, 1, figsize=(11, 5), sharex=True)
-    for ax, (name, m) in zip(axes, [("random order", random), ("sorted by total counts", tile)]):
+    for ax, (name, m) in zip(axes, [("random order", random), ("sorted by total counts", tile)], strict=True):
         ax.imshow((m[:80] > 0).toarray(), aspect="auto", interpolation="nearest", cmap="Greys")
         ax.set_title(f"detected genes of 80 cells, {name}", fontsize=10)
         ax.set_ylabel("cell")

@@ -114,7 +114,8 @@ def measure_deltacells(dataset: str, epochs: int, threads: int, cache: str, form
                 batch.X.to_scipy()
                 nnz += batch.X.nnz
         times.append(time.perf_counter() - started)
-    return {"seconds": statistics.median(times[1:]), "first": times[0], "cells": ds.n_cells, "nnz": nnz, "rss": peak_rss()}
+    return {"seconds": statistics.median(times[1:]), "first": times[0], "cells": ds.n_cells, "nnz": nnz,
+            "rss": peak_rss()}
 
 
 def _worker(dataset: str, epochs: int, cache: str, worker: int, start, results) -> None:
@@ -142,7 +143,7 @@ def measure_workers(dataset: str, epochs: int, cache: str) -> dict:
         p.start()
     times, cells, nnz = [], 0, 0
     rss = []
-    for epoch in range(epochs + 1):
+    for _ in range(epochs + 1):
         start.wait()
         started = time.perf_counter()
         ends = []

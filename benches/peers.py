@@ -11,6 +11,8 @@ The real PBMC cells (the two files of ../shared/data/fetch-pbmc.sh, as one
 - anndata's zarr store (format 3, sharded: anndata's `auto_shard_zarr_v3`);
 - TileDB-SOMA (`tiledbsoma.io.from_h5ad`);
 - annbatch's store (`DatasetCollection.add_adatas`, shuffled, as its docs do);
+- cellstream's per-cell archive (`write_sharded(layout="cell")`, read with
+  `gather_rows`, two threads);
 - BioNeMo SCDL (`SingleCellMemMapDataset`), only with --scdl: it requires
   torch (about 5.8 GB installed), so it is not installed unless asked for.
 
@@ -56,7 +58,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 BATCH = 1024
-PEERS = ["anndata>=0.13", "annbatch[zarrs]", "h5py"]
+PEERS = ["anndata>=0.13", "annbatch[zarrs]", "h5py", "cellstream"]
 # tiledbsoma 2.3.0 does not cap anndata, but fails with anndata 0.13 (which
 # lists X as layers[None]: "quote_from_bytes() expected bytes"): its own
 # environment, with the anndata it was made for.
@@ -65,12 +67,21 @@ SCDL = ["bionemo-scdl"]
 
 
 def peak_rss() -> int:
-    """This process's peak resident memory, in bytes."""
+    """This process's own peak resident memory, in bytes: VmHWM, which starts
+    afresh at exec (getrusage's ru_maxrss carries a parent's peak over fork
+    and exec, so a child of a driver that had made its inputs in memory would
+    report the driver's)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def children_rss() -> int:
-    """The peak resident memory of this process's largest waited-for child."""
+    """The peak resident memory of this process's largest waited-for child
+    (at least this process's own size when it forked: small here, as the
+    measuring process has only imported its tool when it runs a command)."""
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
 
 
@@ -82,12 +93,25 @@ def size_on_disk(path: Path) -> int:
 
 # Conversions: each returns nothing; the caller times it and reads its memory.
 
-def convert(tool: str, source: str, out: str) -> None:
+def convert(tool: str, sources: list[str], out: str) -> None:
+    """Stores `sources` (.h5ad files, in order) as `tool` does. Only
+    deltacells and annbatch take several files; the others one."""
     if tool == "deltacells":
         binary = REPO / "target" / "release" / "deltacells"
         env = dict(os.environ, HDF5_USE_FILE_LOCKING="FALSE")
-        subprocess.run([str(binary), "convert", "-q", "--overwrite", source, out], check=True, env=env)
-    elif tool in ("h5ad", "h5ad-gzip"):
+        subprocess.run([str(binary), "convert", "-q", "--overwrite", *sources, out], check=True, env=env)
+        return
+    if tool == "annbatch":
+        from annbatch import DatasetCollection
+
+        size = os.environ.get("ANNBATCH_DATASET_SIZE")
+        DatasetCollection(out).add_adatas(adata_paths=sources, shuffle=True,
+                                          **({"dataset_size": size} if size else {}))
+        return
+    if len(sources) != 1:
+        raise ValueError(f"{tool} stores one .h5ad here, not {len(sources)}")
+    source = sources[0]
+    if tool in ("h5ad", "h5ad-gzip"):
         import anndata as ad
 
         ad.read_h5ad(source).write_h5ad(out, compression="gzip" if tool == "h5ad-gzip" else None)
@@ -101,10 +125,11 @@ def convert(tool: str, source: str, out: str) -> None:
         import tiledbsoma.io
 
         tiledbsoma.io.from_h5ad(out, source, measurement_name="RNA")
-    elif tool == "annbatch":
-        from annbatch import DatasetCollection
+    elif tool == "cellstream":
+        import cellstream
 
-        DatasetCollection(out).add_adatas(adata_paths=[source], shuffle=True)
+        # its per-cell layout, the one it publishes for scattered reads
+        cellstream.write_sharded(source, out, layout="cell")
     elif tool == "scdl":
         from bionemo.scdl.io.single_cell_memmap_dataset import SingleCellMemMapDataset
 
@@ -149,6 +174,13 @@ def reader(tool: str, store: str):
             return matrix
 
         return n, lambda a, b: block(slice(a, b - 1)), block
+    if tool == "cellstream":
+        import cellstream
+
+        archive = cellstream.open(store)
+        # two decoding threads, as deltacells reads by default on this machine
+        return (archive.shape[0], lambda a, b: archive.gather_rows(np.arange(a, b), n_threads=2),
+                lambda i: archive.gather_rows(i, n_threads=2))
     if tool == "scdl":
         from bionemo.scdl.io.single_cell_memmap_dataset import SingleCellMemMapDataset
 
@@ -172,14 +204,38 @@ def random_batches(n: int, count: int) -> list[np.ndarray]:
     return [np.sort(rng.choice(n, size=BATCH, replace=False)) for _ in range(count)]
 
 
-def loader_protocol(batches, count: int, passes: int) -> dict:
+class Cold:
+    """Drops a store's files from the page cache before each timed pass when
+    `cold` (and keeps the most bytes fincore still found cached then);
+    otherwise does nothing."""
+
+    def __init__(self, store: str, cold: bool) -> None:
+        self.store = Path(store)
+        self.cold = cold
+        self.cached_before: int | None = None
+
+    def __call__(self) -> None:
+        if self.cold:
+            from cold import evict
+
+            left = evict(self.store)
+            self.cached_before = max(left, self.cached_before or 0)
+
+    def report(self) -> dict:
+        return {"cold": self.cold, "cached_before": self.cached_before}
+
+
+def loader_protocol(batches, count: int, passes: int, cold: Cold) -> dict:
     """The protocol for a loader that chooses its own cells: `batches(shuffle,
     seed)` iterates over an epoch of SciPy CSR batches. The full pass is the
-    unshuffled epoch (median of `passes` after one), the random batches the
-    first `count` of a shuffled one (after `count` of another, untimed)."""
+    unshuffled epoch (median of `passes` after one untimed, or of `passes`
+    each after the store left the page cache), the random batches the first
+    `count` of a shuffled one (after `count` of another, untimed, when warm),
+    and the shuffled epoch a whole shuffled one (after one untimed when warm)."""
 
     def run(shuffle: bool, seed: int, limit: int | None) -> tuple[float, int, int]:
         epoch = batches(shuffle, seed)  # made before the clock starts; read after
+        cold()
         started = time.perf_counter()
         cells = nnz = 0
         for i, x in enumerate(epoch):
@@ -189,15 +245,21 @@ def loader_protocol(batches, count: int, passes: int) -> dict:
             nnz += x.nnz
         return time.perf_counter() - started, cells, nnz
 
-    full = [run(False, 0, None) for _ in range(passes + 1)]
-    run(True, 1, count)
+    full = [run(False, 0, None) for _ in range(passes + (0 if cold.cold else 1))]
+    if not cold.cold:
+        run(True, 1, count)
     random_seconds, random_cells, random_nnz = run(True, 2, count)
-    return {"cells": full[0][1], "full_seconds": statistics.median(f[0] for f in full[1:]), "full_first": full[0][0],
+    if not cold.cold:
+        run(True, 3, None)
+    epoch_seconds, epoch_cells, _ = run(True, 4, None)
+    timed = full if cold.cold else full[1:]
+    return {"cells": full[0][1], "full_seconds": statistics.median(f[0] for f in timed), "full_first": full[0][0],
             "nnz": full[0][2], "random_seconds": random_seconds, "random_cells": random_cells,
-            "random_nnz": random_nnz, "read_rss": peak_rss(), "own_cells": True}
+            "random_nnz": random_nnz, "epoch_seconds": epoch_seconds, "epoch_cells": epoch_cells,
+            "read_rss": peak_rss(), "own_cells": True, **cold.report()}
 
 
-def annbatch_passes(store: str, count: int, passes: int) -> dict:
+def annbatch_passes(store: str, count: int, passes: int, cold: Cold) -> dict:
     """annbatch reads through its Loader (random chunks of 512 cells, 32
     preloaded at a time, as its docs suggest)."""
     import anndata as ad
@@ -215,10 +277,10 @@ def annbatch_passes(store: str, count: int, passes: int) -> dict:
         loader = loader.use_collection(DatasetCollection(store), load_adata=load)
         return (batch["X"] for batch in loader)
 
-    return loader_protocol(batches, count, passes)
+    return loader_protocol(batches, count, passes, cold)
 
 
-def loader_passes(store: str, count: int, passes: int) -> dict:
+def loader_passes(store: str, count: int, passes: int, cold: Cold) -> dict:
     """deltacells' loader, ds.batches (its shuffled epoch mixes the cells of a
     window of 4 tiles)."""
     import deltacells
@@ -228,26 +290,36 @@ def loader_passes(store: str, count: int, passes: int) -> dict:
     def batches(shuffle: bool, seed: int):
         return (batch.X.to_scipy() for batch in ds.batches(BATCH, shuffle=shuffle, seed=seed))
 
-    return loader_protocol(batches, count, passes)
+    return loader_protocol(batches, count, passes, cold)
 
 
-def measure_read(tool: str, store: str, count: int, passes: int) -> dict:
+def measure_read(tool: str, store: str, count: int, passes: int, cold_cache: bool) -> dict:
+    """Reads `store` through `tool`: full passes in consecutive batches and
+    `count` random batches. Warm: the median of `passes` full passes after one
+    untimed, and the random batches timed after the same batches read once.
+    Cold (`cold_cache`): the store's files are dropped from the page cache
+    before each timed full pass and before the random batches, and nothing is
+    read untimed first."""
+    cold = Cold(store, cold_cache)
     if tool == "annbatch":
-        return annbatch_passes(store, count, passes)
+        return annbatch_passes(store, count, passes, cold)
     if tool == "deltacells-loader":
-        return loader_passes(store, count, passes)
+        return loader_passes(store, count, passes, cold)
     n, consecutive, listed = reader(tool, store)
     full = []
     nnz = 0
-    for _ in range(passes + 1):
+    for _ in range(passes + (0 if cold_cache else 1)):
+        cold()
         started = time.perf_counter()
         nnz = 0
         for a in range(0, n, BATCH):
             nnz += consecutive(a, min(a + BATCH, n)).nnz
         full.append(time.perf_counter() - started)
     batches = random_batches(n, count)
-    for b in batches:
-        listed(b)
+    if not cold_cache:
+        for b in batches:
+            listed(b)
+    cold()
     started = time.perf_counter()
     random_nnz = 0
     for b in batches:
@@ -255,17 +327,17 @@ def measure_read(tool: str, store: str, count: int, passes: int) -> dict:
         assert m.shape[0] == BATCH, (tool, m.shape)
         random_nnz += m.nnz
     random_seconds = time.perf_counter() - started
-    return {"cells": n, "full_seconds": statistics.median(full[1:]), "full_first": full[0], "nnz": nnz,
-            "random_seconds": random_seconds, "random_cells": count * BATCH, "random_nnz": random_nnz,
-            "read_rss": peak_rss()}
+    return {"cells": n, "full_seconds": statistics.median(full if cold_cache else full[1:]), "full_first": full[0],
+            "nnz": nnz, "random_seconds": random_seconds, "random_cells": count * BATCH, "random_nnz": random_nnz,
+            "read_rss": peak_rss(), **cold.report()}
 
 
-def measure_convert(tool: str, source: str, out: str) -> dict:
+def measure_convert(tool: str, sources: list[str], out: str) -> dict:
     path = Path(out)
     if path.exists():
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     started = time.perf_counter()
-    convert(tool, source, out)
+    convert(tool, sources, out)
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "convert_rss": max(peak_rss(), children_rss()), "bytes": size_on_disk(path)}
 
@@ -274,8 +346,8 @@ def versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {"python": sys.version.split()[0]}
-    for name in ("deltacells", "tiledbsoma", "anndata", "annbatch", "zarr", "zarrs", "h5py", "bionemo-scdl",
-                 "torch", "numpy", "scipy"):
+    for name in ("deltacells", "tiledbsoma", "anndata", "annbatch", "cellstream", "zarr", "zarrs", "h5py",
+                 "bionemo-scdl", "torch", "numpy", "scipy"):
         try:
             found[name] = version(name)
         except PackageNotFoundError:
@@ -320,6 +392,7 @@ NAMES = {
     "zarr": "anndata zarr v3, sharded",
     "soma": "TileDB-SOMA",
     "annbatch": "annbatch Loader (zarrs)",
+    "cellstream": "cellstream, per-cell layout",
     "scdl": "BioNeMo SCDL memmap",
 }
 
@@ -329,6 +402,14 @@ def main() -> None:
     parser.add_argument("--copies", default="1,8", help="sizes, as copies of the PBMC files (comma-separated)")
     parser.add_argument("--random-batches", type=int, default=40)
     parser.add_argument("--passes", type=int, default=3, help="timed full passes (median), after one untimed")
+    parser.add_argument("--source", help="an .h5ad (or a folder of them, for deltacells and annbatch only) to "
+                        "store and read instead of the PBMC copies (for example benches/make_atlas.py's)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="read a store already in the work folder instead of converting again")
+    parser.add_argument("--annbatch-dataset-size",
+                        help="annbatch's dataset_size (rows it holds in memory while it shuffles; its default 20GB)")
+    parser.add_argument("--cold", action="store_true",
+                        help="drop each store's files from the page cache before every timed pass")
     parser.add_argument("--scdl", action="store_true", help="also BioNeMo SCDL (installs torch)")
     parser.add_argument("--only", help="these tools only (comma-separated)")
     parser.add_argument("--work", default=str(REPO / "target" / "bench-peers"))
@@ -341,9 +422,9 @@ def main() -> None:
     if args.measure:
         what, tool, *rest = args.measure
         if what == "convert":
-            result = measure_convert(tool, rest[0], rest[1])
+            result = measure_convert(tool, rest[0].split(os.pathsep), rest[1])
         elif what == "read":
-            result = measure_read(tool, rest[0], int(rest[1]), int(rest[2]))
+            result = measure_read(tool, rest[0], int(rest[1]), int(rest[2]), rest[3] == "cold")
         else:
             result = versions()
         print(json.dumps(result))
@@ -363,7 +444,7 @@ def main() -> None:
     soma, soma_why_not = venv(work, "venv-soma", SOMA)
     tools = {"deltacells": ours, "deltacells-cached": ours, "deltacells-loader": ours}
     absent: dict[str, str] = {}
-    for tool in ("h5ad", "h5ad-gzip", "zarr", "soma", "annbatch"):
+    for tool in ("h5ad", "h5ad-gzip", "zarr", "soma", "annbatch", "cellstream"):
         python, why = (soma, soma_why_not) if tool == "soma" else (peers, why_not)
         if python is None:
             absent[tool] = why
@@ -378,12 +459,18 @@ def main() -> None:
     else:
         absent["scdl"] = ("not run without --scdl: bionemo-scdl 0.1.3 requires torch (pip installs torch and "
                           "its CUDA libraries, 5.8 GB), and imports it at module level")
+    if args.cold:
+        # Decoded tiles kept in the process: the same with a cold page cache.
+        tools.pop("deltacells-cached")
     if args.only:
         keep = args.only.split(",")
         tools = {t: p for t, p in tools.items() if t in keep}
 
+    cache = "cold" if args.cold else "warm"
+    passes = (f"each timed pass after the store's files left the page cache, full pass median of {args.passes}"
+              if args.cold else f"full pass median of {args.passes} after one")
     print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; batches of {BATCH:,} cells, "
-          f"{args.random_batches} random batches, full pass median of {args.passes} after one")
+          f"{args.random_batches} random batches; {passes}")
     seen_versions = {}
     for tool, python in tools.items():
         if python not in seen_versions:
@@ -393,30 +480,43 @@ def main() -> None:
     for tool, reason in absent.items():
         print(f"# {NAMES[tool]}: {reason}")
     results = {}
-    for copies in [int(c) for c in args.copies.split(",")]:
-        source, _ = make_inputs(REPO / "target" / "bench-reader", copies)
-        folder = work / f"x{copies}"
+    if args.annbatch_dataset_size:
+        os.environ["ANNBATCH_DATASET_SIZE"] = args.annbatch_dataset_size
+    sources: list[tuple[str, list[Path]]]
+    if args.source:
+        given = Path(args.source)
+        files = sorted(given.glob("*.h5ad")) if given.is_dir() else [given]
+        label = (f"{len(files)}-files-{given.name}" if given.is_dir() else f"{given.stem}-{given.parent.name}")
+        sources = [(label, files)]
+    else:
+        sources = [(f"x{c}", [make_inputs(REPO / "target" / "bench-reader", int(c))[0]])
+                   for c in args.copies.split(",")]
+    for label, files in sources:
+        folder = work / label
         folder.mkdir(exist_ok=True)
-        rows = {}
+        rows: dict[str, dict] = {}
         for tool, python in tools.items():
-            if tool in ("deltacells-loader", "deltacells-cached"):
-                store = folder / "deltacells"
+            kind = "deltacells" if tool.startswith("deltacells") else tool
+            store = folder / (kind + (".h5ad" if tool.startswith("h5ad") else ""))
+            if tool != kind and "deltacells" in rows:
                 made = {k: rows["deltacells"][k] for k in ("seconds", "convert_rss", "bytes")}
-                read = child(python, ["read", tool, str(store), str(args.random_batches), str(args.passes)])
-                rows[tool] = {**made, **read}
-                continue
-            store = folder / (tool + (".h5ad" if tool.startswith("h5ad") else ""))
-            made = child(python, ["convert", tool, str(source), str(store)])
-            read = child(python, ["read", tool, str(store), str(args.random_batches), str(args.passes)])
+            elif args.reuse and store.exists():
+                made = {"seconds": float("nan"), "convert_rss": 0, "bytes": size_on_disk(store)}
+            else:
+                made = child(python, ["convert", kind, os.pathsep.join(map(str, files)), str(store)])
+            read = child(python, ["read", tool, str(store), str(args.random_batches), str(args.passes), cache])
             rows[tool] = {**made, **read}
-            print(f"#   x{copies} {tool}: converted in {made['seconds']:.1f} s, read", file=sys.stderr)
-        results[copies] = rows
-        table(copies, rows)
+            print(f"#   {label} {tool}: converted in {made['seconds']:.1f} s, read", file=sys.stderr)
+        results[label] = rows
+        table(label, rows)
     everything = {"date": time.strftime("%Y-%m-%d"), "versions": list(seen_versions.values()), "absent": absent,
-                  "results": results}
+                  "page_cache": cache, "results": results}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(everything, indent=1) + "\n")
-    plot(everything, out)
+    name = "results.json" if not args.source and not args.cold else f"results-{'-'.join(results)}-{cache}.json"
+    (out / name).write_text(json.dumps(everything, indent=1) + "\n")
+    print(f"# wrote {out / name}")
+    if name == "results.json":
+        plot(everything, out)
 
 
 def plot(everything: dict, out: Path) -> None:
@@ -430,7 +530,8 @@ def plot(everything: dict, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    for copies, rows in everything["results"].items():
+    for key, rows in everything["results"].items():
+        label = key if key.startswith("x") else f"x{key}"  # results.json of before: keys were the copies
         tools = list(rows)
         labels = [NAMES[t].replace(" (zarrs)", "").replace(", ", "\n").replace(" ds.", "\nds.") for t in tools]
         colors = ["#cc6677" if t.startswith("deltacells") else "#4477aa" for t in tools]
@@ -440,7 +541,7 @@ def plot(everything: dict, out: Path) -> None:
             ([speed(rows[t]) / 1e3 for t in tools], "random 1,024-cell batches, k cells/s"),
         ]
         fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-        for ax, (values, title) in zip(axes, panels):
+        for ax, (values, title) in zip(axes, panels, strict=True):
             ax.barh(range(len(values)), values, color=colors)
             ax.set_yticks(range(len(values)), labels, fontsize=7)
             ax.invert_yaxis()
@@ -450,10 +551,10 @@ def plot(everything: dict, out: Path) -> None:
             for i, v in enumerate(values):
                 ax.annotate(f" {v:.3g}", (v, i), va="center", fontsize=7)
         first = next(iter(rows.values()))
-        fig.suptitle(f"PBMC x {copies}: {first['cells']:,} cells, {first['nnz']:,} nonzeros; "
+        fig.suptitle(f"PBMC {label}: {first['cells']:,} cells, {first['nnz']:,} nonzeros; "
                      "the loaders (annbatch, ds.batches) choose their own random cells", fontsize=10)
         fig.tight_layout()
-        name = out / f"peers-x{copies}.png"
+        name = out / f"peers-{label}.png"
         fig.savefig(name, dpi=110)
         plt.close(fig)
         print(f"# wrote {name}")
@@ -464,22 +565,32 @@ def speed(r: dict) -> float:
     return r["random_cells"] / r["random_seconds"]
 
 
-def table(copies: int, rows: dict) -> None:
+def epoch_speed(r: dict) -> str:
+    """A loader's cells per second over a whole shuffled epoch, or a dash."""
+    return f"{r['epoch_cells'] / r['epoch_seconds']:,.0f}" if "epoch_seconds" in r else "-"
+
+
+def table(label: str, rows: dict) -> None:
     base = rows.get("deltacells")
     first = next(iter(rows.values()))
     print()
-    print(f"## PBMC x {copies}: {first['cells']:,} cells, {first['nnz']:,} nonzeros")
+    name = f"PBMC {label}" if label.startswith("x") else label
+    print(f"## {name}: {first['cells']:,} cells, {first['nnz']:,} nonzeros"
+          + ("" if first.get("cached_before") is None else
+             f"; cold page cache (bytes left cached before a pass, at most: "
+             f"{max(r.get('cached_before') or 0 for r in rows.values()):,})"))
     print()
     print("| store | size MiB | bytes/nnz | convert s | convert peak MiB | full pass cells/s | "
-          "random cells/s | read peak MiB | same cells |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "random cells/s | shuffled epoch cells/s | read peak MiB | same cells |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for tool, r in rows.items():
         same = "yes" if base is None or (r["nnz"] == base["nnz"] and r["random_nnz"] == base["random_nnz"]) else "NO"
         if r.get("own_cells"):
             same = ("full pass" if base is None or r["nnz"] == base["nnz"] else "NO") + "; its own random cells"
         print(f"| {NAMES[tool]} | {r['bytes'] / 2**20:,.1f} | {r['bytes'] / r['nnz']:.3f} | {r['seconds']:.1f} | "
               f"{r['convert_rss'] / 2**20:,.0f} | {r['cells'] / r['full_seconds']:,.0f} | "
-              f"{r['random_cells'] / r['random_seconds']:,.0f} | {r['read_rss'] / 2**20:,.0f} | {same} |")
+              f"{r['random_cells'] / r['random_seconds']:,.0f} | {epoch_speed(r)} | "
+              f"{r['read_rss'] / 2**20:,.0f} | {same} |")
     if base is not None:
         print()
         for tool, r in rows.items():
@@ -490,9 +601,13 @@ def table(copies: int, rows: dict) -> None:
             # The loaders choose their own cells: compared with each other.
             ours = "deltacells-loader" if r.get("own_cells") and "deltacells-loader" in rows else "deltacells"
             mine = rows[ours]
+            epoch = ""
+            if "epoch_seconds" in r and "epoch_seconds" in mine:
+                ratio = (mine["epoch_cells"] / mine["epoch_seconds"]) / (r["epoch_cells"] / r["epoch_seconds"])
+                epoch = f", {ratio:.2f}x in a shuffled epoch"
             print(f"- {NAMES[tool]}: {r['bytes'] / base['bytes']:.1f}x deltacells' bytes; {NAMES[ours]} is "
                   f"{r['full_seconds'] / mine['full_seconds']:.2f}x as fast in a full pass and "
-                  f"{speed(mine) / speed(r):.2f}x in random batches")
+                  f"{speed(mine) / speed(r):.2f}x in random batches{epoch}")
 
 
 if __name__ == "__main__":

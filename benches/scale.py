@@ -34,30 +34,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+from cold import evict
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 BINARY = REPO / "target" / "release" / "deltacells"
 ENV = dict(os.environ, HDF5_USE_FILE_LOCKING="FALSE")
-
-
-def evict(root: Path) -> int:
-    """Drops every file under `root` from the page cache; the pages still
-    cached after (fincore), which should be 0."""
-    files = [p for p in root.rglob("*") if p.is_file()]
-    for p in files:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    cached = 0
-    for start in range(0, len(files), 200):
-        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES",
-                              *map(str, files[start:start + 200])], capture_output=True, text=True)
-        cached += sum(int(line.split()[0]) for line in out.stdout.splitlines() if line.strip())
-    return cached
 
 
 def timed(args: list[str], cold_root: Path | None = None) -> dict:

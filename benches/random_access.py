@@ -1,0 +1,161 @@
+"""Random batches through get_batch: what the chunking of a tile costs and
+buys, against anndata's backed mode on the same cells, in one run.
+
+    .venv/bin/python benches/random_access.py SOURCE.h5ad [--chunks 8,32,64,128] [--batches 40]
+                                              [--work DIR]
+
+SOURCE is converted once per chunk count (`deltacells convert --chunks N`,
+the other settings at their defaults: 10,000-cell tiles, zstd level 19).
+Each store is then read, each reading in a process of its own:
+
+- random batches: BATCHES batches of 1,024 cells drawn at random (the same
+  cells for every store, sorted within a batch), each made a SciPy CSR;
+  warm (the same batches read once, untimed, first) and cold (every file of
+  the store dropped from the page cache first, fincore checking that none
+  of it is left);
+- a full pass in consecutive 1,024-cell slices, warm (median of 3 after one).
+
+The same reads go to anndata's backed mode on SOURCE itself
+(`read_h5ad(backed="r").X[rows]`, as stored: for a file anndata wrote, CSR
+without compression). The nonzeros read are compared, so a store that gave
+other cells would show. Prints a table; not run by the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from cold import evict
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+BINARY = REPO / "target" / "release" / "deltacells"
+BATCH = 1024
+ENV = dict(os.environ, HDF5_USE_FILE_LOCKING="FALSE")
+
+
+def opened(store: str):
+    """(cells, a reader of listed cells, a reader of a slice), each giving a SciPy CSR."""
+    if store.endswith(".h5ad"):
+        import anndata as ad
+
+        x = ad.read_h5ad(store, backed="r").X
+        return x.shape[0], lambda cells: x[cells], lambda a, b: x[a:b]
+    import deltacells
+
+    ds = deltacells.open_dataset(store)
+    return (ds.n_cells, lambda cells: ds.get_batch(cells).to_scipy(),
+            lambda a, b: ds.get_batch(slice(a, b)).to_scipy())
+
+
+def measure(store: str, batches: int, cold: bool) -> dict:
+    """One store's reading, in this process (see the module's docstring)."""
+    n, listed, sliced = opened(store)
+    rng = np.random.default_rng(0)
+    drawn = [np.sort(rng.choice(n, size=BATCH, replace=False)) for _ in range(batches)]
+    result: dict = {"cells": n}
+    if cold:
+        result["cached_before"] = evict(Path(store))
+    else:
+        for cells in drawn:
+            listed(cells)
+    started = time.perf_counter()
+    nnz = 0
+    for cells in drawn:
+        m = listed(cells)
+        assert m.shape[0] == BATCH
+        nnz += m.nnz
+    result.update(random_seconds=time.perf_counter() - started, random_nnz=nnz)
+    if not cold:
+        passes = []
+        for _ in range(4):
+            started = time.perf_counter()
+            full = 0
+            for a in range(0, n, BATCH):
+                full += sliced(a, min(a + BATCH, n)).nnz
+            passes.append(time.perf_counter() - started)
+        result.update(full_seconds=statistics.median(passes[1:]), nnz=full)
+    return result
+
+
+def child(store: str, batches: int, cold: bool) -> dict:
+    done = subprocess.run([sys.executable, str(Path(__file__)), "--measure", store, str(batches), str(cold)],
+                          capture_output=True, text=True, env=ENV)
+    if done.returncode != 0:
+        raise RuntimeError(f"reading {store} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def size_of(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("source", nargs="?")
+    parser.add_argument("--chunks", default="8,32,64,128", help="chunks per tile, one store each")
+    parser.add_argument("--batches", type=int, default=40)
+    parser.add_argument("--work", default=str(REPO / "target" / "bench-random"))
+    parser.add_argument("--measure", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        store, batches, cold = args.measure
+        print(json.dumps(measure(store, int(batches), cold == "True")))
+        return
+    if not args.source:
+        parser.error("SOURCE (an .h5ad) is required")
+    source = Path(args.source)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    rows = {}
+    for chunks in [int(c) for c in args.chunks.split(",")]:
+        store = work / f"{source.stem}-chunks{chunks}"
+        shutil.rmtree(store, ignore_errors=True)
+        started = time.perf_counter()
+        subprocess.run([str(BINARY), "convert", "-q", "--chunks", str(chunks), str(source), str(store)], check=True,
+                       env=ENV)
+        seconds = time.perf_counter() - started
+        rows[f"deltacells --chunks {chunks}"] = {"convert_seconds": seconds, "bytes": size_of(store),
+                                                 "warm": child(str(store), args.batches, False),
+                                                 "cold": child(str(store), args.batches, True)}
+        print(f"# --chunks {chunks}: converted in {seconds:.1f} s, read", file=sys.stderr)
+    rows["anndata backed (.h5ad as given)"] = {"bytes": size_of(source),
+                                               "warm": child(str(source), args.batches, False),
+                                               "cold": child(str(source), args.batches, True)}
+    base = rows["anndata backed (.h5ad as given)"]
+    first = next(iter(rows.values()))
+    print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; {source} ({first['warm']['cells']:,} cells, "
+          f"{first['warm']['nnz']:,} nonzeros); {args.batches} random batches of {BATCH:,} cells, the same for every "
+          "store; cold: the store's files dropped from the page cache before the batches (bytes left cached, at "
+          f"most: {max(r['cold']['cached_before'] for r in rows.values()):,})")
+    print()
+    print("| store | bytes/nnz | random cells/s, warm | x anndata | random cells/s, cold | x anndata | "
+          "full pass cells/s, warm | same cells |")
+    print("|---|---|---|---|---|---|---|---|")
+
+    def speed(r: dict) -> float:
+        return args.batches * BATCH / r["random_seconds"]
+
+    for name, r in rows.items():
+        same = "yes" if (r["warm"]["nnz"] == base["warm"]["nnz"]
+                         and r["warm"]["random_nnz"] == r["cold"]["random_nnz"] == base["warm"]["random_nnz"]) else "NO"
+        print(f"| {name} | {r['bytes'] / r['warm']['nnz']:.3f} | {speed(r['warm']):,.0f} | "
+              f"{speed(r['warm']) / speed(base['warm']):.2f}x | {speed(r['cold']):,.0f} | "
+              f"{speed(r['cold']) / speed(base['cold']):.2f}x | "
+              f"{r['warm']['cells'] / r['warm']['full_seconds']:,.0f} | {same} |")
+    print(json.dumps(rows), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
