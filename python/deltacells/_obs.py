@@ -31,6 +31,69 @@ def index_array(cells: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.int64(), len(cells), [None, pa.py_buffer(cells)])
 
 
+class FlatColumn:
+    """A fixed-width column without missing values whose chunks all lie in
+    one memory map (the cache file): one NumPy view over the map, and where
+    each chunk's values start in it, so that any cells are taken with one
+    gather, whatever the number of chunks. None of :meth:`over` when the
+    column is not so (strings, booleans, missing values, chunks not in the
+    map)."""
+
+    def __init__(self, view: np.ndarray, first: np.ndarray) -> None:
+        self.view = view
+        self.first = first
+
+    @classmethod
+    def over(cls, column: pa.ChunkedArray, whole: pa.Buffer) -> FlatColumn | None:
+        import pyarrow as pa
+
+        kind = column.type
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)) or column.null_count:
+            return None
+        dtype = np.dtype(kind.to_pandas_dtype())
+        first = np.empty(column.num_chunks, dtype=np.int64)
+        for k, chunk in enumerate(column.chunks):
+            data = chunk.buffers()[1]
+            if data is None:
+                return None
+            at = data.address - whole.address + chunk.offset * dtype.itemsize
+            if at < 0 or at % dtype.itemsize or at + len(chunk) * dtype.itemsize > whole.size:
+                return None
+            first[k] = at // dtype.itemsize
+        view = np.frombuffer(whole, dtype=dtype, count=whole.size // dtype.itemsize)
+        return cls(view, first)
+
+    def take(self, starts: np.ndarray, cells: np.ndarray) -> np.ndarray:
+        chunk_of = np.searchsorted(starts, cells, side="right") - 1
+        return self.view[self.first[chunk_of] + (cells - starts[chunk_of])]
+
+
+def take_rows(column: pa.ChunkedArray, starts: np.ndarray, cells: np.ndarray) -> pa.Array | pa.ChunkedArray:
+    """``column``'s values at ``cells`` (valid int64 row numbers, any order,
+    repeats allowed), taken from the chunks (tiles) they are in, one take per
+    chunk; ``starts`` is each chunk's first row, then the row count.
+    (``ChunkedArray.take`` joins every chunk into one array first: at ten
+    million rows that copy cost 10-35 ms for 1,024 cells.)"""
+    import pyarrow as pa
+
+    if column.num_chunks <= 1 or len(cells) == 0:
+        return column.take(index_array(cells))
+    chunk_of = np.searchsorted(starts, cells, side="right") - 1
+    order = np.argsort(chunk_of, kind="stable")
+    grouped = chunk_of[order]
+    cuts = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
+    pieces = []
+    for group in np.split(order, cuts):
+        k = int(chunk_of[group[0]])
+        pieces.append(column.chunk(k).take(index_array(cells[group] - starts[k])))
+    taken = pa.concat_arrays(pieces)
+    if np.all(order[1:] > order[:-1]):
+        return taken  # the cells were in chunk order already
+    back = np.empty(len(order), dtype=np.int64)
+    back[order] = np.arange(len(order), dtype=np.int64)
+    return taken.take(index_array(back))
+
+
 def as_frame(obs: Obs | CollectionObs, values: dict[str, np.ndarray], columns: Sequence[str]) -> pd.DataFrame:
     """Taken ``values`` as a DataFrame, category columns as pandas
     categoricals over ``obs``'s whole vocabulary of each."""
@@ -69,6 +132,10 @@ class Obs:
         self._dataset = dataset
         self._cache_dir = cache_dir
         self._loaded: dict[str, pa.ChunkedArray] = {}
+        # Per loaded column: each chunk's first row, then the row count; and
+        # the column as one view over its cache file, when it can be.
+        self._starts: dict[str, np.ndarray] = {}
+        self._flat: dict[str, FlatColumn | None] = {}
         text = dataset.native.obs_schema_json()
         self._schema: list[dict[str, Any]] = json.loads(text)["columns"] if text else []
         self._by_name = {c["name"]: c for c in self._schema}
@@ -143,11 +210,15 @@ class Obs:
         import pyarrow as pa
 
         path = _deltacells.column_path(self.cache_root, self._fingerprint(), name)
-        table = pa.ipc.open_file(pa.memory_map(path, "r")).read_all()
+        mapped = pa.memory_map(path, "r")
+        table = pa.ipc.open_file(mapped).read_all()
         if table.num_rows != self._dataset.n_cells:
             raise DeltacellsError(f"{path}: {table.num_rows} rows, the dataset has {self._dataset.n_cells} cells")
         column = table.column(0)
         self._loaded[name] = column
+        self._starts[name] = np.concatenate([[0], np.cumsum([len(c) for c in column.chunks], dtype=np.int64)])
+        mapped.seek(0)
+        self._flat[name] = FlatColumn.over(column, mapped.read_buffer())
         return column
 
     def _get(self, name: str) -> pa.ChunkedArray:
@@ -199,7 +270,11 @@ class Obs:
         import pyarrow as pa
 
         column = self._get(name)
-        taken = column.take(index_array(cells))
+        flat = self._flat.get(name)
+        if flat is not None:
+            # (no missing values: the codes, or the numbers, as stored)
+            return flat.take(self._starts[name], cells)
+        taken = take_rows(column, self._starts[name], cells)
         kind = self.kind(name)
         if kind == "category":
             return taken.to_numpy()
@@ -225,7 +300,7 @@ class Obs:
             pa.uint32(): pd.UInt32Dtype(), pa.uint64(): pd.UInt64Dtype(), pa.bool_(): pd.BooleanDtype(),
             pa.string(): pd.StringDtype(),
         }
-        taken = self._get(name).take(index_array(cells))
+        taken = take_rows(self._get(name), self._starts[name], cells)
         return taken.to_pandas(types_mapper=nullable.get).array
 
     def take(self, cells: Cells, columns: Sequence[str]) -> dict[str, np.ndarray]:
