@@ -134,6 +134,18 @@ def write_files(atlas: Atlas, cells: int, per_file: int, out: Path) -> list[Path
     return paths
 
 
+def csr_group(f, shape: tuple[int, int]):
+    """Marks the open h5py file `f` as an AnnData file and makes its X group,
+    a CSR matrix of `shape` whose arrays the caller writes."""
+    f.attrs["encoding-type"] = "anndata"
+    f.attrs["encoding-version"] = "0.1.0"
+    g = f.create_group("X")
+    g.attrs["encoding-type"] = "csr_matrix"
+    g.attrs["encoding-version"] = "0.1.0"
+    g.attrs["shape"] = shape
+    return g
+
+
 def write_one(atlas: Atlas, cells: int, per_file: int, path: Path, block: int = 50_000) -> None:
     """All the cells as one .h5ad, written block by block: X with h5py
     (resizable datasets), obs and var with anndata's writer."""
@@ -147,12 +159,7 @@ def write_one(atlas: Atlas, cells: int, per_file: int, path: Path, block: int = 
     tmp = path.with_suffix(".tmp.h5ad")
     frames = []
     with h5py.File(tmp, "w") as f:
-        f.attrs["encoding-type"] = "anndata"
-        f.attrs["encoding-version"] = "0.1.0"
-        g = f.create_group("X")
-        g.attrs["encoding-type"] = "csr_matrix"
-        g.attrs["encoding-version"] = "0.1.0"
-        g.attrs["shape"] = (cells, atlas.genes)
+        g = csr_group(f, (cells, atlas.genes))
         data = g.create_dataset("data", (0,), maxshape=(None,), dtype=np.float32, chunks=(1 << 20,))
         indices = g.create_dataset("indices", (0,), maxshape=(None,), dtype=np.int32, chunks=(1 << 20,))
         indptr = [np.zeros(1, dtype=np.int64)]

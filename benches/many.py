@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from make_atlas import csr_group
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -111,6 +112,11 @@ def open_times(root: Path) -> dict:
             "for _ in range(21):\n"
             "    t = time.perf_counter(); ds = deltacells.open_dataset(root); times.append(time.perf_counter() - t)\n"
             "print(json.dumps({'first': times[0], 'median': statistics.median(times[1:]), 'tiles': ds.n_tiles}))\n")
+    return in_fresh_process(code)
+
+
+def in_fresh_process(code: str) -> dict:
+    """Runs Python `code` in a process of its own; the JSON it printed last."""
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -141,12 +147,7 @@ def obs_input(rows: int, path: Path) -> None:
     rng = np.random.default_rng(0)
     tmp = path.with_suffix(".tmp.h5ad")
     with h5py.File(tmp, "w") as f:
-        f.attrs["encoding-type"] = "anndata"
-        f.attrs["encoding-version"] = "0.1.0"
-        g = f.create_group("X")
-        g.attrs["encoding-type"] = "csr_matrix"
-        g.attrs["encoding-version"] = "0.1.0"
-        g.attrs["shape"] = (rows, 16)
+        g = csr_group(f, (rows, 16))
         g.create_dataset("data", data=np.ones(rows, dtype=np.float32), chunks=(min(rows, 1 << 20),))
         g.create_dataset("indices", data=rng.integers(0, 16, rows, dtype=np.int32), chunks=(min(rows, 1 << 20),))
         g.create_dataset("indptr", data=np.arange(rows + 1, dtype=np.int64), chunks=(min(rows + 1, 1 << 20),))
@@ -174,8 +175,7 @@ def take_time(root: Path, cache: Path) -> dict:
             "t = time.perf_counter()\n"
             "for _ in range(10): ds.obs.take(cells, columns)\n"
             "print(json.dumps({'take_first': first, 'take': (time.perf_counter() - t) / 10}))\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return in_fresh_process(code)
 
 
 def part_obs(sizes: list[int], work: Path) -> list[tuple[str, dict]]:
@@ -209,36 +209,38 @@ def main() -> None:
     parts = args.parts.split(",")
     print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; page cache warm")
     if "inputs" in parts:
-        rows = part_inputs(args.cells, work)
-        print(f"\n## {args.cells:,} cells as 100 and as 1,000 inputs\n")
-        print("| command | s | peak MiB | requests | fetched / input bytes | same tiles |")
-        print("|---|---|---|---|---|---|")
-        for name, r in rows:
+        lines = []
+        for name, r in part_inputs(args.cells, work):
             same = "-" if "same" not in r else "yes" if r["same"] else "NO"
             extra = "- | - | -"
             if "requests" in r:
                 extra = f"{r['requests']:,} | {r['fetched'] / r['input_bytes']:.2f}x | {same}"
-            print(f"| {name} | {r['seconds']:.2f} | {r['rss'] / 2**20:,.0f} | {extra} |")
-        sys.stdout.flush()
+            lines.append(f"| {name} | {r['seconds']:.2f} | {r['rss'] / 2**20:,.0f} | {extra} |")
+        table(f"{args.cells:,} cells as 100 and as 1,000 inputs",
+              ["command", "s", "peak MiB", "requests", "fetched / input bytes", "same tiles"], lines)
     if "tiles" in parts:
-        rows = part_tiles(args.cells, work)
-        print(f"\n## {args.cells:,} cells in 10 to 10,000 tiles\n")
-        print("| dataset | manifest KiB | info s | info peak MiB | open_dataset, first ms | open_dataset, median ms |")
-        print("|---|---|---|---|---|---|")
-        for name, r in rows:
-            print(f"| {name} | {r['manifest'] / 1024:,.0f} | {r['seconds']:.3f} | {r['rss'] / 2**20:,.0f} | "
-                  f"{r['first'] * 1e3:.2f} | {r['median'] * 1e3:.2f} |")
-        sys.stdout.flush()
+        lines = [f"| {name} | {r['manifest'] / 1024:,.0f} | {r['seconds']:.3f} | {r['rss'] / 2**20:,.0f} | "
+                 f"{r['first'] * 1e3:.2f} | {r['median'] * 1e3:.2f} |" for name, r in part_tiles(args.cells, work)]
+        table(f"{args.cells:,} cells in 10 to 10,000 tiles",
+              ["dataset", "manifest KiB", "info s", "info peak MiB", "open_dataset, first ms",
+               "open_dataset, median ms"], lines)
     if "obs" in parts:
-        rows = part_obs([int(n) for n in args.obs_rows.split(",")], work)
-        print("\n## obs: a category, a float and a unique string per cell\n")
-        print("| rows | obs shards MiB | localize s | localize peak MiB | cache MiB | obs.take 1,024 cells, first ms "
-              "| then ms |")
-        print("|---|---|---|---|---|---|---|")
-        for name, r in rows:
-            print(f"| {name} | {r['obs_bytes'] / 2**20:,.1f} | {r['seconds']:.2f} | {r['rss'] / 2**20:,.0f} | "
-                  f"{r['cache_bytes'] / 2**20:,.1f} | {r['take_first'] * 1e3:.2f} | {r['take'] * 1e3:.2f} |")
+        lines = [f"| {name} | {r['obs_bytes'] / 2**20:,.1f} | {r['seconds']:.2f} | {r['rss'] / 2**20:,.0f} | "
+                 f"{r['cache_bytes'] / 2**20:,.1f} | {r['take_first'] * 1e3:.2f} | {r['take'] * 1e3:.2f} |"
+                 for name, r in part_obs([int(n) for n in args.obs_rows.split(",")], work)]
+        table("obs: a category, a float and a unique string per cell",
+              ["rows", "obs shards MiB", "localize s", "localize peak MiB", "cache MiB",
+               "obs.take 1,024 cells, first ms", "then ms"], lines)
 
+
+def table(heading: str, columns: list[str], lines: list[str]) -> None:
+    """Prints a Markdown table under a heading, at once."""
+    print(f"\n## {heading}\n")
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for line in lines:
+        print(line)
+    sys.stdout.flush()
 
 if __name__ == "__main__":
     main()
