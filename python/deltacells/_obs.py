@@ -224,12 +224,15 @@ class Obs:
     def _get(self, name: str) -> pa.ChunkedArray:
         self._column(name)
         if name not in self._loaded:
-            warnings.warn(
-                f"obs column {name!r} was not localized; fetching it now (localize the columns you need when "
-                "opening the dataset: open_dataset(..., obs_columns=[...]))",
-                stacklevel=3,
-            )
-            self.localize([name])
+            # Opened from the cache when a process localized it before; a
+            # fetch in the middle of reading is worth a warning.
+            report = self.localize([name])
+            if name not in report.get("already_local", []):
+                warnings.warn(
+                    f"obs column {name!r} was not localized; it was fetched now (localize the columns you need "
+                    "when opening the dataset: open_dataset(..., obs_columns=[...]))",
+                    stacklevel=3,
+                )
         return self._loaded[name]
 
     def ensure_local(self, columns: Sequence[str]) -> None:

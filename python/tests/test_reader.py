@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import pickle
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +86,12 @@ def test_a_column_not_localized_is_fetched_with_a_warning(golden: Path, cache: s
     with pytest.warns(UserWarning, match="was not localized"):
         ds.obs.take([0], ["cell_type"])
     assert Path(ds.obs.cache_root) == Path(cache)
+    # Another process (here, another opening) finds it in the cache: no warning.
+    again = deltacells.open_dataset(str(golden / "obs_kinds"), cache_dir=cache)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = again.obs.take([0], ["cell_type"])["cell_type"]
+    assert got.tolist() == ds.obs.take([0], ["cell_type"])["cell_type"].tolist()
 
 
 def test_bad_input_raises_the_librarys_messages(golden: Path, tmp_path: Path) -> None:
