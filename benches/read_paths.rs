@@ -41,6 +41,11 @@ fn median(mut f: impl FnMut()) -> f64 {
     times[times.len() / 2]
 }
 
+/// The first `n` cells in ranges of [`RANGE`], in order.
+fn consecutive(n: u64) -> impl Iterator<Item = std::ops::Range<u64>> {
+    (0..n).step_by(RANGE as usize).map(move |a| a..(a + RANGE).min(n))
+}
+
 fn main() {
     let root = std::env::var_os("DELTACELLS_BENCH_DATASET")
         .map(PathBuf::from)
@@ -81,21 +86,16 @@ fn main() {
     rows.push(("read_tile_into, each of those tiles", whole, cells_in_tiles, ""));
     let ranges = median(|| {
         one.install(|| {
-            let mut start = 0;
-            while start < n {
-                let m = ds.read_cells(start..(start + RANGE).min(n)).expect("cells");
-                std::hint::black_box(m);
-                start += RANGE;
+            for range in consecutive(n) {
+                std::hint::black_box(ds.read_cells(range).expect("cells"));
             }
         })
     });
     rows.push(("read_cells, consecutive 1,024-cell ranges", ranges, n, "target <= 1.6x the floor"));
     let into = median(|| {
         one.install(|| {
-            let mut start = 0;
-            while start < n {
-                ds.read_cells_into(start..(start + RANGE).min(n), &mut out).expect("cells");
-                start += RANGE;
+            for range in consecutive(n) {
+                ds.read_cells_into(range, &mut out).expect("cells");
             }
         })
     });

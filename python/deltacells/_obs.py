@@ -68,6 +68,21 @@ class FlatColumn:
         return self.view[self.first[chunk_of] + (cells - starts[chunk_of])]
 
 
+class LoadedColumn:
+    """A column opened from its memory-mapped cache file ``whole``: its
+    values (a chunk per tile), each chunk's first row then the row count,
+    and the column as one view over the file when it can be (:class:`FlatColumn`)."""
+
+    def __init__(self, column: pa.ChunkedArray, whole: pa.Buffer) -> None:
+        self.column = column
+        self.starts = np.concatenate([[0], np.cumsum([len(c) for c in column.chunks], dtype=np.int64)])
+        self.flat = FlatColumn.over(column, whole)
+
+    def take(self, cells: np.ndarray) -> pa.Array | pa.ChunkedArray:
+        """The values at ``cells`` (see :func:`take_rows`)."""
+        return take_rows(self.column, self.starts, cells)
+
+
 def take_rows(column: pa.ChunkedArray, starts: np.ndarray, cells: np.ndarray) -> pa.Array | pa.ChunkedArray:
     """``column``'s values at ``cells`` (valid int64 row numbers, any order,
     repeats allowed), taken from the chunks (tiles) they are in, one take per
@@ -131,11 +146,7 @@ class Obs:
     def __init__(self, dataset: Dataset, cache_dir: str | None) -> None:
         self._dataset = dataset
         self._cache_dir = cache_dir
-        self._loaded: dict[str, pa.ChunkedArray] = {}
-        # Per loaded column: each chunk's first row, then the row count; and
-        # the column as one view over its cache file, when it can be.
-        self._starts: dict[str, np.ndarray] = {}
-        self._flat: dict[str, FlatColumn | None] = {}
+        self._loaded: dict[str, LoadedColumn] = {}
         text = dataset.native.obs_schema_json()
         self._schema: list[dict[str, Any]] = json.loads(text)["columns"] if text else []
         self._by_name = {c["name"]: c for c in self._schema}
@@ -202,7 +213,7 @@ class Obs:
             self._open(name)
         return report
 
-    def _open(self, name: str) -> pa.ChunkedArray:
+    def _open(self, name: str) -> None:
         # pyarrow's take() and to_numpy() import pandas the first time, about
         # 0.5 s: paid here, when a column is opened, not by the first batch
         # of a training loop.
@@ -214,14 +225,10 @@ class Obs:
         table = pa.ipc.open_file(mapped).read_all()
         if table.num_rows != self._dataset.n_cells:
             raise DeltacellsError(f"{path}: {table.num_rows} rows, the dataset has {self._dataset.n_cells} cells")
-        column = table.column(0)
-        self._loaded[name] = column
-        self._starts[name] = np.concatenate([[0], np.cumsum([len(c) for c in column.chunks], dtype=np.int64)])
         mapped.seek(0)
-        self._flat[name] = FlatColumn.over(column, mapped.read_buffer())
-        return column
+        self._loaded[name] = LoadedColumn(table.column(0), mapped.read_buffer())
 
-    def _get(self, name: str) -> pa.ChunkedArray:
+    def _get(self, name: str) -> LoadedColumn:
         self._column(name)
         if name not in self._loaded:
             # Opened from the cache when a process localized it before; a
@@ -246,7 +253,7 @@ class Obs:
     def column_array(self, column: str) -> pa.ChunkedArray:
         """Every value of ``column``, in cell order, as a pyarrow ChunkedArray
         over the memory-mapped cache file (categories as their codes)."""
-        return self._get(column)
+        return self._get(column).column
 
     def where(self, column: str | None = None, values: Any = None, **conditions: Any) -> np.ndarray:
         """The cells whose ``column`` holds one of ``values``, as sorted int64
@@ -272,12 +279,12 @@ class Obs:
     def _values(self, name: str, cells: np.ndarray) -> Any:
         import pyarrow as pa
 
-        column = self._get(name)
-        flat = self._flat.get(name)
-        if flat is not None:
+        loaded = self._get(name)
+        column = loaded.column
+        if loaded.flat is not None:
             # (no missing values: the codes, or the numbers, as stored)
-            return flat.take(self._starts[name], cells)
-        taken = take_rows(column, self._starts[name], cells)
+            return loaded.flat.take(loaded.starts, cells)
+        taken = loaded.take(cells)
         kind = self.kind(name)
         if kind == "category":
             return taken.to_numpy()
@@ -303,7 +310,7 @@ class Obs:
             pa.uint32(): pd.UInt32Dtype(), pa.uint64(): pd.UInt64Dtype(), pa.bool_(): pd.BooleanDtype(),
             pa.string(): pd.StringDtype(),
         }
-        taken = take_rows(self._get(name), self._starts[name], cells)
+        taken = self._get(name).take(cells)
         return taken.to_pandas(types_mapper=nullable.get).array
 
     def take(self, cells: Cells, columns: Sequence[str]) -> dict[str, np.ndarray]:
@@ -321,7 +328,7 @@ class Obs:
         frame = self.take_pandas(index, columns)
         for name in columns:
             is_float = self.arrow_type(name) in ("float", "double")
-            if self.kind(name) in ("numeric", "bool", "string") and not is_float and self._get(name).null_count:
+            if self.kind(name) in ("numeric", "bool", "string") and not is_float and self._get(name).column.null_count:
                 frame[name] = self._nullable(name, index)
         return frame
 

@@ -8,11 +8,12 @@
 //! background, a window that doubles with each block the stream enters, up
 //! to [`max_window`] blocks: latency is hidden behind decoding, and the bytes
 //! read past a worker's share are at most one window per stream. The blocks
-//! of the files opened lately stay cached, up to [`cache_budget`] bytes in
-//! all (512 MiB, or `DELTACELLS_INPUT_CACHE_MIB`), and that budget is the
-//! only bound on what is kept: a conversion reads the sampled inputs' X for
-//! the gene order, then again for the tiles, and small inputs are then
-//! fetched once, as the page cache serves local files the second time.
+//! of the files opened stay cached, up to [`cache_budget`] bytes in all (512
+//! MiB, or `DELTACELLS_INPUT_CACHE_MIB`; over it, those of the files opened
+//! last go first), and that budget is the only bound on what is kept: a
+//! conversion reads the sampled inputs' X for the gene order, then again for
+//! the tiles, and small inputs are then fetched once, as the page cache
+//! serves local files the second time.
 //!
 //! A file that is going to be read whole is also given to the prefetcher
 //! ([`prefetch_whole`]): one thread fetches such files in order, a few
@@ -297,7 +298,7 @@ impl RangedFile {
             }
         }
         // Over the budget: this file's oldest blocks go first, then those of
-        // the files opened longest ago (never the blocks of this read).
+        // the files opened last (never the blocks of this read).
         use std::sync::atomic::Ordering::Relaxed;
         while CACHED.load(Relaxed) > cache_budget() && cache.order.len() as u64 > max_window() * 2 {
             let Some(old) = cache.order.pop_front() else { break };
