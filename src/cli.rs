@@ -186,6 +186,57 @@ pub(crate) struct DownloadArgs {
     pub download_dir: Option<PathBuf>,
 }
 
+/// `--input-format`.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub(crate) enum InputFormatArg {
+    /// AnnData .h5ad.
+    H5ad,
+    /// Cell Ranger's feature-barcode matrix .h5.
+    #[value(name = "10x-h5")]
+    TenxH5,
+    /// Matrix Market: matrix.mtx[.gz] with features (or genes) and barcodes files, or their folder.
+    Mtx,
+}
+
+/// How inputs are read: their format and which of their features.
+#[derive(Debug, Args, Clone, Default)]
+pub(crate) struct ReadingArgs {
+    /// The inputs' format [default: told by each input: a folder, .mtx or
+    /// .mtx.gz is Matrix Market; an HDF5 file is 10x when laid out as Cell
+    /// Ranger writes it, else AnnData].
+    #[arg(long, value_name = "FORMAT", help_heading = "Input formats")]
+    pub input_format: Option<InputFormatArg>,
+    /// 10x and Matrix Market inputs: convert the features of this type (the
+    /// feature_type of features.tsv or of the .h5 file) [default: Gene Expression].
+    #[arg(long, value_name = "TYPE", help_heading = "Input formats")]
+    pub feature_type: Option<String>,
+    /// 10x .h5 inputs of several genomes: convert this genome's features
+    /// (a file of several is refused, with their list, until one is named).
+    #[arg(long, value_name = "NAME", help_heading = "Input formats")]
+    pub genome: Option<String>,
+}
+
+impl ReadingArgs {
+    /// The library's value for these arguments.
+    pub(crate) fn reading(&self) -> anyhow::Result<deltacells::convert::sources::InputReading> {
+        use deltacells::convert::sources::InputFormat;
+        for (flag, value) in [("--feature-type", &self.feature_type), ("--genome", &self.genome)] {
+            if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+                anyhow::bail!("{flag}: an empty name; give the name as the file spells it");
+            }
+        }
+        Ok(deltacells::convert::sources::InputReading {
+            format: self.input_format.map(|f| match f {
+                InputFormatArg::H5ad => InputFormat::H5ad,
+                InputFormatArg::TenxH5 => InputFormat::TenxH5,
+                InputFormatArg::Mtx => InputFormat::Mtx,
+            }),
+            feature_type: self.feature_type.clone(),
+            genome: self.genome.clone(),
+        })
+    }
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct InfoArgs {
     /// The dataset: a local folder, file://, s3://, gs://, http:// or https:// URL;
@@ -325,6 +376,8 @@ pub(crate) struct ConvertArgs {
     pub metadata: Vec<String>,
     #[command(flatten)]
     pub download: DownloadArgs,
+    #[command(flatten)]
+    pub reading: ReadingArgs,
     /// No progress bar and no summary line.
     #[arg(long, short)]
     pub quiet: bool,
@@ -365,6 +418,8 @@ pub(crate) struct AppendArgs {
     pub spill_dir: Option<PathBuf>,
     #[command(flatten)]
     pub download: DownloadArgs,
+    #[command(flatten)]
+    pub reading: ReadingArgs,
     /// Worker threads (default: all cores). The output is the same for any value.
     #[arg(long)]
     pub threads: Option<usize>,

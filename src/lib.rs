@@ -24,8 +24,9 @@
 //!
 //! With no feature at all, the crate is that reading core (and [`writer`]):
 //! it builds without HDF5, a command-line parser or progress bars.
-//! - `convert`: reading `.h5ad` files (HDF5, built from source and linked
-//!   statically) and turning them into datasets: `convert` and `h5ad`.
+//! - `convert`: reading `.h5ad` and 10x Genomics `.h5` files (HDF5, built
+//!   from source and linked statically) and Matrix Market files, and turning
+//!   them into datasets: `convert`, `h5ad`, `tenx`, `mtx`.
 //! - `cli` (default): the `deltacells` binary; implies `convert`.
 //!
 //! # Errors
@@ -45,8 +46,12 @@ pub mod format;
 pub mod h5ad;
 pub mod info;
 pub mod loader;
+#[cfg(feature = "convert")]
+pub mod mtx;
 pub mod obs;
 pub mod storage;
+#[cfg(feature = "convert")]
+pub mod tenx;
 pub mod verify;
 pub mod vocabulary;
 pub mod writer;

@@ -17,7 +17,7 @@ pub(crate) fn run(args: &AppendArgs) -> anyhow::Result<ExitCode> {
     }
     let store = super::open_store(&args.dataset, &args.store)?;
     let inputs = if args.resume { Vec::new() } else { super::input_paths(&args.inputs, args.inputs_from.as_deref())? };
-    let (reach, _downloads) = super::input_options(&args.store, &args.download, &inputs, false)?;
+    let (reach, _downloads) = super::input_options(&args.store, &args.download, &args.reading, &inputs, false)?;
     let options = AppendOptions {
         matrix: args.matrix.clone(),
         shuffle: args.shuffle,

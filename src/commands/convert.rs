@@ -66,7 +66,7 @@ fn conversion(args: &ConvertArgs) -> anyhow::Result<Conversion> {
     super::set_threads(args.threads)?;
     super::check_spill_dir(args.spill_dir.as_deref())?;
     let (inputs, out) = inputs_and_output(args)?;
-    let (reach, downloads) = super::input_options(&args.store, &args.download, &inputs, false)?;
+    let (reach, downloads) = super::input_options(&args.store, &args.download, &args.reading, &inputs, false)?;
     let out_path = match storage::Location::parse(&out)? {
         storage::Location::Http { .. } => {
             bail!("{out}: an HTTP server is read-only; write to a local folder, s3:// or gs://")
@@ -117,7 +117,7 @@ fn plan_append(args: &ConvertArgs, dataset: &str, started: std::time::Instant) -
     super::set_threads(args.threads)?;
     let inputs = super::input_paths(&args.paths, args.inputs_from.as_deref())?;
     let store = super::open_store(dataset, &args.store)?;
-    let (reach, _downloads) = super::input_options(&args.store, &args.download, &inputs, false)?;
+    let (reach, _downloads) = super::input_options(&args.store, &args.download, &args.reading, &inputs, false)?;
     let options = deltacells::convert::AppendOptions {
         matrix: args.matrix.clone(),
         shuffle: args.shuffle,
@@ -226,6 +226,12 @@ pub(crate) fn run(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
             HumanCount(summary.nnz),
             summary.seconds
         );
+        if summary.summed_duplicates > 0 {
+            println!(
+                "{out_path}: {} entries repeated a cell and gene of an earlier entry; each was added to it",
+                HumanCount(summary.summed_duplicates)
+            );
+        }
         if summary.dropped_nonzeros > 0 {
             println!(
                 "{out_path}: {} nonzeros of genes that not every input has were left out (--genes intersection)",

@@ -49,20 +49,24 @@ pub(crate) fn input_paths(given: &[String], inputs_from: Option<&str>) -> anyhow
     Ok(inputs)
 }
 
-/// How the command reaches its inputs at URLs: the object-store options
-/// and, with `--download-inputs`, the folder they are downloaded into whole
+/// How the command reads its inputs (`reading`: their format, features) and
+/// reaches those at URLs: the object-store options and, with `--download-inputs`, the folder they are downloaded into whole
 /// (`--download-dir`, else a temporary folder, returned to be removed when
 /// the command ends), saying how much disk that needs; `urls` are the inputs
 /// that may be read (all of a plan's, for a shard: hence "up to").
 pub(crate) fn input_options(
     store: &StoreArgs,
     download: &crate::cli::DownloadArgs,
+    reading: &crate::cli::ReadingArgs,
     urls: &[std::path::PathBuf],
     up_to: bool,
 ) -> anyhow::Result<(InputOptions, Option<tempfile::TempDir>)> {
     let mut options = InputOptions {
-        store: StoreOptions { anonymous: store.anonymous, endpoint: store.endpoint.clone() },
-        download_dir: None,
+        remote: deltacells::h5ad::remote::RemoteOptions {
+            store: StoreOptions { anonymous: store.anonymous, endpoint: store.endpoint.clone() },
+            download_dir: None,
+        },
+        reading: reading.reading()?,
     };
     if !download.download_inputs {
         return Ok((options, None));
@@ -83,7 +87,7 @@ pub(crate) fn input_options(
         if up_to { "up to " } else { "" },
         indicatif::HumanBytes(bytes)
     );
-    options.download_dir = Some(dir);
+    options.remote.download_dir = Some(dir);
     Ok((options, temp))
 }
 

@@ -98,7 +98,7 @@ pub(crate) fn run(args: &ShardArgs) -> anyhow::Result<ExitCode> {
     } else {
         Vec::new()
     };
-    let (reach, _downloads) = super::input_options(&args.store, &args.download, &inputs, true)?;
+    let (reach, _downloads) = super::input_options(&args.store, &args.download, &Default::default(), &inputs, true)?;
     let in_flight = ShardOptions { max_in_flight: MAX_IN_FLIGHT, spill_dir: args.spill_dir.clone(), inputs: reach };
     let result = if super::show_progress(args.quiet) {
         let progress = Bar::new(false);

@@ -289,8 +289,9 @@ pub fn resume(ds: Arc<dyn Storage>, options: &AppendOptions, progress: &dyn Conv
         }
         Leftover::Staging(record) => {
             let inputs: Vec<PathBuf> = new_inputs(&record.inputs).map(|i| i.path.clone()).collect();
-            let options =
+            let mut options =
                 AppendOptions { matrix: Some(record.matrix.clone()), shuffle: record.shuffle, ..options.clone() };
+            options.inputs.reading = record.reading.clone();
             let mut summary = append_locked(ds, &inputs, &options, progress)?;
             summary.outcome = "completed".into();
             Ok(summary)
@@ -443,6 +444,7 @@ fn plan_staged(
         time: time.unwrap_or_else(now),
         sharded: then == Then::Nothing,
         shuffle: options.shuffle,
+        reading: options.inputs.reading.clone(),
     };
     let mut text = serde_json::to_vec_pretty(&record)?;
     text.push(b'\n');
@@ -533,6 +535,7 @@ fn plan_staged(
             restated,
         }),
         shuffle: options.shuffle,
+        reading: options.inputs.reading.clone(),
     }
     .with_id();
     let mut text = serde_json::to_vec_pretty(&plan)?;

@@ -91,7 +91,7 @@ pub fn finalize(out: &dyn Storage) -> Result<ConvertSummary> {
     let started = std::time::Instant::now();
     let _lock = lock(out)?;
     if let Some(manifest) = finish_interrupted(out)? {
-        return Ok(summary_of_manifest(&manifest, 0, started));
+        return Ok(summary_of_manifest(&manifest, (0, 0), started));
     }
     let workspace = Workspace::resolve(out)?;
     let (summary, staged) = finalize_in(workspace.out(), workspace.base())?;
@@ -105,7 +105,7 @@ pub fn finalize(out: &dyn Storage) -> Result<ConvertSummary> {
 /// What a finished dataset's manifest says of it.
 fn summary_of_manifest(
     m: &crate::format::Manifest,
-    dropped_nonzeros: u64,
+    (dropped_nonzeros, summed_duplicates): (u64, u64),
     started: std::time::Instant,
 ) -> ConvertSummary {
     let nnz: u64 = m.tile_nnz.iter().sum();
@@ -118,6 +118,7 @@ fn summary_of_manifest(
         tile_bytes,
         bytes_per_nonzero: if nnz == 0 { 0.0 } else { tile_bytes as f64 / nnz as f64 },
         dropped_nonzeros,
+        summed_duplicates,
         seconds: started.elapsed().as_secs_f64(),
     }
 }
@@ -142,7 +143,7 @@ pub(crate) fn finalize_in(out: &dyn Storage, base: &dyn Storage) -> Result<(Conv
     let mut seen: Vec<(usize, usize)> = Vec::new();
     // Per first tile, so that a shard whose result appears twice (as K/N and
     // as another split) is counted once.
-    let mut dropped: BTreeMap<usize, u64> = BTreeMap::new();
+    let mut dropped: BTreeMap<usize, (u64, u64)> = BTreeMap::new();
     for key in out.list(RESULTS_PREFIX)? {
         let Some((k, n)) = parse_result_key(&key).filter(|(k, n)| k < n) else {
             return Err(ConvertError::invalid(out.location(&key), "not a shard result name (shard-K-of-N.json)"));
@@ -154,10 +155,11 @@ pub(crate) fn finalize_in(out: &dyn Storage, base: &dyn Storage) -> Result<(Conv
         for (i, s) in (r.first_obs_shard..).zip(0..r.obs_shard_bytes.len()) {
             record(&mut obs, i, (r.obs_shard_bytes[s], r.obs_shard_sha256[s].clone(), 0), (k, n), "obs shard")?;
         }
-        dropped.insert(r.first_tile, r.dropped_nonzeros);
+        dropped.insert(r.first_tile, (r.dropped_nonzeros, r.summed_duplicates));
         seen.push((k, n));
     }
-    let dropped_nonzeros: u64 = dropped.values().sum();
+    let dropped_nonzeros: u64 = dropped.values().map(|d| d.0).sum();
+    let summed_duplicates: u64 = dropped.values().map(|d| d.1).sum();
 
     let missing_tiles: Vec<usize> = (first_tile..n_tiles).filter(|t| !tiles.contains_key(t)).collect();
     if !missing_tiles.is_empty() {
@@ -273,5 +275,5 @@ pub(crate) fn finalize_in(out: &dyn Storage, base: &dyn Storage) -> Result<(Conv
     for key in out.list(".plan")? {
         out.delete(&key)?;
     }
-    Ok((summary_of_manifest(&m, dropped_nonzeros, started), text))
+    Ok((summary_of_manifest(&m, (dropped_nonzeros, summed_duplicates), started), text))
 }

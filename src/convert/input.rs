@@ -142,6 +142,94 @@ pub trait Table {
     fn invalid(&self, object: &str, message: String) -> InputError;
 }
 
+/// A table held in memory whole: the tables of formats that store them as
+/// small arrays or text files (10x features, Matrix Market's features and
+/// barcodes). Its index is unnamed (`_index`, as anndata writes it).
+#[derive(Clone, Debug)]
+pub struct MemoryTable {
+    /// The file, for messages.
+    pub path: PathBuf,
+    /// The table, for messages (`obs`, `var`).
+    pub name: String,
+    pub index: Vec<String>,
+    pub columns: Vec<(String, FrameColumn)>,
+}
+
+impl MemoryTable {
+    /// A column of strings with few distinct values, as a categorical whose
+    /// vocabulary is sorted (as pandas sorts one it infers).
+    pub fn category_of(values: &[String]) -> FrameColumn {
+        let mut categories: Vec<String> = values.to_vec();
+        categories.sort_unstable();
+        categories.dedup();
+        let codes = values.iter().map(|v| categories.binary_search(v).map_or(-1, |c| c as i32)).collect();
+        FrameColumn::Category { codes, categories: Categories::Strings(categories), ordered: false }
+    }
+}
+
+impl Table for MemoryTable {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn index_name(&self) -> Result<String, InputError> {
+        Ok("_index".into())
+    }
+
+    fn index(&self, rows: Option<Range<usize>>) -> Result<Vec<String>, InputError> {
+        let rows = rows.unwrap_or(0..self.index.len());
+        match self.index.get(rows.clone()) {
+            Some(names) => Ok(names.to_vec()),
+            None => Err(self.invalid(&self.name, format!("rows {rows:?} outside 0..{}", self.index.len()))),
+        }
+    }
+
+    fn columns(&self) -> Result<Vec<String>, InputError> {
+        Ok(self.columns.iter().map(|(n, _)| n.clone()).collect())
+    }
+
+    fn column(
+        &self,
+        name: &str,
+        rows: Option<&Range<usize>>,
+        with_categories: bool,
+    ) -> Result<FrameColumn, InputError> {
+        let object = format!("{}/{name}", self.name);
+        let Some((_, column)) = self.columns.iter().find(|(n, _)| n == name) else {
+            return Err(self.invalid(&object, "not found".into()));
+        };
+        let rows = rows.cloned().unwrap_or(0..column.len());
+        if rows.start > rows.end || rows.end > column.len() {
+            return Err(self.invalid(&object, format!("rows {rows:?} outside 0..{}", column.len())));
+        }
+        Ok(match column {
+            FrameColumn::Category { codes, categories, ordered } => FrameColumn::Category {
+                codes: codes[rows].to_vec(),
+                categories: if with_categories { categories.clone() } else { Categories::Strings(Vec::new()) },
+                ordered: *ordered,
+            },
+            FrameColumn::Numeric(a) => FrameColumn::Numeric(a.slice(rows.start, rows.len())),
+            FrameColumn::Bool(v) => FrameColumn::Bool(v[rows].to_vec()),
+            FrameColumn::String(v) => FrameColumn::String(v[rows].to_vec()),
+        })
+    }
+
+    fn check_rows(&self, rows: u64, what: &str) -> Result<(), InputError> {
+        let lengths = std::iter::once((self.name.clone(), self.index.len()))
+            .chain(self.columns.iter().map(|(n, c)| (format!("{}/{n}", self.name), c.len())));
+        for (object, len) in lengths {
+            if len as u64 != rows {
+                return Err(self.invalid(&object, format!("has {len} rows, but the matrix has {rows} {what}")));
+            }
+        }
+        Ok(())
+    }
+
+    fn invalid(&self, object: &str, message: String) -> InputError {
+        InputError::Invalid { path: self.path.clone(), object: object.to_string(), message }
+    }
+}
+
 /// One input file, opened for conversion. Reading is `&self`, so that the
 /// matrix can be read while a table of the same file is borrowed, and on the
 /// thread that the conversion's reading runs on.
@@ -191,6 +279,23 @@ pub struct BadValue {
     pub problem: String,
 }
 
+/// What [`to_counts`] left out or merged, counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cleaned {
+    /// Nonzeros of genes the dataset does not store.
+    pub dropped: u64,
+    /// Entries of a cell and gene that another entry of the same cell and
+    /// gene came before: summed into it.
+    pub summed: u64,
+}
+
+impl std::ops::AddAssign for Cleaned {
+    fn add_assign(&mut self, other: Cleaned) {
+        self.dropped += other.dropped;
+        self.summed += other.summed;
+    }
+}
+
 /// A column that [`to_counts`] leaves out (a gene the dataset does not store).
 pub const DROPPED_COLUMN: u32 = u32::MAX;
 
@@ -199,9 +304,9 @@ pub const DROPPED_COLUMN: u32 = u32::MAX;
 /// (source column -> output column) when given, sorted within each row, and
 /// duplicates summed. Columns that `remap` maps to [`DROPPED_COLUMN`] are left
 /// out (after their values were checked); the second value counts their
-/// nonzeros.
-pub fn to_counts(raw: &RawRows, n_cols: u32, remap: Option<&[u32]>) -> Result<(CsrMatrix, u64), BadValue> {
-    let mut dropped = 0u64;
+/// nonzeros and the duplicates summed.
+pub fn to_counts(raw: &RawRows, n_cols: u32, remap: Option<&[u32]>) -> Result<(CsrMatrix, Cleaned), BadValue> {
+    let mut cleaned = Cleaned::default();
     let mut out = CsrMatrix::empty(n_cols);
     out.indices.reserve(raw.indices.len());
     out.data.reserve(raw.values.len());
@@ -230,7 +335,7 @@ pub fn to_counts(raw: &RawRows, n_cols: u32, remap: Option<&[u32]>) -> Result<(C
             }
             let column = remap.map_or(source, |m| m[source as usize]);
             if column == DROPPED_COLUMN {
-                dropped += 1;
+                cleaned.dropped += 1;
                 continue;
             }
             if previous.is_some_and(|p| column <= p) {
@@ -259,6 +364,7 @@ pub fn to_counts(raw: &RawRows, n_cols: u32, remap: Option<&[u32]>) -> Result<(C
                             });
                         }
                         last.1 = sum as u32;
+                        cleaned.summed += 1;
                     }
                     _ => merged.push((c, v)),
                 }
@@ -271,7 +377,7 @@ pub fn to_counts(raw: &RawRows, n_cols: u32, remap: Option<&[u32]>) -> Result<(C
         }
         out.indptr.push(out.indices.len() as u64);
     }
-    Ok((out, dropped))
+    Ok((out, cleaned))
 }
 
 #[cfg(test)]
@@ -293,17 +399,18 @@ mod tests {
     #[test]
     fn counts_are_cleaned() {
         // explicit zero dropped, unsorted sorted, duplicates summed
-        let (m, _) = to_counts(&raw(&[&[(3, 2.0), (1, 0.0), (0, 1.0), (3, 5.0)], &[]]), 5, None).unwrap();
+        let (m, cleaned) = to_counts(&raw(&[&[(3, 2.0), (1, 0.0), (0, 1.0), (3, 5.0)], &[]]), 5, None).unwrap();
+        assert_eq!(cleaned, Cleaned { dropped: 0, summed: 1 });
         assert_eq!(m.indptr, vec![0, 2, 2]);
         assert_eq!(m.indices, vec![0, 3]);
         assert_eq!(m.data, vec![1, 7]);
         // remapped columns are sorted in output order
-        let (m, dropped) = to_counts(&raw(&[&[(0, 1.0), (1, 2.0), (2, 3.0)]]), 3, Some(&[2, 0, 1])).unwrap();
-        assert_eq!((m.indices, m.data, dropped), (vec![0, 1, 2], vec![2, 3, 1], 0));
+        let (m, cleaned) = to_counts(&raw(&[&[(0, 1.0), (1, 2.0), (2, 3.0)]]), 3, Some(&[2, 0, 1])).unwrap();
+        assert_eq!((m.indices, m.data, cleaned), (vec![0, 1, 2], vec![2, 3, 1], Cleaned::default()));
         // columns mapped to DROPPED_COLUMN are left out and counted
-        let (m, dropped) =
+        let (m, cleaned) =
             to_counts(&raw(&[&[(0, 1.0), (1, 2.0), (2, 3.0)], &[(1, 4.0)]]), 2, Some(&[1, DROPPED_COLUMN, 0])).unwrap();
-        assert_eq!((m.indptr, m.indices, m.data, dropped), (vec![0, 2, 2], vec![0, 1], vec![3, 1], 2));
+        assert_eq!((m.indptr, m.indices, m.data, cleaned.dropped), (vec![0, 2, 2], vec![0, 1], vec![3, 1], 2));
     }
 
     #[test]

@@ -78,6 +78,10 @@ pub struct Plan {
     /// None for the inputs' order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shuffle: Option<u64>,
+    /// How the inputs are read (their format, features), when not told by
+    /// each input: every shard reads them so.
+    #[serde(default, skip_serializing_if = "super::sources::InputReading::is_default")]
+    pub reading: super::sources::InputReading,
 }
 
 /// The part of an append's plan that a conversion's does not have: the
@@ -177,6 +181,9 @@ pub struct ShardResult {
     /// Nonzeros of genes the dataset does not store (`--genes intersection`).
     #[serde(default)]
     pub dropped_nonzeros: u64,
+    /// Entries of a cell and gene that repeated an earlier one, summed into it.
+    #[serde(default)]
+    pub summed_duplicates: u64,
 }
 
 /// Reads the plan of the conversion into `out`.
@@ -228,6 +235,7 @@ mod tests {
             metadata: Map::new(),
             append: None,
             shuffle: None,
+            reading: Default::default(),
         }
     }
 

@@ -21,7 +21,7 @@ use serde_json::{Map, Value};
 use crate::format::{self, CsrMatrix, TileEncoder};
 use crate::storage::Storage;
 use crate::writer::{DatasetWriter, WriteOptions};
-use input::{to_counts, BadCount, BadValue, InputError, InputSource, RawRows};
+use input::{to_counts, BadCount, BadValue, Cleaned, InputError, InputSource, RawRows};
 use obs_merge::ObsPlan;
 use obs_shards::{ShardRecord, ShardWriter};
 
@@ -166,6 +166,8 @@ pub struct ConvertSummary {
     pub bytes_per_nonzero: f64,
     /// Nonzeros of genes left out (`--genes intersection`).
     pub dropped_nonzeros: u64,
+    /// Entries of a cell and gene that repeated an earlier one (summed into it).
+    pub summed_duplicates: u64,
     pub seconds: f64,
 }
 
@@ -230,8 +232,8 @@ struct EncodedTile {
     blob: Vec<u8>,
     cells: u64,
     nnz: u64,
-    /// Nonzeros of genes the dataset does not store.
-    dropped: u64,
+    /// Nonzeros of genes the dataset does not store; duplicates summed.
+    cleaned: Cleaned,
     obs: Option<arrow_array::RecordBatch>,
 }
 
@@ -353,7 +355,7 @@ pub(crate) fn scan_inputs(
     progress.phase("scanning", 0);
     let urls: Vec<&str> = inputs.iter().filter(|p| crate::h5ad::remote::is_url(p)).filter_map(|p| p.to_str()).collect();
     if !urls.is_empty() {
-        crate::h5ad::remote::open_ahead(&urls, reach);
+        crate::h5ad::remote::open_ahead(&urls, &reach.remote);
     }
     let mut scanned = Vec::with_capacity(inputs.len());
     let mut source_genes: Option<genes::SourceGenes> = None;
@@ -442,7 +444,7 @@ pub(crate) fn gene_totals(
                 },
             );
             if let Some((first, rows, result)) = counted {
-                let block = result.map_err(|bad| describe_bad_value(source.as_ref(), matrix, first + bad.row, &bad))?;
+                let block = result.map_err(|bad| describe_bad_value(source.as_ref(), first + bad.row, &bad))?;
                 for (t, b) in totals.iter_mut().zip(&block) {
                     *t += b;
                 }
@@ -502,8 +504,8 @@ pub(crate) struct TileJob<'a> {
 pub(crate) struct TilesWritten {
     /// The obs shards' records, when there is obs.
     pub obs_shards: Option<Vec<ShardRecord>>,
-    /// Nonzeros of genes the dataset does not store.
-    pub dropped_nonzeros: u64,
+    /// Nonzeros of genes the dataset does not store; duplicates summed.
+    pub cleaned: Cleaned,
 }
 
 /// A tile being encoded: where its result will arrive.
@@ -540,7 +542,7 @@ pub(crate) fn write_tiles(
         let mut shard_writer = obs_plan
             .map(|p| ShardWriter::starting_at(p.arrow_schema().clone(), per_file, job.tiles.start / per_file as usize));
         let writer_thread = threads.spawn(move || -> Result<TilesWritten, (usize, TileFailure)> {
-            let mut dropped_nonzeros = 0u64;
+            let mut cleaned = Cleaned::default();
             if let Some(shards) = &mut shard_writer {
                 for batch in job.obs_prefix {
                     shards.add_tile(batch, writer.storage()).map_err(|e| (0, TileFailure::Other(e)))?;
@@ -563,17 +565,17 @@ pub(crate) fn write_tiles(
                         _ => Ok(()),
                     })
                     .map_err(|e| (next, TileFailure::Other(e)))?;
-                dropped_nonzeros += tile.dropped;
+                cleaned += tile.cleaned;
                 progress.tile_done(index, tile.cells, tile.nnz);
             }
             let obs_shards = match shard_writer {
                 Some(shards) => Some(shards.finish(writer.storage()).map_err(|e| (0, TileFailure::Other(e)))?),
                 None => None,
             };
-            Ok(TilesWritten { obs_shards, dropped_nonzeros })
+            Ok(TilesWritten { obs_shards, cleaned })
         });
 
-        let read_result = rayon::in_place_scope(|pool| -> Result<u64> {
+        let read_result = rayon::in_place_scope(|pool| -> Result<Cleaned> {
             // Hands a tile's cells to the pool; false once the writer has stopped.
             let mut dispatch = |cells: TileCells| {
                 let (done, result) = mpsc::sync_channel(1);
@@ -587,7 +589,8 @@ pub(crate) fn write_tiles(
                 true
             };
             match job.shuffle {
-                None => read_in_order(job, cells.clone(), &shared_remap, &mut dispatch, progress).map(|()| 0),
+                None => read_in_order(job, cells.clone(), &shared_remap, &mut dispatch, progress)
+                    .map(|()| Cleaned::default()),
                 Some(seed) => shuffle::read_shuffled(job, seed, cells.clone(), &mut dispatch, progress),
             }
         });
@@ -599,14 +602,14 @@ pub(crate) fn write_tiles(
     match write_result {
         Ok(mut written) => {
             // (nonzeros of genes left out while cells were spilled)
-            written.dropped_nonzeros += read_result?;
+            written.cleaned += read_result?;
             Ok(written)
         }
         // A failure of the writer comes first: it is why the reader stopped.
         Err((_, TileFailure::Other(e))) => Err(e),
         Err((_, TileFailure::BadValue { input, row, gene, problem })) => {
             let source = sources::open(&inputs[input].path, matrix, job.reach)?;
-            Err(describe_bad_value(source.as_ref(), matrix, row, &BadValue { row, gene, problem }).into())
+            Err(describe_bad_value(source.as_ref(), row, &BadValue { row, gene, problem }).into())
         }
     }
 }
@@ -774,12 +777,14 @@ fn encode_tile(cells: TileCells, n_genes: u32, encoder: &TileEncoder) -> Result<
             debug_assert_eq!(block.n_rows() as u64, cells);
             (block, TileOrigin::Parts(origin), obs, dropped)
         }
-        TileCells::Counts { counts, origins, obs, remaps } => (counts, TileOrigin::Cells(origins, remaps), obs, 0),
+        TileCells::Counts { counts, origins, obs, remaps } => {
+            (counts, TileOrigin::Cells(origins, remaps), obs, Cleaned::default())
+        }
     };
     let cells = block.n_rows() as u64;
     let nnz = block.nnz() as u64;
     match encoder.encode(&block) {
-        Ok(blob) => Ok(EncodedTile { blob, cells, nnz, dropped, obs }),
+        Ok(blob) => Ok(EncodedTile { blob, cells, nnz, cleaned: dropped, obs }),
         Err(e) => match e.cell_and_gene() {
             Some((cell, gene)) => {
                 let (input, row, remap) = origin.of(cell);
@@ -827,7 +832,7 @@ type Origins = Vec<(usize, u64, u64, std::sync::Arc<Vec<u32>>)>;
 fn assemble(
     parts: Vec<Part>,
     n_genes: u32,
-) -> Result<(CsrMatrix, Origins, Option<arrow_array::RecordBatch>, u64), TileFailure> {
+) -> Result<(CsrMatrix, Origins, Option<arrow_array::RecordBatch>, Cleaned), TileFailure> {
     let mut block = CsrMatrix::empty(n_genes);
     let mut origin: Origins = Vec::with_capacity(parts.len());
     let obs_parts: Vec<arrow_array::RecordBatch> = parts.iter().filter_map(|p| p.obs.clone()).collect();
@@ -839,7 +844,7 @@ fn assemble(
         None => None,
     };
     drop(obs_parts);
-    let mut dropped = 0u64;
+    let mut dropped = Cleaned::default();
     for part in parts {
         origin.push((part.input, part.first_row, block.n_rows() as u64, part.remap.clone()));
         let (counts, part_dropped) =
@@ -859,7 +864,7 @@ fn assemble(
 /// The error for a value that is not a count: file, matrix, cell (row and obs
 /// name), gene (index and name), the value, and a hint when another matrix of
 /// the file holds counts.
-fn describe_bad_value(source: &dyn InputSource, matrix: &str, row: u64, bad: &BadValue) -> InputError {
+fn describe_bad_value(source: &dyn InputSource, row: u64, bad: &BadValue) -> InputError {
     let name_of = |table: Option<Box<dyn input::Table + '_>>, at: u64| {
         table
             .and_then(|t| t.index(Some(at as usize..at as usize + 1)).ok())
@@ -871,7 +876,7 @@ fn describe_bad_value(source: &dyn InputSource, matrix: &str, row: u64, bad: &Ba
     let var_name = name_of(source.var().ok(), bad.gene);
     InputError::BadCount(Box::new(BadCount {
         path: source.path().to_path_buf(),
-        matrix: matrix.to_string(),
+        matrix: source.matrix_name().to_string(),
         row,
         obs_name,
         gene: bad.gene,

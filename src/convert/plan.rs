@@ -155,6 +155,9 @@ pub(crate) fn plan_then(
             }),
         );
     }
+    if let (false, Some(Value::Object(record))) = (options.inputs.reading.is_default(), metadata.get_mut("convert")) {
+        record.insert("reading".into(), json!(options.inputs.reading));
+    }
     if let (Some(given), Some(Value::Object(record))) = (&options.gene_order, metadata.get_mut("convert")) {
         record.insert("gene_order_from".into(), json!(given.source()));
     }
@@ -191,6 +194,7 @@ pub(crate) fn plan_then(
         metadata,
         append: None,
         shuffle: options.shuffle,
+        reading: options.inputs.reading.clone(),
     }
     .with_id();
     let mut text = serde_json::to_vec_pretty(&plan)?;

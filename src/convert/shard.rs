@@ -97,6 +97,8 @@ pub(crate) fn shard_in(
         None => (None, Vec::new()),
     };
     let mut writer = DatasetWriter::starting_at(out, plan.write_options(), plan.n_genes as u32, tiles.start);
+    // (the inputs are read as the plan read them)
+    let reach = super::sources::InputOptions { reading: plan.reading.clone(), ..options.inputs.clone() };
     let job = TileJob {
         inputs: &plan.inputs,
         first_cell: plan.first_cell(),
@@ -112,10 +114,10 @@ pub(crate) fn shard_in(
         max_in_flight: options.max_in_flight,
         shuffle: plan.shuffle,
         spill_dir: options.spill_dir.as_deref(),
-        reach: &options.inputs,
+        reach: &reach,
     };
     let written = if tiles.is_empty() { None } else { Some(write_tiles(&job, &mut writer, progress)?) };
-    let dropped_nonzeros = written.as_ref().map_or(0, |w| w.dropped_nonzeros);
+    let cleaned = written.as_ref().map(|w| w.cleaned).unwrap_or_default();
     let shards = written.and_then(|w| w.obs_shards).unwrap_or_default();
     let result = ShardResult {
         format: RESULT_FORMAT.into(),
@@ -130,7 +132,8 @@ pub(crate) fn shard_in(
         first_obs_shard: plan.obs_shards_of(&tiles).start,
         obs_shard_bytes: shards.iter().map(|s| s.bytes).collect(),
         obs_shard_sha256: shards.iter().map(|s| s.sha256.clone()).collect(),
-        dropped_nonzeros,
+        dropped_nonzeros: cleaned.dropped,
+        summed_duplicates: cleaned.summed,
     };
     let mut text = serde_json::to_vec_pretty(&result)?;
     text.push(b'\n');

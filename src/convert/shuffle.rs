@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use arrow_array::{RecordBatch, UInt32Array};
 use arrow_schema::SchemaRef;
 
-use super::input::{to_counts, BadValue, RawRows};
+use super::input::{to_counts, BadValue, Cleaned, RawRows};
 use super::{
     describe_bad_value, input_obs_table, input_remap, open_unchanged, source_code, Dispatch, TileCells, TileJob,
 };
@@ -390,14 +390,15 @@ fn read_frames(path: &Path) -> Result<Vec<Vec<u8>>> {
 
 /// Reads the cells of positions `cells` (whole tiles of the job) from every
 /// input, spills them, and hands their tiles to `dispatch` in order. Returns
-/// the nonzeros of genes left out (`--genes intersection`) of those cells.
+/// the nonzeros of genes left out (`--genes intersection`) of those cells and
+/// the duplicate entries summed.
 pub(crate) fn read_shuffled(
     job: &TileJob<'_>,
     seed: u64,
     cells: Range<u64>,
     dispatch: &mut Dispatch<'_>,
     progress: &dyn ConvertProgress,
-) -> Result<u64> {
+) -> Result<Cleaned> {
     let TileJob { inputs, matrix, source_genes, remap, obs_plan, .. } = *job;
     let n_genes = remap.len() as u32;
     let n_cells: u64 = job.first_cell + inputs.iter().map(|i| i.n_rows).sum::<u64>();
@@ -418,7 +419,7 @@ pub(crate) fn read_shuffled(
     progress.phase("shuffling", n_cells - job.first_cell);
     let shared_remap = std::sync::Arc::new(remap.to_vec());
     let mut remaps: Vec<std::sync::Arc<Vec<u32>>> = Vec::with_capacity(inputs.len());
-    let mut dropped = 0u64;
+    let mut dropped = Cleaned::default();
     let mut offset = job.first_cell;
     for (i, input) in inputs.iter().enumerate() {
         progress.file(&input.path);
@@ -494,7 +495,7 @@ pub(crate) fn read_shuffled(
             if let Some((rows, spilled)) = spilled {
                 match spilled? {
                     Ok(d) => dropped += d,
-                    Err((row, bad)) => return Err(describe_bad_value(source, matrix, row, &bad).into()),
+                    Err((row, bad)) => return Err(describe_bad_value(source, row, &bad).into()),
                 }
                 progress.advance(rows);
             }
@@ -546,7 +547,7 @@ fn spill_block(
     obs: Option<&RecordBatch>,
     keep_all: bool,
     (n_genes, remap): (u32, &[u32]),
-) -> Result<Result<u64, (u64, BadValue)>> {
+) -> Result<Result<Cleaned, (u64, BadValue)>> {
     let positions: Vec<u64> = cells.clone().map(|c| placement.position(c)).collect();
     let kept: Vec<usize> = if keep_all {
         (0..positions.len()).collect()
@@ -554,7 +555,7 @@ fn spill_block(
         (0..positions.len()).filter(|&r| scatter.positions.contains(&positions[r])).collect()
     };
     if kept.is_empty() {
-        return Ok(Ok(0));
+        return Ok(Ok(Cleaned::default()));
     }
     let selected;
     let (rows, obs_rows) = if kept.len() == positions.len() {

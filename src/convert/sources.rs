@@ -1,16 +1,72 @@
 //! Where an input is and which format reads it: the one place that knows
-//! the formats (every input is an .h5ad file today) and the facts of inputs
-//! at URLs (their size and entity tag), so that the input types
+//! the formats (.h5ad, 10x Genomics .h5, Matrix Market) and the facts of
+//! inputs at URLs (their size and entity tag), so that the input types
 //! ([`super::input`]) and the formats that implement them never import each
 //! other.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
 
 use super::input::{InputError, InputSource};
+use crate::h5ad::remote::{is_url, RemoteOptions};
 
-/// How inputs at URLs are reached (credentials, endpoint, or downloaded
-/// whole first): part of each conversion's options.
-pub use crate::h5ad::remote::RemoteOptions as InputOptions;
+/// How a conversion's inputs are reached (at URLs: credentials, endpoint, or
+/// downloaded whole first) and read (which format, which features): part of
+/// each conversion's options.
+#[derive(Clone, Debug, Default)]
+pub struct InputOptions {
+    pub remote: RemoteOptions,
+    pub reading: InputReading,
+}
+
+/// How the inputs are read, whatever reaches them: recorded in a sharded
+/// conversion's plan, so that every shard reads as the plan did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputReading {
+    /// The inputs' format; None: told by each input's name and content.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<InputFormat>,
+    /// 10x Genomics inputs: the features converted (their `feature_type`);
+    /// None: `Gene Expression`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feature_type: Option<String>,
+    /// 10x Genomics inputs of several genomes: the one converted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub genome: Option<String>,
+}
+
+impl InputReading {
+    /// Whether this is how inputs are read when nothing is said.
+    pub fn is_default(&self) -> bool {
+        *self == InputReading::default()
+    }
+}
+
+/// The formats conversion reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InputFormat {
+    /// AnnData's HDF5 file.
+    H5ad,
+    /// Cell Ranger's feature-barcode matrix in HDF5 (`filtered_feature_bc_matrix.h5`).
+    #[serde(rename = "10x-h5")]
+    TenxH5,
+    /// Matrix Market: `matrix.mtx[.gz]` with its features (or genes) and
+    /// barcodes files, or the folder that holds them.
+    Mtx,
+}
+
+impl InputFormat {
+    /// The name users give it (`--input-format`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InputFormat::H5ad => "h5ad",
+            InputFormat::TenxH5 => "10x-h5",
+            InputFormat::Mtx => "mtx",
+        }
+    }
+}
 
 /// The size of an input in bytes (of the object, for a URL), if it can be had.
 pub fn input_size(path: &Path, options: &InputOptions) -> Option<u64> {
@@ -18,12 +74,14 @@ pub fn input_size(path: &Path, options: &InputOptions) -> Option<u64> {
 }
 
 /// The size of an input and, for an object at a URL, its entity tag: what a
-/// shard compares with the plan's record to refuse a file that changed.
+/// shard compares with the plan's record to refuse a file that changed. For
+/// a Matrix Market folder, the matrix file's.
 pub fn input_version(path: &Path, options: &InputOptions) -> Option<crate::storage::Version> {
-    if crate::h5ad::remote::is_url(path) {
-        return crate::storage::ranged::object_version(&path.to_string_lossy(), &options.store).ok();
+    if is_url(path) {
+        return crate::storage::ranged::object_version(&path.to_string_lossy(), &options.remote.store).ok();
     }
-    std::fs::metadata(path).map(|m| crate::storage::Version { size: m.len(), etag: None }).ok()
+    let file = if path.is_dir() { crate::mtx::matrix_file(path).ok()? } else { path.to_path_buf() };
+    std::fs::metadata(file).map(|m| crate::storage::Version { size: m.len(), etag: None }).ok()
 }
 
 /// How a version reads in a message: `37393704 bytes`, `, ETag "..."` after
@@ -35,9 +93,83 @@ pub(crate) fn describe_version(version: &crate::storage::Version) -> String {
     }
 }
 
-/// Opens `path` (a local file, or an s3://, gs:// or http(s):// URL, read by
-/// ranges) for conversion of its matrix `matrix` (`X`, `raw/X`,
-/// `layers/NAME`). Every input is an .h5ad file today.
+/// The format of `path` when its name tells: a folder or a `.mtx[.gz]` file
+/// is Matrix Market, `.h5ad` is AnnData; None for an HDF5 file of another
+/// name, whose content tells.
+fn format_by_name(path: &Path) -> Option<InputFormat> {
+    let name = path.file_name().map(|n| n.to_string_lossy().to_lowercase()).unwrap_or_default();
+    if name.ends_with(".mtx") || name.ends_with(".mtx.gz") || (!is_url(path) && path.is_dir()) {
+        Some(InputFormat::Mtx)
+    } else if name.ends_with(".h5ad") {
+        Some(InputFormat::H5ad)
+    } else {
+        None
+    }
+}
+
+/// Opens `path` (a local file or folder, or an s3://, gs:// or http(s)://
+/// URL, read by ranges) for conversion of its matrix `matrix` (`X`, `raw/X`,
+/// `layers/NAME` of an .h5ad file; `X`, the one matrix, of the other
+/// formats), in the format `options.reading` names or else the one its name
+/// and content tell.
 pub fn open(path: &Path, matrix: &str, options: &InputOptions) -> Result<Box<dyn InputSource>, InputError> {
-    Ok(Box::new(crate::h5ad::H5adSource::open_with(path, matrix, options)?))
+    let reading = &options.reading;
+    match reading.format.or_else(|| format_by_name(path)) {
+        Some(InputFormat::Mtx) => {
+            only_x(path, matrix, InputFormat::Mtx)?;
+            if let Some(genome) = &reading.genome {
+                return Err(InputError::Unsupported {
+                    path: path.to_path_buf(),
+                    object: "--genome".into(),
+                    message: format!(
+                        "{genome:?} names a genome of a 10x .h5 file; a Matrix Market input's features have none"
+                    ),
+                });
+            }
+            Ok(Box::new(crate::mtx::MtxSource::open(path, &options.remote, reading.feature_type.as_deref())?))
+        }
+        Some(InputFormat::TenxH5) => {
+            only_x(path, matrix, InputFormat::TenxH5)?;
+            let file = crate::h5ad::H5adFile::open_with(path, &options.remote)?;
+            Ok(Box::new(crate::tenx::TenxSource::open(
+                file,
+                reading.feature_type.as_deref(),
+                reading.genome.as_deref(),
+            )?))
+        }
+        Some(InputFormat::H5ad) => Ok(Box::new(crate::h5ad::H5adSource::open_with(path, matrix, &options.remote)?)),
+        None => {
+            // An HDF5 file: Cell Ranger's layout, or else AnnData's.
+            let file = crate::h5ad::H5adFile::open_with(path, &options.remote)?;
+            if crate::tenx::is_tenx(&file) {
+                only_x(path, matrix, InputFormat::TenxH5)?;
+                Ok(Box::new(crate::tenx::TenxSource::open(
+                    file,
+                    reading.feature_type.as_deref(),
+                    reading.genome.as_deref(),
+                )?))
+            } else {
+                Ok(Box::new(crate::h5ad::H5adSource::from_file(file, matrix)?))
+            }
+        }
+    }
+}
+
+/// Refuses a matrix other than `X` of a format that holds one.
+fn only_x(path: &Path, matrix: &str, format: InputFormat) -> Result<(), InputError> {
+    if matrix == "X" {
+        return Ok(());
+    }
+    Err(InputError::Unsupported {
+        path: PathBuf::from(path),
+        object: matrix.to_string(),
+        message: format!(
+            "a {} input holds one matrix, converted as X; --matrix names a matrix of an .h5ad file",
+            match format {
+                InputFormat::TenxH5 => "10x Genomics .h5",
+                InputFormat::Mtx => "Matrix Market",
+                InputFormat::H5ad => "h5ad",
+            }
+        ),
+    })
 }

@@ -55,6 +55,9 @@ pub(crate) struct AppendRecord {
     /// The seed of the appended cells' order, when shuffled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) shuffle: Option<u64>,
+    /// How the inputs are read, when not told by each input.
+    #[serde(default, skip_serializing_if = "super::sources::InputReading::is_default")]
+    pub(crate) reading: super::sources::InputReading,
 }
 
 /// The inputs that are files (not the dataset's own last tile).

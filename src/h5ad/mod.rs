@@ -202,6 +202,20 @@ impl H5adFile {
         if n_rows < 0 || n_cols < 0 {
             return Err(self.invalid(&format!("{name}/@shape"), format!("{shape:?} is negative")));
         }
+        self.sparse_matrix(name, &group, layout, n_rows as u64, n_cols as u64)
+    }
+
+    /// The sparse matrix whose arrays `data`, `indices` and `indptr` are in
+    /// `group` (`name` in messages), of the shape given (for CSC, `indptr`
+    /// runs over the columns), its arrays checked to agree with it.
+    pub(crate) fn sparse_matrix(
+        &self,
+        name: &str,
+        group: &hdf5::Group,
+        layout: Layout,
+        n_rows: u64,
+        n_cols: u64,
+    ) -> Result<MatrixReader, H5adError> {
         let mut datasets = Vec::new();
         for part in ["data", "indices", "indptr"] {
             let object = format!("{name}/{part}");
@@ -217,18 +231,18 @@ impl H5adFile {
             return Err(self.invalid(name, format!("data has {data_len} entries but indices has {indices_len}")));
         }
         let major = if layout == Layout::Csr { n_rows } else { n_cols };
-        if indptr_len as i64 != major + 1 {
+        if indptr_len as u64 != major + 1 {
             return Err(self.invalid(
                 &format!("{name}/indptr"),
-                format!("has {indptr_len} entries, but shape {shape:?} needs {}", major + 1),
+                format!("has {indptr_len} entries, but shape [{n_rows}, {n_cols}] needs {}", major + 1),
             ));
         }
         Ok(MatrixReader {
             path: self.path.clone(),
             name: name.into(),
             layout,
-            n_rows: n_rows as u64,
-            n_cols: n_cols as u64,
+            n_rows,
+            n_cols,
             datasets,
             csc_as_csr: std::sync::OnceLock::new(),
         })

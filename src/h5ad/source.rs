@@ -27,7 +27,11 @@ impl H5adSource {
         matrix: &str,
         remote: &super::remote::RemoteOptions,
     ) -> Result<H5adSource, InputError> {
-        let file = H5adFile::open_with(path, remote)?;
+        Self::from_file(H5adFile::open_with(path, remote)?, matrix)
+    }
+
+    /// The matrix `matrix` of a file already open.
+    pub fn from_file(file: H5adFile, matrix: &str) -> Result<H5adSource, InputError> {
         let reader = file.matrix(matrix)?;
         Ok(H5adSource { file, matrix_name: matrix.to_string(), matrix: reader })
     }

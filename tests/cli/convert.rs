@@ -23,7 +23,7 @@ pub fn source_order(ds: &Dataset) -> Vec<Vec<(u32, u32)>> {
 }
 
 /// Rows as counts: zeros dropped, duplicates summed, sorted.
-fn expected(rows: &Rows) -> Vec<Vec<(u32, u32)>> {
+pub fn expected(rows: &Rows) -> Vec<Vec<(u32, u32)>> {
     rows.iter()
         .map(|row| {
             let mut m = std::collections::BTreeMap::new();

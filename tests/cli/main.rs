@@ -6,6 +6,7 @@ mod append;
 mod collection;
 mod convert;
 mod dataset;
+mod formats;
 mod fuzz_regressions;
 mod gene_order;
 mod golden;

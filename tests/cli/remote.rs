@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use deltacells::h5ad::remote::RemoteOptions;
 use deltacells::storage::{LocalStorage, ObjectStorage, Storage};
 use deltacells::Dataset;
 use serde_json::Value;
@@ -865,14 +866,56 @@ fn two_conversions_in_one_process_reach_their_inputs_each_its_own_way() {
         convert(std::slice::from_ref(input), &LocalStorage::new(t.join(out)), &options, &NoProgress).unwrap();
     };
     let downloads = t.join("downloads");
-    run("downloaded", &url, InputOptions { download_dir: Some(downloads.clone()), ..InputOptions::default() });
+    let remote = RemoteOptions { download_dir: Some(downloads.clone()), ..RemoteOptions::default() };
+    run("downloaded", &url, InputOptions { remote, ..InputOptions::default() });
     assert_eq!(std::fs::read_dir(&downloads).unwrap().count(), 1, "the input was downloaded whole");
     run("ranged", &url, InputOptions::default());
     assert_eq!(std::fs::read_dir(&downloads).unwrap().count(), 1);
     let store = StoreOptions { anonymous: false, endpoint: Some(s3.url()) };
-    run("from_s3", &PathBuf::from("s3://test/inputs/in.h5ad"), InputOptions { store, download_dir: None });
+    run(
+        "from_s3",
+        &PathBuf::from("s3://test/inputs/in.h5ad"),
+        InputOptions { remote: RemoteOptions { store, download_dir: None }, ..InputOptions::default() },
+    );
     t.run(&["convert", "-q", &example, "local"]).expect_code(0);
     for out in ["downloaded", "ranged", "from_s3"] {
         assert_eq!(dataset_content(&t.join(out)), dataset_content(&t.join("local")), "{out}");
     }
+}
+
+#[test]
+fn ten_x_and_matrix_market_inputs_convert_from_an_http_server_as_from_disk() {
+    use crate::formats::{gene_features, write_mtx, write_tenx3, MtxForm};
+    let t = TestDir::new();
+    let rows = crate::h5::random_rows(60, 20, 3);
+    let genes = gene_features(20);
+    let barcodes = crate::h5::cells(60, "bc");
+    let served = t.join("served");
+    std::fs::create_dir(&served).unwrap();
+    write_tenx3(&served.join("s1.h5"), &rows, &genes, &(0..20).collect::<Vec<_>>(), &barcodes);
+    let matrix = write_mtx(
+        &served.join("s2"),
+        &rows,
+        &genes,
+        &barcodes,
+        MtxForm { gzip: true, scrambled: true, prefix: "GSM2_", ..Default::default() },
+    );
+    let Some(http) = Server::start("http", &[served.to_str().unwrap()]) else { return };
+    let local = [served.join("s1.h5"), matrix.clone()];
+    let mut args = vec!["convert", "-q", "--tile-size", "25"];
+    args.extend(local.iter().map(|p| p.to_str().unwrap()));
+    args.push("local");
+    t.run(&args).expect_code(0);
+    let urls = [format!("{}/s1.h5", http.url()), format!("{}/s2/GSM2_matrix.mtx.gz", http.url())];
+    let mut args = vec!["convert", "-q", "--tile-size", "25"];
+    args.extend(urls.iter().map(String::as_str));
+    args.push("remote");
+    t.run(&args).expect_code(0);
+    assert_eq!(dataset_content(&t.join("remote")), dataset_content(&t.join("local")));
+    // and downloaded whole first
+    let mut args = vec!["convert", "-q", "--download-inputs", "--tile-size", "25"];
+    args.extend(urls.iter().map(String::as_str));
+    args.push("downloaded");
+    t.run(&args).expect_code(0);
+    assert_eq!(dataset_content(&t.join("downloaded")), dataset_content(&t.join("local")));
 }
