@@ -68,14 +68,14 @@ def write_mtx(folder: str, adata: ad.AnnData, compress: bool, scramble: bool) ->
 
 
 def run(cmd: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak resident MiB of a command."""
+    """Wall seconds and peak resident MiB of a command (through GNU time: a
+    child forked from this process would report this process's peak)."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    proc = subprocess.run(["/usr/bin/time", "-f", "%M", *cmd], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     seconds = time.perf_counter() - start
-    if status != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr.read().decode() if proc.stderr else ''}")
-    return seconds, usage.ru_maxrss / 1024
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed: {proc.stderr.decode()}")
+    return seconds, int(proc.stderr.decode().split()[-1]) / 1024
 
 
 def tiles_digest(dataset: str) -> str:
