@@ -9,7 +9,9 @@ The cells are the two PBMC files (14k cells, 9.6M nonzeros), written as:
 10x Genomics .h5 (Cell Ranger 3's layout, gzip-compressed as Cell Ranger
 writes it), Matrix Market folders as Cell Ranger writes them (gzip, entries
 by cell), the same uncompressed, and the same gzip with the entries in a
-random order (sorted in runs and merged before conversion). Every dataset
+random order (sorted in runs and merged before conversion), and AnnData
+zarr stores as anndata writes them (v2 with Blosc, v3 sharded with
+Zstandard, anndata 0.13's default). Every dataset
 must come out with the tiles of the .h5ad conversion, which is checked.
 Inputs are read once before timing: the page cache is warm.
 """
@@ -22,6 +24,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+import warnings
 
 import anndata as ad
 import h5py
@@ -107,6 +110,13 @@ def main() -> None:
                 folder = f"{tmp}/{form.split()[0]}{'-scrambled' if scramble else ''}-{k}"
                 write_mtx(folder, adata, compress, scramble)
                 forms.setdefault(form, []).append(folder)
+            for form, version, shard in [("zarr v2", 2, False), ("zarr v3 sharded", 3, True)]:
+                ad.settings.zarr_write_format = version
+                ad.settings.auto_shard_zarr_v3 = shard
+                forms.setdefault(form, []).append(f"{tmp}/{form.replace(' ', '_')}-{k}.zarr")
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    adata.write_zarr(forms[form][-1])
         sizes = {f: sum(_size(p) for p in paths) for f, paths in forms.items()}
         results: dict[str, list[tuple[float, float]]] = {f: [] for f in forms}
         digests = {}
@@ -133,7 +143,7 @@ def main() -> None:
 
 def _size(path: str) -> int:
     if os.path.isdir(path):
-        return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
     return os.path.getsize(path)
 
 

@@ -196,14 +196,17 @@ pub(crate) enum InputFormatArg {
     TenxH5,
     /// Matrix Market: matrix.mtx[.gz] with features (or genes) and barcodes files, or their folder.
     Mtx,
+    /// AnnData zarr store (v2, or v3 sharded or not).
+    Zarr,
 }
 
 /// How inputs are read: their format and which of their features.
 #[derive(Debug, Args, Clone, Default)]
 pub(crate) struct ReadingArgs {
-    /// The inputs' format [default: told by each input: a folder, .mtx or
-    /// .mtx.gz is Matrix Market; an HDF5 file is 10x when laid out as Cell
-    /// Ranger writes it, else AnnData].
+    /// The inputs' format [default: told by each input: a .zarr folder, or
+    /// one holding zarr.json or .zgroup, is AnnData zarr; another folder,
+    /// .mtx or .mtx.gz is Matrix Market; an HDF5 file is 10x when laid out as
+    /// Cell Ranger writes it, else AnnData].
     #[arg(long, value_name = "FORMAT", help_heading = "Input formats")]
     pub input_format: Option<InputFormatArg>,
     /// 10x and Matrix Market inputs: convert the features of this type (the
@@ -230,6 +233,7 @@ impl ReadingArgs {
                 InputFormatArg::H5ad => InputFormat::H5ad,
                 InputFormatArg::TenxH5 => InputFormat::TenxH5,
                 InputFormatArg::Mtx => InputFormat::Mtx,
+                InputFormatArg::Zarr => InputFormat::Zarr,
             }),
             feature_type: self.feature_type.clone(),
             genome: self.genome.clone(),

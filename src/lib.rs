@@ -25,8 +25,9 @@
 //! With no feature at all, the crate is that reading core (and [`writer`]):
 //! it builds without HDF5, a command-line parser or progress bars.
 //! - `convert`: reading `.h5ad` and 10x Genomics `.h5` files (HDF5, built
-//!   from source and linked statically) and Matrix Market files, and turning
-//!   them into datasets: `convert`, `h5ad`, `tenx`, `mtx`.
+//!   from source and linked statically), Matrix Market files and AnnData
+//!   zarr stores, and turning them into datasets: `convert`, `h5ad`, `tenx`,
+//!   `mtx`, `zarr`.
 //! - `cli` (default): the `deltacells` binary; implies `convert`.
 //!
 //! # Errors
@@ -55,6 +56,8 @@ pub mod tenx;
 pub mod verify;
 pub mod vocabulary;
 pub mod writer;
+#[cfg(feature = "convert")]
+pub mod zarr;
 
 pub use dataset::{Dataset, DatasetError, TileCache};
 pub use format::CsrMatrix;

@@ -55,6 +55,8 @@ pub enum InputFormat {
     /// Matrix Market: `matrix.mtx[.gz]` with its features (or genes) and
     /// barcodes files, or the folder that holds them.
     Mtx,
+    /// AnnData's zarr store (v2, or v3 sharded or not).
+    Zarr,
 }
 
 impl InputFormat {
@@ -64,6 +66,7 @@ impl InputFormat {
             InputFormat::H5ad => "h5ad",
             InputFormat::TenxH5 => "10x-h5",
             InputFormat::Mtx => "mtx",
+            InputFormat::Zarr => "zarr",
         }
     }
 }
@@ -80,7 +83,14 @@ pub fn input_version(path: &Path, options: &InputOptions) -> Option<crate::stora
     if is_url(path) {
         return crate::storage::ranged::object_version(&path.to_string_lossy(), &options.remote.store).ok();
     }
-    let file = if path.is_dir() { crate::mtx::matrix_file(path).ok()? } else { path.to_path_buf() };
+    let file = match path.is_dir() {
+        // (a zarr store's root metadata: its arrays are not followed)
+        true if crate::zarr::is_zarr(path) => {
+            ["zarr.json", ".zgroup"].iter().map(|n| path.join(n)).find(|p| p.is_file())?
+        }
+        true => crate::mtx::matrix_file(path).ok()?,
+        false => path.to_path_buf(),
+    };
     std::fs::metadata(file).map(|m| crate::storage::Version { size: m.len(), etag: None }).ok()
 }
 
@@ -93,12 +103,15 @@ pub(crate) fn describe_version(version: &crate::storage::Version) -> String {
     }
 }
 
-/// The format of `path` when its name tells: a folder or a `.mtx[.gz]` file
-/// is Matrix Market, `.h5ad` is AnnData; None for an HDF5 file of another
-/// name, whose content tells.
+/// The format of `path` when its name tells: a `.zarr` folder or one with a
+/// zarr group's metadata is AnnData's zarr, another folder or a `.mtx[.gz]`
+/// file is Matrix Market, `.h5ad` is AnnData; None for an HDF5 file of
+/// another name, whose content tells.
 fn format_by_name(path: &Path) -> Option<InputFormat> {
     let name = path.file_name().map(|n| n.to_string_lossy().to_lowercase()).unwrap_or_default();
-    if name.ends_with(".mtx") || name.ends_with(".mtx.gz") || (!is_url(path) && path.is_dir()) {
+    if crate::zarr::is_zarr(path) {
+        Some(InputFormat::Zarr)
+    } else if name.ends_with(".mtx") || name.ends_with(".mtx.gz") || (!is_url(path) && path.is_dir()) {
         Some(InputFormat::Mtx)
     } else if name.ends_with(".h5ad") {
         Some(InputFormat::H5ad)
@@ -138,6 +151,7 @@ pub fn open(path: &Path, matrix: &str, options: &InputOptions) -> Result<Box<dyn
             )?))
         }
         Some(InputFormat::H5ad) => Ok(Box::new(crate::h5ad::H5adSource::open_with(path, matrix, &options.remote)?)),
+        Some(InputFormat::Zarr) => Ok(Box::new(crate::zarr::ZarrSource::open(path, matrix, &options.remote)?)),
         None => {
             // An HDF5 file: Cell Ranger's layout, or else AnnData's.
             let file = crate::h5ad::H5adFile::open_with(path, &options.remote)?;
@@ -168,7 +182,7 @@ fn only_x(path: &Path, matrix: &str, format: InputFormat) -> Result<(), InputErr
             match format {
                 InputFormat::TenxH5 => "10x Genomics .h5",
                 InputFormat::Mtx => "Matrix Market",
-                InputFormat::H5ad => "h5ad",
+                InputFormat::H5ad | InputFormat::Zarr => "AnnData",
             }
         ),
     })

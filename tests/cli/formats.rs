@@ -583,3 +583,96 @@ fn pbmc_cells_in_each_form_convert_to_the_same_bytes() {
     same(&convert(&t, &[&tenx], &["--no-var"], "from_10x"), &want, "10x");
     same(&convert(&t, &[&folder], &["--no-var"], "from_mtx"), &want, "Matrix Market");
 }
+
+/// tests/data/zarr: one AnnData object written by anndata as .h5ad and as
+/// zarr stores of every layout (tests/python/make_zarr_inputs.py).
+fn zarr_inputs() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/zarr")
+}
+
+#[test]
+fn zarr_stores_of_every_layout_convert_to_the_dataset_of_the_h5ad() {
+    let t = TestDir::new();
+    let data = zarr_inputs();
+    // obs of every kind (categoricals, ordered ones, integers, floats with
+    // NaN, booleans, nullable integers and booleans, strings) and var columns
+    let want = convert(&t, &[&data.join("cells.h5ad")], &[], "from_h5ad");
+    assert!(want.iter().any(|(n, _)| n == "var.parquet"));
+    for store in ["v2.zarr", "v3.zarr", "v3_sharded.zarr", "v3_csc.zarr", "v3_dense.zarr"] {
+        same(&convert(&t, &[&data.join(store)], &[], store), &want, store);
+    }
+    // in shards, and mixed with the .h5ad
+    let (h5ad, zarr) = (data.join("cells.h5ad"), data.join("v3_sharded.zarr"));
+    let mut args = vec!["plan", "-q", "--obs-tiles-per-file", "1"];
+    args.extend(FAST);
+    args.extend([s(&zarr), s(&h5ad), "sharded"]);
+    t.run(&args).expect_code(0);
+    for k in ["1/2", "0/2"] {
+        t.run(&["shard", "-q", "sharded", "--shard", k]).expect_code(0);
+    }
+    t.run(&["finalize", "-q", "sharded"]).expect_code(0);
+    let both = convert(&t, &[&h5ad, &h5ad], &["--obs-tiles-per-file", "1"], "both_h5ad");
+    same(&dataset_files(&t.join("sharded")), &both, "plan of zarr and h5ad");
+    // --input-format forces it; a zarr store is a folder, not Matrix Market
+    let copy = t.join("no_suffix");
+    copy_dir(&zarr, &copy);
+    same(&convert(&t, &[&copy], &[], "told"), &want, "a zarr store without .zarr");
+    same(&convert(&t, &[&copy], &["--input-format", "zarr"], "forced"), &want, "--input-format zarr");
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn bad_zarr_stores_fail_naming_the_array() {
+    let t = TestDir::new();
+    let data = zarr_inputs();
+    // an unknown codec, named
+    let store = t.join("codec.zarr");
+    copy_dir(&data.join("v3.zarr"), &store);
+    let meta = store.join("X/data/zarr.json");
+    let text = std::fs::read_to_string(&meta).unwrap().replace("\"zstd\"", "\"lz77\"");
+    std::fs::write(&meta, text).unwrap();
+    fails(&t, &store, &["codec.zarr", "X/data", "lz77"]);
+    // a chunk that does not decode
+    let store = t.join("chunk.zarr");
+    copy_dir(&data.join("v2.zarr"), &store);
+    std::fs::write(store.join("X/indices/0"), b"not blosc").unwrap();
+    fails(&t, &store, &["chunk.zarr", "X/indices"]);
+    // indptr that disagrees with the shape
+    let store = t.join("shape.zarr");
+    copy_dir(&data.join("v2.zarr"), &store);
+    let attrs = store.join("X/.zattrs");
+    let text = std::fs::read_to_string(&attrs).unwrap().replace("    60,", "    61,");
+    std::fs::write(&attrs, text).unwrap();
+    fails(&t, &store, &["shape.zarr", "X/indptr: has 61 entries, but shape [61, 25] needs 62"]);
+    // not a store
+    let empty = t.join("empty.zarr");
+    std::fs::create_dir(&empty).unwrap();
+    fails(&t, &empty, &["empty.zarr", "not a zarr store"]);
+}
+
+#[test]
+fn pbmc_cells_in_zarr_stores_convert_to_the_same_bytes() {
+    let Some((ctrl, _)) = crate::util::pbmc() else { return };
+    let t = TestDir::new();
+    let want = convert(&t, &[&ctrl], &[], "from_h5ad");
+    for form in ["2", "3-sharded"] {
+        let store = t.join(&format!("pbmc_{form}.zarr"));
+        crate::util::python_script("write_zarr.py", &[s(&ctrl), s(&store), form]);
+        if !store.exists() {
+            return; // (no Python: noted by python_script)
+        }
+        same(&convert(&t, &[&store], &[], &format!("zarr_{form}")), &want, form);
+    }
+}

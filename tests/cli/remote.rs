@@ -919,3 +919,22 @@ fn ten_x_and_matrix_market_inputs_convert_from_an_http_server_as_from_disk() {
     t.run(&args).expect_code(0);
     assert_eq!(dataset_content(&t.join("downloaded")), dataset_content(&t.join("local")));
 }
+
+#[test]
+fn zarr_stores_convert_from_an_http_server_as_from_disk() {
+    let t = TestDir::new();
+    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/zarr");
+    let Some(http) = Server::start("http", &[data.to_str().unwrap()]) else { return };
+    for store in ["v2.zarr", "v3_sharded.zarr"] {
+        let local = data.join(store);
+        t.run(&["convert", "-q", "--tile-size", "16", local.to_str().unwrap(), &format!("local_{store}")])
+            .expect_code(0);
+        let url = format!("{}/{store}", http.url());
+        t.run(&["convert", "-q", "--tile-size", "16", &url, &format!("remote_{store}")]).expect_code(0);
+        assert_eq!(
+            dataset_content(&t.join(&format!("remote_{store}"))),
+            dataset_content(&t.join(&format!("local_{store}"))),
+            "{store}"
+        );
+    }
+}
