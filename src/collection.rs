@@ -48,8 +48,9 @@ pub enum CollectionError {
     /// An argument out of its range (the message names it).
     #[error("{0}")]
     Argument(String),
-    /// A dataset could not be opened or read (its error names its location).
-    #[error("dataset {name:?}: {source}")]
+    /// A dataset could not be opened or read (its error, the source, names
+    /// its location).
+    #[error("dataset {name:?}")]
     Member { name: String, source: DatasetError },
     /// A dataset's manifest is not the one the collection recorded.
     #[error(
@@ -72,7 +73,7 @@ impl From<CollectionError> for LoaderError {
     fn from(e: CollectionError) -> Self {
         match e {
             CollectionError::Argument(m) => LoaderError::Options(m),
-            other => LoaderError::Member(other.to_string()),
+            other => LoaderError::Member(crate::error_chain(&other)),
         }
     }
 }

@@ -40,6 +40,9 @@ pub enum DatasetError {
     /// A file that is there but not what the format allows.
     #[error("{location}: {message}")]
     Invalid { location: String, message: String },
+    /// A var column asked for (to match genes by) that the gene table does not have.
+    #[error("{location}: var has no column {name:?}; it has {have:?}")]
+    NoVarColumn { location: String, name: String, have: Vec<String> },
     /// A batch's form that this dataset cannot be read in (an argument).
     #[error(transparent)]
     Output(#[from] crate::batch::OutputError),
@@ -599,8 +602,12 @@ impl Dataset {
             return Err(DatasetError::Invalid { location, message: what });
         }
         let (location, bytes) = self.flagged_file(format::VAR_TABLE_KEY, "has_var_table")?;
-        crate::format::var_table::text_column(bytes, column, self.manifest.n_genes)
-            .map_err(|message| DatasetError::Invalid { location, message })
+        crate::format::var_table::text_column(bytes, column, self.manifest.n_genes).map_err(|e| match e {
+            crate::format::var_table::TextColumnError::NoColumn { name, have } => {
+                DatasetError::NoVarColumn { location, name, have }
+            }
+            crate::format::var_table::TextColumnError::Invalid(message) => DatasetError::Invalid { location, message },
+        })
     }
 
     /// var_names.txt, when the dataset has it: gene names in column order.

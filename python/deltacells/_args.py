@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 from typing import Any
 
-from ._errors import InvalidArgumentError
+from ._errors import ArgumentTypeError, InvalidArgumentError
+
+#: The most threads a dataset, a collection or obs.localize starts: more
+#: than any machine has cores, few enough that starting them cannot hang.
+MAX_THREADS = 1024
+
+#: The largest byte budget (``cache_bytes``): what a 64-bit count holds.
+MAX_BYTES = 2**63 - 1
 
 
 def integer(name: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -24,6 +32,32 @@ def integer(name: str, value: Any, minimum: int | None = None, maximum: int | No
     if maximum is not None and number > maximum:
         raise InvalidArgumentError(f"{name} must be at most {maximum}, not {number}")
     return number
+
+
+def thread_count(name: str, value: Any) -> int | None:
+    """``value`` as a number of threads: None (all cores), or 1 to
+    :data:`MAX_THREADS`."""
+    return None if value is None else integer(name, value, 1, MAX_THREADS)
+
+
+def location(name: str, value: Any) -> str:
+    """``value`` as a path or URL string (a ``str`` or an ``os.PathLike``)."""
+    if isinstance(value, (str, os.PathLike)):
+        text = os.fspath(value)
+        if isinstance(text, str):
+            return text
+    raise ArgumentTypeError(f"{name} must be a path or a URL (a string), not {value!r}")
+
+
+def column_names(name: str, value: Any) -> list[str]:
+    """``value`` as a list of obs column names (strings)."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ArgumentTypeError(f"{name} must be a list of column names, not {value!r}")
+    names = list(value)
+    for column in names:
+        if not isinstance(column, str):
+            raise ArgumentTypeError(f"{name}: column names are strings, not {column!r}")
+    return names
 
 
 def flag(name: str, value: Any) -> bool:

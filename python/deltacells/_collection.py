@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _deltacells
-from ._args import integer
+from ._args import column_names, integer, thread_count
 from ._dataset import _INHERITED, Batch, Cells, Dataset
 from ._errors import (
     ArgumentTypeError,
@@ -84,7 +84,7 @@ class Collection:
         genes: GeneChoice,
         options: dict[str, Any],
         cache_dir: str | None,
-        weights: dict[str, float] | None,
+        weights: Mapping[str, float] | None,
         source: str | None = None,
         obs_schema: dict[str, dict[str, Any]] | None = None,
         raw: _deltacells.RawCollection | None = None,
@@ -743,16 +743,18 @@ def open_collection(
         choice = _names(genes)
     if gene_column is not None and not isinstance(gene_column, str):
         raise ArgumentTypeError(f"gene_column must be the name of a var column, not {gene_column!r}")
+    threads = thread_count("threads", threads)
+    columns = None if obs_columns is None else column_names("obs_columns", obs_columns)
     options: dict[str, Any] = dict(threads=threads, anonymous=anonymous, endpoint=endpoint)
     raw = _deltacells.RawCollection(
         [n for n, _ in pairs], [r for _, r in pairs], choice, gene_column, threads, anonymous, endpoint, digests
     )
     collection = Collection(
-        raw.state_json(), choice, options, cache_dir, dict(weights) if weights is not None else file_weights,
+        raw.state_json(), choice, options, cache_dir, weights if weights is not None else file_weights,
         source, None, raw,
     )
-    if obs_columns:
-        collection.obs.localize(list(obs_columns))
+    if columns:
+        collection.obs.localize(columns)
     return collection
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _deltacells
-from ._args import flag, integer
+from ._args import MAX_BYTES, column_names, flag, integer, location, thread_count
 from ._errors import ArgumentTypeError, CellIndexError, DeltacellsError, InvalidArgumentError
 from ._obs import Obs
 from ._options import DEFAULTS, LoaderOptions, loader_options
@@ -632,15 +632,22 @@ def open_dataset(
         needs it.
 
     Raises :class:`DatasetNotFoundError` (a ``FileNotFoundError``) when there is
-    no dataset, or only an incomplete one, at ``root``.
+    no dataset, or only an incomplete one, at ``root``; :class:`InvalidArgumentError`
+    or :class:`ArgumentTypeError` naming an argument out of its range
+    (``threads`` from 1 to 1024, ``cache_bytes`` from 0) or of the wrong type.
 
     >>> ds = open_dataset("gs://bucket/atlas", obs_columns=["cell_type"])
     """
+    root = location("root", root)
+    columns = None if obs_columns is None else column_names("obs_columns", obs_columns)
     options: dict[str, Any] = dict(
-        threads=threads, anonymous=anonymous, endpoint=endpoint, cache_bytes=int(cache_bytes)
+        threads=thread_count("threads", threads),
+        anonymous=flag("anonymous", anonymous),
+        endpoint=None if endpoint is None else location("endpoint", endpoint),
+        cache_bytes=integer("cache_bytes", cache_bytes, 0, MAX_BYTES),
     )
-    raw = _deltacells.RawDataset(str(root), **options)
-    ds = Dataset(str(root), options, cache_dir, raw)
-    if obs_columns:
-        ds.obs.localize(list(obs_columns))
+    raw = _deltacells.RawDataset(root, **options)
+    ds = Dataset(root, options, cache_dir, raw)
+    if columns:
+        ds.obs.localize(columns)
     return ds

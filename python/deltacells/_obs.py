@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import _deltacells
-from ._errors import DeltacellsError, InvalidArgumentError, UnknownNameError
+from ._args import column_names, thread_count
+from ._errors import ArgumentTypeError, DeltacellsError, InvalidArgumentError, UnknownNameError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -162,6 +163,8 @@ class Obs:
         return self._dataset.n_cells
 
     def _column(self, name: str) -> dict[str, Any]:
+        if not isinstance(name, str):
+            raise ArgumentTypeError(f"obs column names are strings, not {name!r}")
         try:
             return self._by_name[name]
         except (KeyError, TypeError):
@@ -203,9 +206,10 @@ class Obs:
         ``threads`` is the requests in flight (default: the dataset's
         ``threads``); raise it for stores with high latency.
         """
-        names = self.columns if columns is None else list(columns)
+        names = self.columns if columns is None else column_names("columns", columns)
         for name in names:
             self._column(name)
+        threads = thread_count("threads", threads)
         self._fingerprint()
         report = json.loads(self._dataset.native.localize(names, self.cache_root, threads=threads))
         for name in names:
@@ -317,7 +321,7 @@ class Obs:
         """The values of ``columns`` for ``cells``, as NumPy arrays (see the class
         documentation for each kind), in the order of ``cells``."""
         index = self._dataset.cell_indices(cells)
-        return {name: self._values(name, index) for name in columns}
+        return {name: self._values(name, index) for name in column_names("columns", columns)}
 
     def take_anndata(self, cells: Cells, columns: Sequence[str]) -> pd.DataFrame:
         """:meth:`take_pandas` with the dtypes anndata gives a column it

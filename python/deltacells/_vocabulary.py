@@ -245,7 +245,7 @@ def form_options(
     if dtype is not None:
         try:
             kind = np.dtype(dtype)  # type: ignore[call-overload]
-        except TypeError:
+        except Exception:  # TypeError, and SyntaxError or ValueError for some strings ("01", "i4,,")
             raise InvalidArgumentError(f"dtype must be int32 or float32, not {dtype!r}") from None
         transformed = form["normalize"] is not None or form["log1p"]
         if kind == np.float32:

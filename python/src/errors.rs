@@ -61,6 +61,7 @@ impl Failure {
             | DatasetError::Invalid { .. }
             | DatasetError::Tile { .. } => Kind::Corrupt,
             DatasetError::CellOutOfRange { .. } | DatasetError::NegativeCell { .. } => Kind::Index,
+            DatasetError::NoVarColumn { .. } => Kind::Name,
             DatasetError::Output(_) => Kind::Value,
             DatasetError::Storage(_) => Kind::Other,
         }

@@ -8,6 +8,10 @@ use deltacells::loader::{LoaderBuffers, LoaderOptions};
 
 use crate::errors::{Failure, Kind};
 
+/// The most threads a pool starts (the Python package refuses more, naming
+/// the argument; this bound holds for any other caller).
+const MAX_THREADS: usize = 1024;
+
 /// A rayon pool of `n` threads (all cores when None), made on first use.
 pub(crate) struct Threads {
     n: Option<usize>,
@@ -24,7 +28,7 @@ impl Threads {
         let pool = self.pool.get_or_init(|| {
             let mut builder = rayon::ThreadPoolBuilder::new().thread_name(|i| format!("deltacells-{i}"));
             if let Some(n) = self.n {
-                builder = builder.num_threads(n.max(1));
+                builder = builder.num_threads(n.clamp(1, MAX_THREADS));
             }
             builder.build().map(Arc::new).map_err(|e| e.to_string())
         });

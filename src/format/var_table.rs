@@ -20,10 +20,33 @@ pub(crate) fn pandas_index_columns(schema: &arrow_schema::Schema) -> Vec<String>
         .unwrap_or_default()
 }
 
+/// Why a column of the gene table could not be read as text.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TextColumnError {
+    /// The table has no such column (a name the caller gave).
+    #[error("var has no column {name:?}; it has {have:?}")]
+    NoColumn { name: String, have: Vec<String> },
+    /// The file or the column breaks a rule.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl From<String> for TextColumnError {
+    fn from(message: String) -> Self {
+        TextColumnError::Invalid(message)
+    }
+}
+
+impl From<&str> for TextColumnError {
+    fn from(message: &str) -> Self {
+        TextColumnError::Invalid(message.to_string())
+    }
+}
+
 /// Column `column` of the gene table in `bytes` (None: its pandas index) as
 /// text, one value per gene (`n_genes` rows expected). Strings, categories
 /// of strings and integers are read; a missing value is the empty string.
-pub fn text_column(bytes: Bytes, column: Option<&str>, n_genes: u64) -> Result<Vec<String>, String> {
+pub fn text_column(bytes: Bytes, column: Option<&str>, n_genes: u64) -> Result<Vec<String>, TextColumnError> {
     let builder =
         ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| format!("not a readable Parquet file: {e}"))?;
     let schema = builder.schema().clone();
@@ -35,8 +58,8 @@ pub fn text_column(bytes: Bytes, column: Option<&str>, n_genes: u64) -> Result<V
             .ok_or("no gene names: var.parquet has no index column in its pandas metadata")?,
     };
     let Some(at) = schema.fields().iter().position(|f| *f.name() == name) else {
-        let have: Vec<&String> = schema.fields().iter().map(|f| f.name()).collect();
-        return Err(format!("var has no column {name:?}; it has {have:?}"));
+        let have: Vec<String> = schema.fields().iter().map(|f| f.name().clone()).collect();
+        return Err(TextColumnError::NoColumn { name, have });
     };
     let mask = parquet::arrow::ProjectionMask::roots(builder.parquet_schema(), [at]);
     let reader = builder.with_projection(mask).build().map_err(|e| e.to_string())?;
@@ -49,7 +72,7 @@ pub fn text_column(bytes: Bytes, column: Option<&str>, n_genes: u64) -> Result<V
         }
     }
     if out.len() as u64 != n_genes {
-        return Err(format!("column {name:?} has {} values, expected n_genes {n_genes}", out.len()));
+        return Err(format!("column {name:?} has {} values, expected n_genes {n_genes}", out.len()).into());
     }
     Ok(out)
 }
