@@ -180,7 +180,7 @@ fn bad_members_are_refused_by_name() {
     let t = three();
     let s = StoreOptions::default();
     let err = |members: &[(String, String)]| {
-        Collection::open(members, &GeneChoice::Union, None, &s).err().unwrap().to_string()
+        crate::error_chain(&Collection::open(members, &GeneChoice::Union, None, &s).err().unwrap())
     };
     assert!(err(&[]).contains("the list is empty"));
     let p = pairs(&t);
