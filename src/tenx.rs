@@ -319,18 +319,7 @@ impl InputSource for TenxSource {
     }
 
     fn will_read_whole(&self) {
-        if let Some(ranged) = self.file.ranged() {
-            if self.matrix.stored_bytes() * 4 >= ranged.size() * 3 {
-                let h5 = self.file.file();
-                let starts: Vec<u64> = self
-                    .matrix
-                    .array_paths()
-                    .iter()
-                    .filter_map(|p| crate::h5ad::remote::header_address(h5, p))
-                    .collect();
-                crate::storage::ranged::prefetch_whole(ranged, &starts);
-            }
-        }
+        self.file.prefetch_matrix(&self.matrix);
     }
 
     fn counts_elsewhere(&self) -> Option<String> {

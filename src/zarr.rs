@@ -24,7 +24,9 @@ use zarrs::array::{Array, ArraySubset};
 use zarrs::storage::byte_range::{ByteRange, ByteRangeIterator};
 use zarrs::storage::{MaybeBytesIterator, ReadableStorageTraits, StorageError, StoreKey};
 
-use crate::convert::input::{Categories, FrameColumn, InputError, InputSource, RawRows, Table};
+use crate::convert::input::{
+    checked_indices, checked_indptr, made_once, Categories, FrameColumn, InputError, InputSource, RawRows, Table,
+};
 use crate::h5ad::remote::{is_url, RemoteOptions};
 
 /// A store's bytes, through deltacells' storage layer.
@@ -406,59 +408,23 @@ impl ZarrSource {
     fn read_indptr(&self, range: Range<u64>) -> Result<Vec<u64>, InputError> {
         let object = format!("{}/indptr", self.matrix_name);
         let raw = self.arrays[2].read_i64(&self.store, range.start..range.end + 1)?;
-        let data_len = self.arrays[0].len() as i64;
-        for (k, w) in raw.windows(2).enumerate() {
-            if w[1] < w[0] {
-                return Err(self.store.invalid(
-                    &format!("{object}[{}]", range.start + k as u64 + 1),
-                    format!("{} is below the previous entry {}", w[1], w[0]),
-                ));
-            }
-        }
-        if let Some((k, &v)) = raw.iter().enumerate().find(|(_, &v)| v < 0 || v > data_len) {
-            return Err(self.store.invalid(
-                &format!("{object}[{}]", range.start + k as u64),
-                format!("{v} points outside the {data_len} stored entries"),
-            ));
-        }
-        Ok(raw.into_iter().map(|v| v as u64).collect())
+        checked_indptr(raw, range.start, self.arrays[0].len() as i64)
+            .map_err(|(at, message)| self.store.invalid(&format!("{object}[{at}]"), message))
     }
 
     fn read_entries(&self, range: Range<u64>, minor: u64) -> Result<(Vec<u32>, Vec<f64>), InputError> {
         let object = format!("{}/indices", self.matrix_name);
-        let indices = self.arrays[1].read_i64(&self.store, range.clone())?;
-        if let Some((k, &v)) = indices.iter().enumerate().find(|(_, &v)| v < 0 || v as u64 >= minor) {
-            return Err(self
-                .store
-                .invalid(&format!("{object}[{}]", range.start + k as u64), format!("index {v} outside 0..{minor}")));
-        }
+        let raw = self.arrays[1].read_i64(&self.store, range.clone())?;
+        let indices = checked_indices(raw, range.start, minor)
+            .map_err(|(at, message)| self.store.invalid(&format!("{object}[{at}]"), message))?;
         let values = self.arrays[0].read(&self.store, &[range])?.to_f64();
-        Ok((indices.into_iter().map(|v| v as u32).collect(), values))
+        Ok((indices, values))
     }
 
     fn read_csc_as_csr(&self) -> Result<RawRows, InputError> {
         let colptr = self.read_indptr(0..self.n_cols)?;
         let (rows_of, values) = self.read_entries(0..colptr.last().copied().unwrap_or(0), self.n_rows)?;
-        let mut starts = vec![0u64; self.n_rows as usize + 1];
-        for &r in &rows_of {
-            starts[r as usize + 1] += 1;
-        }
-        for i in 1..starts.len() {
-            starts[i] += starts[i - 1];
-        }
-        let indptr = starts.clone();
-        let mut indices = vec![0u32; rows_of.len()];
-        let mut out = vec![0f64; rows_of.len()];
-        for col in 0..self.n_cols as usize {
-            for k in colptr[col] as usize..colptr[col + 1] as usize {
-                let r = rows_of[k] as usize;
-                let at = starts[r] as usize;
-                indices[at] = col as u32;
-                out[at] = values[k];
-                starts[r] += 1;
-            }
-        }
-        Ok(RawRows { indptr, indices, values: out })
+        Ok(RawRows::from_columns(&colptr, &rows_of, &values, self.n_rows))
     }
 }
 
@@ -716,36 +682,10 @@ impl InputSource for ZarrSource {
             }
             Layout::Dense => {
                 let block = self.arrays[0].read(&self.store, &[rows.clone(), 0..self.n_cols])?.to_f64();
-                let mut out = RawRows { indptr: vec![0], ..Default::default() };
-                for row in block.chunks(self.n_cols.max(1) as usize).take((rows.end - rows.start) as usize) {
-                    for (j, &v) in row.iter().enumerate() {
-                        if v != 0.0 {
-                            out.indices.push(j as u32);
-                            out.values.push(v);
-                        }
-                    }
-                    out.indptr.push(out.indices.len() as u64);
-                }
-                Ok(out)
+                let n = (rows.end - rows.start) as usize;
+                Ok(RawRows::from_dense_rows(block.chunks(self.n_cols.max(1) as usize).take(n)))
             }
-            Layout::Csc => {
-                let all = match self.csc_as_csr.get() {
-                    Some(all) => all,
-                    None => {
-                        let converted = self.read_csc_as_csr()?;
-                        self.csc_as_csr.get_or_init(|| converted)
-                    }
-                };
-                let (lo, hi) = (all.indptr[rows.start as usize] as usize, all.indptr[rows.end as usize] as usize);
-                Ok(RawRows {
-                    indptr: all.indptr[rows.start as usize..=rows.end as usize]
-                        .iter()
-                        .map(|&p| p - lo as u64)
-                        .collect(),
-                    indices: all.indices[lo..hi].to_vec(),
-                    values: all.values[lo..hi].to_vec(),
-                })
-            }
+            Layout::Csc => Ok(made_once(&self.csc_as_csr, || self.read_csc_as_csr())?.rows(rows)),
         }
     }
 

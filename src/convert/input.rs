@@ -65,6 +65,99 @@ pub struct RawRows {
     pub values: Vec<f64>,
 }
 
+impl RawRows {
+    /// Rows `rows` of a matrix held whole as one block (the caller checked
+    /// that they are rows of it).
+    pub fn rows(&self, rows: Range<u64>) -> RawRows {
+        let (first, last) = (rows.start as usize, rows.end as usize);
+        let (lo, hi) = (self.indptr[first] as usize, self.indptr[last] as usize);
+        RawRows {
+            indptr: self.indptr[first..=last].iter().map(|&p| p - lo as u64).collect(),
+            indices: self.indices[lo..hi].to_vec(),
+            values: self.values[lo..hi].to_vec(),
+        }
+    }
+
+    /// The rows of a dense block, each an iterator of its values; zeros are
+    /// left out.
+    pub fn from_dense_rows<'a, R: IntoIterator<Item = &'a f64>>(rows: impl Iterator<Item = R>) -> RawRows {
+        let mut out = RawRows { indptr: vec![0], ..Default::default() };
+        for row in rows {
+            for (j, &v) in row.into_iter().enumerate() {
+                if v != 0.0 {
+                    out.indices.push(j as u32);
+                    out.values.push(v);
+                }
+            }
+            out.indptr.push(out.indices.len() as u64);
+        }
+        out
+    }
+
+    /// A matrix stored by column (CSC: `colptr` over the columns, each
+    /// entry's row in `rows_of`, checked to be below `n_rows`) as rows.
+    pub fn from_columns(colptr: &[u64], rows_of: &[u32], values: &[f64], n_rows: u64) -> RawRows {
+        let mut starts = vec![0u64; n_rows as usize + 1];
+        for &r in rows_of {
+            starts[r as usize + 1] += 1;
+        }
+        for i in 1..starts.len() {
+            starts[i] += starts[i - 1];
+        }
+        let indptr = starts.clone();
+        let mut indices = vec![0u32; rows_of.len()];
+        let mut out = vec![0f64; rows_of.len()];
+        for (col, w) in colptr.windows(2).enumerate() {
+            for k in w[0] as usize..w[1] as usize {
+                let r = rows_of[k] as usize;
+                let at = starts[r] as usize;
+                indices[at] = col as u32;
+                out[at] = values[k];
+                starts[r] += 1;
+            }
+        }
+        RawRows { indptr, indices, values: out }
+    }
+}
+
+/// The rows in `cell`, made by `make` on first use: a matrix that is read
+/// whole once (CSC, which cannot be read by rows).
+pub fn made_once<E>(
+    cell: &std::sync::OnceLock<RawRows>,
+    make: impl FnOnce() -> Result<RawRows, E>,
+) -> Result<&RawRows, E> {
+    if let Some(made) = cell.get() {
+        return Ok(made);
+    }
+    let made = make()?;
+    Ok(cell.get_or_init(|| made))
+}
+
+/// Checks entries `first..` of a sparse matrix's indptr as stored: never
+/// decreasing, each within the `n_entries` stored entries. On failure, the
+/// entry's position and what is wrong with it.
+pub fn checked_indptr(raw: Vec<i64>, first: u64, n_entries: i64) -> Result<Vec<u64>, (u64, String)> {
+    for (k, w) in raw.windows(2).enumerate() {
+        if w[1] < w[0] {
+            return Err((first + k as u64 + 1, format!("{} is below the previous entry {}", w[1], w[0])));
+        }
+    }
+    if let Some((k, &v)) = raw.iter().enumerate().find(|(_, &v)| v < 0 || v > n_entries) {
+        return Err((first + k as u64, format!("{v} points outside the {n_entries} stored entries")));
+    }
+    Ok(raw.into_iter().map(|v| v as u64).collect())
+}
+
+/// Checks entries `first..` of a sparse matrix's indices as stored: each
+/// below `minor` (the columns of CSR, the rows of CSC). On failure, the
+/// entry's position and what is wrong with it.
+pub fn checked_indices(raw: Vec<i64>, first: u64, minor: u64) -> Result<Vec<u32>, (u64, String)> {
+    if let Some((k, &v)) = raw.iter().enumerate().find(|(_, &v)| v < 0 || v as u64 >= minor) {
+        return Err((first + k as u64, format!("index {v} outside 0..{minor}")));
+    }
+    Ok(raw.into_iter().map(|v| v as u32).collect())
+}
+
 /// The vocabulary of a categorical column, in its own type.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Categories {
@@ -411,6 +504,23 @@ mod tests {
         let (m, cleaned) =
             to_counts(&raw(&[&[(0, 1.0), (1, 2.0), (2, 3.0)], &[(1, 4.0)]]), 2, Some(&[1, DROPPED_COLUMN, 0])).unwrap();
         assert_eq!((m.indptr, m.indices, m.data, cleaned.dropped), (vec![0, 2, 2], vec![0, 1], vec![3, 1], 2));
+    }
+
+    #[test]
+    fn columns_dense_rows_and_slices_give_the_same_rows() {
+        // rows: [(0, 1), (2, 5)], [], [(1, 2)]
+        let want = raw(&[&[(0, 1.0), (2, 5.0)], &[], &[(1, 2.0)]]);
+        let by_column = RawRows::from_columns(&[0, 1, 2, 3], &[0, 2, 0], &[1.0, 2.0, 5.0], 3);
+        assert_eq!(by_column, want);
+        let dense = [1.0, 0.0, 5.0, 0.0, 0.0, 0.0, 0.0, 2.0, 0.0];
+        assert_eq!(RawRows::from_dense_rows(dense.chunks(3)), want);
+        assert_eq!(want.rows(1..3), raw(&[&[], &[(1, 2.0)]]));
+        assert_eq!(want.rows(2..2), raw(&[]));
+        assert_eq!(checked_indptr(vec![0, 2, 2, 3], 5, 3), Ok(vec![0, 2, 2, 3]));
+        assert_eq!(checked_indptr(vec![0, 2, 1], 5, 3).unwrap_err().0, 7);
+        assert!(checked_indptr(vec![0, 4], 0, 3).unwrap_err().1.contains("outside the 3 stored entries"));
+        assert_eq!(checked_indices(vec![0, 3, 1], 10, 3).unwrap_err(), (11, "index 3 outside 0..3".into()));
+        assert_eq!(checked_indices(vec![-1], 0, 3).unwrap_err().0, 0);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use hdf5::types::TypeDescriptor;
 
-use crate::convert::input::{InputError as H5adError, RawRows};
+use crate::convert::input::{checked_indices, checked_indptr, made_once, InputError as H5adError, RawRows};
 
 pub(crate) use strings::{read_string_attr, read_strings, read_strings_range};
 
@@ -115,9 +115,18 @@ impl H5adFile {
         &self.path
     }
 
-    /// The object read by ranges, for a file at a URL.
-    pub(crate) fn ranged(&self) -> Option<&std::sync::Arc<crate::storage::ranged::RangedFile>> {
-        self.ranged.as_ref()
+    /// Starts fetching the arrays of `matrix` ahead of the reads, for a file
+    /// at a URL whose matrix is most of it (a file whose other matrices are
+    /// large is read by its streams' read-ahead alone). Nothing for a local
+    /// file.
+    pub(crate) fn prefetch_matrix(&self, matrix: &MatrixReader) {
+        if let Some(ranged) = &self.ranged {
+            if matrix.stored_bytes() * 4 >= ranged.size() * 3 {
+                let starts: Vec<u64> =
+                    matrix.array_paths().iter().filter_map(|p| remote::header_address(&self.file, p)).collect();
+                crate::storage::ranged::prefetch_whole(ranged, &starts);
+            }
+        }
     }
 
     pub fn file(&self) -> &hdf5::File {
@@ -468,24 +477,7 @@ impl MatrixReader {
         match self.layout {
             Layout::Csr => self.read_csr_rows(rows),
             Layout::Dense => self.read_dense_rows(rows),
-            Layout::Csc => {
-                let all = match self.csc_as_csr.get() {
-                    Some(all) => all,
-                    None => {
-                        let converted = self.read_csc_as_csr()?;
-                        self.csc_as_csr.get_or_init(|| converted)
-                    }
-                };
-                let (lo, hi) = (all.indptr[rows.start as usize] as usize, all.indptr[rows.end as usize] as usize);
-                Ok(RawRows {
-                    indptr: all.indptr[rows.start as usize..=rows.end as usize]
-                        .iter()
-                        .map(|&p| p - lo as u64)
-                        .collect(),
-                    indices: all.indices[lo..hi].to_vec(),
-                    values: all.values[lo..hi].to_vec(),
-                })
-            }
+            Layout::Csc => Ok(made_once(&self.csc_as_csr, || self.read_csc_as_csr())?.rows(rows)),
         }
     }
 
@@ -495,22 +487,8 @@ impl MatrixReader {
             .read_slice_1d::<i64, _>(range.start as usize..range.end as usize + 1)
             .map_err(|e| self.invalid(&object, first_line(&h5err(e))))?
             .to_vec();
-        let data_len = self.datasets[0].size() as i64;
-        for (k, w) in raw.windows(2).enumerate() {
-            if w[1] < w[0] {
-                return Err(self.invalid(
-                    &format!("{object}[{}]", range.start + k as u64 + 1),
-                    format!("{} is below the previous entry {}", w[1], w[0]),
-                ));
-            }
-        }
-        if let Some((k, &v)) = raw.iter().enumerate().find(|(_, &v)| v < 0 || v > data_len) {
-            return Err(self.invalid(
-                &format!("{object}[{}]", range.start + k as u64),
-                format!("{v} points outside the {data_len} stored entries"),
-            ));
-        }
-        Ok(raw.into_iter().map(|v| v as u64).collect())
+        checked_indptr(raw, range.start, self.datasets[0].size() as i64)
+            .map_err(|(at, message)| self.invalid(&format!("{object}[{at}]"), message))
     }
 
     fn read_entries(&self, range: Range<u64>, minor: u64) -> Result<(Vec<u32>, Vec<f64>), H5adError> {
@@ -520,14 +498,13 @@ impl MatrixReader {
             .read_slice_1d::<i64, _>(a..b)
             .map_err(|e| self.invalid(&object, first_line(&h5err(e))))?
             .to_vec();
-        if let Some((k, &v)) = raw_indices.iter().enumerate().find(|(_, &v)| v < 0 || v as u64 >= minor) {
-            return Err(self.invalid(&format!("{object}[{}]", a + k), format!("index {v} outside 0..{minor}")));
-        }
+        let indices = checked_indices(raw_indices, range.start, minor)
+            .map_err(|(at, message)| self.invalid(&format!("{object}[{at}]"), message))?;
         let values: Vec<f64> = self.datasets[0]
             .read_slice_1d::<f64, _>(a..b)
             .map_err(|e| self.invalid(&self.object("data"), first_line(&h5err(e))))?
             .to_vec();
-        Ok((raw_indices.into_iter().map(|v| v as u32).collect(), values))
+        Ok((indices, values))
     }
 
     fn read_csr_rows(&self, rows: Range<u64>) -> Result<RawRows, H5adError> {
@@ -541,42 +518,12 @@ impl MatrixReader {
         let block = self.datasets[0]
             .read_slice_2d::<f64, _>((rows.start as usize..rows.end as usize, ..))
             .map_err(|e| self.invalid(&self.name, first_line(&h5err(e))))?;
-        let mut out = RawRows { indptr: vec![0], ..Default::default() };
-        for row in block.rows() {
-            for (j, &v) in row.iter().enumerate() {
-                if v != 0.0 {
-                    out.indices.push(j as u32);
-                    out.values.push(v);
-                }
-            }
-            out.indptr.push(out.indices.len() as u64);
-        }
-        Ok(out)
+        Ok(RawRows::from_dense_rows(block.rows().into_iter()))
     }
 
     fn read_csc_as_csr(&self) -> Result<RawRows, H5adError> {
         let colptr = self.read_indptr(0..self.n_cols)?;
-        let (rows_of, values) = self.read_entries(0..*colptr.last().expect("entries"), self.n_rows)?;
-        let mut counts = vec![0u64; self.n_rows as usize + 1];
-        for &r in &rows_of {
-            counts[r as usize + 1] += 1;
-        }
-        for i in 1..counts.len() {
-            counts[i] += counts[i - 1];
-        }
-        let indptr = counts.clone();
-        let mut next = counts;
-        let mut indices = vec![0u32; rows_of.len()];
-        let mut out_values = vec![0f64; rows_of.len()];
-        for col in 0..self.n_cols as usize {
-            for k in colptr[col] as usize..colptr[col + 1] as usize {
-                let r = rows_of[k] as usize;
-                let at = next[r] as usize;
-                indices[at] = col as u32;
-                out_values[at] = values[k];
-                next[r] += 1;
-            }
-        }
-        Ok(RawRows { indptr, indices, values: out_values })
+        let (rows_of, values) = self.read_entries(0..colptr.last().copied().unwrap_or(0), self.n_rows)?;
+        Ok(RawRows::from_columns(&colptr, &rows_of, &values, self.n_rows))
     }
 }

@@ -114,17 +114,7 @@ impl InputSource for H5adSource {
     }
 
     fn will_read_whole(&self) {
-        // Fetching the object whole is right when the matrix is most of it;
-        // a file whose other matrices (raw/X, layers) are large is read by
-        // its streams' read-ahead alone.
-        if let Some(ranged) = self.file.ranged() {
-            if self.matrix.stored_bytes() * 4 >= ranged.size() * 3 {
-                let h5 = self.file.file();
-                let starts: Vec<u64> =
-                    self.matrix.array_paths().iter().filter_map(|p| super::remote::header_address(h5, p)).collect();
-                crate::storage::ranged::prefetch_whole(ranged, &starts);
-            }
-        }
+        self.file.prefetch_matrix(&self.matrix);
     }
 
     fn counts_elsewhere(&self) -> Option<String> {
