@@ -57,6 +57,12 @@ pub(crate) fn run(args: &AppendArgs) -> anyhow::Result<ExitCode> {
                     plural(summary.obs_shards_written as u64, "obs shard", "obs shards"),
                     summary.seconds
                 );
+                if summary.summed_duplicates > 0 {
+                    println!(
+                        "{ds}: {} entries repeated a cell and gene of an earlier entry; each was added to it",
+                        HumanCount(summary.summed_duplicates)
+                    );
+                }
             }
             outcome => println!(
                 "{ds}: {outcome}: {} cells from {} ({} cells now)",

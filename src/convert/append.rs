@@ -92,6 +92,8 @@ pub struct AppendSummary {
     pub obs_shards_written: usize,
     /// Obs columns whose stored type changed (every obs shard was rewritten).
     pub obs_restated: Vec<Restated>,
+    /// Entries of a cell and gene that repeated an earlier one (summed into it).
+    pub summed_duplicates: u64,
     pub seconds: f64,
 }
 
@@ -165,6 +167,7 @@ fn append_locked(
         obs_shards_written: shard.obs_shard_bytes.len()
             + if a.restated.is_empty() { 0 } else { a.kept_obs_bytes.len() },
         obs_restated: a.restated.clone(),
+        summed_duplicates: shard.summed_duplicates,
         seconds: started.elapsed().as_secs_f64(),
     })
 }
@@ -325,6 +328,7 @@ fn summary_of(record: &AppendRecord, after: &Manifest, outcome: &str, started: I
         tile_bytes_written: 0,
         obs_shards_written: 0,
         obs_restated: Vec::new(),
+        summed_duplicates: 0,
         seconds: started.elapsed().as_secs_f64(),
     }
 }

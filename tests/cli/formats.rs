@@ -526,6 +526,9 @@ fn duplicate_entries_are_summed_and_said() {
     t.run(&["shard", "-q", "sharded", "--shard", "0/1"]).expect_code(0);
     let summary = t.run(&["finalize", "-q", "--json", "sharded"]).expect_code(0).json();
     assert_eq!(summary["summed_duplicates"], 1);
+    // and appended
+    let summary = t.run(&["append", "-q", "--json", "from_h5ad", s(&dir)]).expect_code(0).json();
+    assert_eq!(summary["summed_duplicates"], 1);
 }
 
 #[test]
