@@ -286,23 +286,8 @@ impl MtxSource {
                 format!("no {wanted:?} features; this file has {has}: --feature-type chooses"),
             ));
         }
-        let keep = (!chosen.iter().all(|&c| c)).then(|| {
-            let mut next = 0u32;
-            chosen
-                .iter()
-                .map(|&c| {
-                    next += u32::from(c);
-                    if c {
-                        next - 1
-                    } else {
-                        DROPPED_COLUMN
-                    }
-                })
-                .collect()
-        });
-        let pick = |values: Vec<String>| -> Vec<String> {
-            values.into_iter().zip(&chosen).filter(|(_, &c)| c).map(|(v, _)| v).collect()
-        };
+        let keep = crate::tenx::kept_columns(&chosen);
+        let pick = |values: Vec<String>| crate::tenx::picked(values, &chosen);
         let mut columns = Vec::new();
         if let Some(names) = names {
             columns.push(("name".to_string(), FrameColumn::String(pick(names).into_iter().map(Some).collect())));
@@ -722,11 +707,11 @@ impl InputSource for MtxSource {
     }
 
     fn var(&self) -> Result<Box<dyn Table + '_>, InputError> {
-        Ok(Box::new(self.var.clone()))
+        Ok(Box::new(&self.var))
     }
 
     fn obs(&self) -> Result<Option<Box<dyn Table + '_>>, InputError> {
-        Ok(Some(Box::new(self.obs.clone())))
+        Ok(Some(Box::new(&self.obs)))
     }
 
     fn counts_elsewhere(&self) -> Option<String> {

@@ -166,27 +166,8 @@ impl TenxSource {
             }
             _ => {}
         }
-        let keep = if chosen.iter().all(|&c| c) {
-            None
-        } else {
-            let mut next = 0u32;
-            Some(
-                chosen
-                    .iter()
-                    .map(|&c| {
-                        if c {
-                            next += 1;
-                            next - 1
-                        } else {
-                            DROPPED_COLUMN
-                        }
-                    })
-                    .collect(),
-            )
-        };
-        let pick = |values: Vec<String>| -> Vec<String> {
-            values.into_iter().zip(&chosen).filter(|(_, &c)| c).map(|(v, _)| v).collect()
-        };
+        let keep = kept_columns(&chosen);
+        let pick = |values: Vec<String>| picked(values, &chosen);
         let names = pick(names);
         let types = pick(types);
         let genomes = pick(genomes);
@@ -200,6 +181,29 @@ impl TenxSource {
         let var = MemoryTable { path: file.path().to_path_buf(), name: "var".into(), index: pick(ids), columns };
         Ok(TenxSource { file, group, matrix, keep, var })
     }
+}
+
+/// Each feature's column among the `chosen` ones, or [`DROPPED_COLUMN`];
+/// None when every feature is chosen (the columns are the features).
+pub(crate) fn kept_columns(chosen: &[bool]) -> Option<Vec<u32>> {
+    if chosen.iter().all(|&c| c) {
+        return None;
+    }
+    let mut next = 0u32;
+    let columns = chosen.iter().map(|&c| {
+        if c {
+            next += 1;
+            next - 1
+        } else {
+            DROPPED_COLUMN
+        }
+    });
+    Some(columns.collect())
+}
+
+/// The `values` of the `chosen` features, in order.
+pub(crate) fn picked<T>(values: Vec<T>, chosen: &[bool]) -> Vec<T> {
+    values.into_iter().zip(chosen).filter(|(_, &c)| c).map(|(v, _)| v).collect()
 }
 
 /// `Gene Expression (33538), Antibody Capture (17)`.
@@ -311,7 +315,7 @@ impl InputSource for TenxSource {
     }
 
     fn var(&self) -> Result<Box<dyn Table + '_>, InputError> {
-        Ok(Box::new(self.var.clone()))
+        Ok(Box::new(&self.var))
     }
 
     fn obs(&self) -> Result<Option<Box<dyn Table + '_>>, InputError> {

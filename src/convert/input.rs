@@ -235,6 +235,43 @@ pub trait Table {
     fn invalid(&self, object: &str, message: String) -> InputError;
 }
 
+/// A table borrowed: what an input that holds its tables in memory returns
+/// from [`InputSource::var`] and [`InputSource::obs`], instead of a copy.
+impl<T: Table + ?Sized> Table for &T {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+
+    fn index_name(&self) -> Result<String, InputError> {
+        (**self).index_name()
+    }
+
+    fn index(&self, rows: Option<Range<usize>>) -> Result<Vec<String>, InputError> {
+        (**self).index(rows)
+    }
+
+    fn columns(&self) -> Result<Vec<String>, InputError> {
+        (**self).columns()
+    }
+
+    fn column(
+        &self,
+        name: &str,
+        rows: Option<&Range<usize>>,
+        with_categories: bool,
+    ) -> Result<FrameColumn, InputError> {
+        (**self).column(name, rows, with_categories)
+    }
+
+    fn check_rows(&self, rows: u64, what: &str) -> Result<(), InputError> {
+        (**self).check_rows(rows, what)
+    }
+
+    fn invalid(&self, object: &str, message: String) -> InputError {
+        (**self).invalid(object, message)
+    }
+}
+
 /// A table held in memory whole: the tables of formats that store them as
 /// small arrays or text files (10x features, Matrix Market's features and
 /// barcodes). Its index is unnamed (`_index`, as anndata writes it).

@@ -127,6 +127,11 @@ fn format_by_name(path: &Path) -> Option<InputFormat> {
 /// and content tell.
 pub fn open(path: &Path, matrix: &str, options: &InputOptions) -> Result<Box<dyn InputSource>, InputError> {
     let reading = &options.reading;
+    let tenx = |file: crate::h5ad::H5adFile| -> Result<Box<dyn InputSource>, InputError> {
+        only_x(path, matrix, InputFormat::TenxH5)?;
+        let (feature_type, genome) = (reading.feature_type.as_deref(), reading.genome.as_deref());
+        Ok(Box::new(crate::tenx::TenxSource::open(file, feature_type, genome)?))
+    };
     match reading.format.or_else(|| format_by_name(path)) {
         Some(InputFormat::Mtx) => {
             only_x(path, matrix, InputFormat::Mtx)?;
@@ -141,27 +146,14 @@ pub fn open(path: &Path, matrix: &str, options: &InputOptions) -> Result<Box<dyn
             }
             Ok(Box::new(crate::mtx::MtxSource::open(path, &options.remote, reading.feature_type.as_deref())?))
         }
-        Some(InputFormat::TenxH5) => {
-            only_x(path, matrix, InputFormat::TenxH5)?;
-            let file = crate::h5ad::H5adFile::open_with(path, &options.remote)?;
-            Ok(Box::new(crate::tenx::TenxSource::open(
-                file,
-                reading.feature_type.as_deref(),
-                reading.genome.as_deref(),
-            )?))
-        }
+        Some(InputFormat::TenxH5) => tenx(crate::h5ad::H5adFile::open_with(path, &options.remote)?),
         Some(InputFormat::H5ad) => Ok(Box::new(crate::h5ad::H5adSource::open_with(path, matrix, &options.remote)?)),
         Some(InputFormat::Zarr) => Ok(Box::new(crate::zarr::ZarrSource::open(path, matrix, &options.remote)?)),
         None => {
             // An HDF5 file: Cell Ranger's layout, or else AnnData's.
             let file = crate::h5ad::H5adFile::open_with(path, &options.remote)?;
             if crate::tenx::is_tenx(&file) {
-                only_x(path, matrix, InputFormat::TenxH5)?;
-                Ok(Box::new(crate::tenx::TenxSource::open(
-                    file,
-                    reading.feature_type.as_deref(),
-                    reading.genome.as_deref(),
-                )?))
+                tenx(file)
             } else {
                 Ok(Box::new(crate::h5ad::H5adSource::from_file(file, matrix)?))
             }
