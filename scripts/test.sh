@@ -32,7 +32,13 @@ cargo test --release --features fault-injection --benches --no-run --quiet
 # The Python package: built (into the same target folder) and installed into
 # .venv as a user installs it, then its tests, against the binary built above.
 cargo build --release --features fault-injection --quiet
+# The wheel is kept in target/wheels: a test installs it alone into a fresh
+# virtual environment and runs its `deltacells` command there.
 started=$SECONDS
-.venv/bin/python -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python
-echo "test: the Python package was built and installed in $((SECONDS - started)) s" >&2
-DELTACELLS_BIN="$PWD/target/release/deltacells" .venv/bin/pytest -q -p no:cacheprovider python/tests
+rm -f target/wheels/deltacells-*.whl
+.venv/bin/python -m pip wheel --quiet --disable-pip-version-check --no-deps -w target/wheels ./python
+wheel=$(ls target/wheels/deltacells-*.whl)
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps "$wheel"
+echo "test: the Python package's wheel ($(du -h "$wheel" | cut -f1)) was built and installed in $((SECONDS - started)) s" >&2
+DELTACELLS_BIN="$PWD/target/release/deltacells" DELTACELLS_WHEEL_DIR="$PWD/target/wheels" \
+  .venv/bin/pytest -q -p no:cacheprovider python/tests

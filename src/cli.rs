@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use deltacells::convert::GeneSet;
+use crate::convert::GeneSet;
 
 /// `--genes`: which genes to store when the inputs' genes differ.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -221,14 +221,14 @@ pub(crate) struct ReadingArgs {
 
 impl ReadingArgs {
     /// The library's value for these arguments.
-    pub(crate) fn reading(&self) -> anyhow::Result<deltacells::convert::sources::InputReading> {
-        use deltacells::convert::sources::InputFormat;
+    pub(crate) fn reading(&self) -> anyhow::Result<crate::convert::sources::InputReading> {
+        use crate::convert::sources::InputFormat;
         for (flag, value) in [("--feature-type", &self.feature_type), ("--genome", &self.genome)] {
             if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
                 anyhow::bail!("{flag}: an empty name; give the name as the file spells it");
             }
         }
-        Ok(deltacells::convert::sources::InputReading {
+        Ok(crate::convert::sources::InputReading {
             format: self.input_format.map(|f| match f {
                 InputFormatArg::H5ad => InputFormat::H5ad,
                 InputFormatArg::TenxH5 => InputFormat::TenxH5,

@@ -28,7 +28,9 @@
 //!   from source and linked statically), Matrix Market files and AnnData
 //!   zarr stores, and turning them into datasets: `convert`, `h5ad`, `tenx`,
 //!   `mtx`, `zarr`.
-//! - `cli` (default): the `deltacells` binary; implies `convert`.
+//! - `cli` (default): the command line ([`run_command_line`]), which the
+//!   `deltacells` binary and the Python package's `deltacells` console script
+//!   run; implies `convert`.
 //!
 //! # Errors
 //!
@@ -38,7 +40,11 @@
 
 pub mod batch;
 pub mod buffers;
+#[cfg(feature = "cli")]
+mod cli;
 pub mod collection;
+#[cfg(feature = "cli")]
+mod commands;
 #[cfg(feature = "convert")]
 pub mod convert;
 pub mod dataset;
@@ -59,6 +65,8 @@ pub mod writer;
 #[cfg(feature = "convert")]
 pub mod zarr;
 
+#[cfg(feature = "cli")]
+pub use commands::main as run_command_line;
 pub use dataset::{Dataset, DatasetError, TileCache};
 pub use format::CsrMatrix;
 

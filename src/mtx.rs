@@ -295,10 +295,17 @@ impl MtxSource {
         if let Some(types) = types {
             columns.push(("feature_type".to_string(), MemoryTable::category_of(&pick(types))));
         }
-        let var = MemoryTable { path: path.to_path_buf(), name: "var".into(), index: pick(ids), columns };
+        let var = MemoryTable {
+            path: path.to_path_buf(),
+            name: "var".into(),
+            index_name: "_index".into(),
+            index: pick(ids),
+            columns,
+        };
         let obs = MemoryTable {
             path: path.to_path_buf(),
             name: "obs".into(),
+            index_name: "_index".into(),
             index: barcodes.into_iter().map(|mut b| b.swap_remove(0)).collect(),
             columns: Vec::new(),
         };

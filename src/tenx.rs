@@ -178,7 +178,13 @@ impl TenxSource {
         if genomes.iter().any(|g| !g.is_empty()) {
             columns.push(("genome".to_string(), MemoryTable::category_of(&genomes)));
         }
-        let var = MemoryTable { path: file.path().to_path_buf(), name: "var".into(), index: pick(ids), columns };
+        let var = MemoryTable {
+            path: file.path().to_path_buf(),
+            name: "var".into(),
+            index_name: "_index".into(),
+            index: pick(ids),
+            columns,
+        };
         Ok(TenxSource { file, group, matrix, keep, var })
     }
 }

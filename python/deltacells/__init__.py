@@ -1,4 +1,4 @@
-"""Read deltacells datasets: compact tiled single-cell count matrices.
+"""Convert and read deltacells datasets: compact tiled single-cell count matrices.
 
 >>> import deltacells
 >>> ds = deltacells.open_dataset("out/pbmc_1k", obs_columns=["obs_names"])
@@ -11,15 +11,19 @@ the GIL released); this package gives it NumPy, SciPy and pandas types.
 """
 
 from ._collection import Collection, CollectionObs, Member, open_collection
+from ._convert import AppendSummary, ConvertSummary, append, convert, write_anndata
 from ._dataset import Batch, Dataset, open_dataset
 from ._errors import (
     ArgumentTypeError,
     CellIndexError,
     CorruptDatasetError,
     DatasetChangedError,
+    DatasetExistsError,
     DatasetNotFoundError,
     DeltacellsError,
+    InputNotFoundError,
     InvalidArgumentError,
+    InvalidInputError,
     UnknownNameError,
 )
 from ._loader import CellBatch, Loader
@@ -27,6 +31,11 @@ from ._obs import Obs
 from ._vocabulary import Vocabulary, VocabularyReport, VocabularyWarning
 
 __all__ = [
+    "convert",
+    "append",
+    "write_anndata",
+    "ConvertSummary",
+    "AppendSummary",
     "open_dataset",
     "open_collection",
     "Dataset",
@@ -48,4 +57,7 @@ __all__ = [
     "ArgumentTypeError",
     "UnknownNameError",
     "DatasetChangedError",
+    "InputNotFoundError",
+    "InvalidInputError",
+    "DatasetExistsError",
 ]

@@ -2,11 +2,12 @@
 (deltacells.open_dataset) rather than these directly."""
 
 from collections.abc import Iterator
-from typing import Self, final
+from typing import Any, Self, final
 
 import numpy as np
 import numpy.typing as npt
 
+from ._convert import _ConvertOptions, _Reaching
 from ._options import LoaderOptions
 from ._vocabulary import Form
 
@@ -37,10 +38,14 @@ __all__ = [
     "RawDataset",
     "RawGeneMap",
     "__version__",
+    "append_files",
     "cache_root",
     "collection_file",
     "column_path",
+    "convert_anndata",
+    "convert_files",
     "loader_defaults",
+    "run_command_line",
 ]
 
 @final
@@ -169,3 +174,13 @@ def cache_root(explicit: str | None = None) -> str: ...
 def collection_file(path: str) -> str: ...
 def column_path(root: str, fingerprint: str, column: str) -> str: ...
 def loader_defaults() -> LoaderOptions: ...
+def run_command_line(argv: list[str]) -> int: ...
+def convert_files(
+    inputs: list[str], out: str, options: _ConvertOptions, reaching: _Reaching, progress: object | None
+) -> str: ...
+def convert_anndata(
+    source: dict[str, Any], out: str, options: _ConvertOptions, reaching: _Reaching, progress: object | None
+) -> str: ...
+def append_files(
+    dataset: str, inputs: list[str], options: dict[str, Any], reaching: _Reaching, progress: object | None
+) -> str: ...

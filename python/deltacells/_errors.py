@@ -60,3 +60,18 @@ __all__ = [
     "UnknownNameError",
     "DatasetChangedError",
 ]
+
+
+class InputNotFoundError(DeltacellsError, FileNotFoundError):
+    """An input of a conversion or an append that does not exist."""
+
+
+class InvalidInputError(DeltacellsError, ValueError):
+    """An input of a conversion that is not what it must be: a matrix that is
+    not counts (the message names the cell and the gene), genes or obs columns
+    that do not fit the other inputs' or the dataset's."""
+
+
+class DatasetExistsError(DeltacellsError, FileExistsError):
+    """The output of a conversion already holds a dataset (``overwrite=True``
+    replaces it)."""

@@ -26,6 +26,15 @@ pub(crate) enum Kind {
     Name,
     /// A dataset of a collection that changed since the collection was made.
     Changed,
+    /// An argument of the wrong type (an ArgumentTypeError, also a TypeError).
+    ArgumentType,
+    /// A conversion's input that does not exist (also a FileNotFoundError).
+    InputNotFound,
+    /// A conversion's input that is not what it must be: values that are not
+    /// counts, genes or obs columns that do not fit (also a ValueError).
+    Input,
+    /// An output that already holds a dataset (also a FileExistsError).
+    Exists,
     /// Anything else: storage unreachable, cache not writable...
     Other,
 }
@@ -106,6 +115,10 @@ impl Failure {
             Kind::Value => "InvalidArgumentError",
             Kind::Name => "UnknownNameError",
             Kind::Changed => "DatasetChangedError",
+            Kind::ArgumentType => "ArgumentTypeError",
+            Kind::InputNotFound => "InputNotFoundError",
+            Kind::Input => "InvalidInputError",
+            Kind::Exists => "DatasetExistsError",
             Kind::Other => "DeltacellsError",
         };
         let class = py.import("deltacells._errors").and_then(|m| m.getattr(name));

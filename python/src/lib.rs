@@ -1,5 +1,5 @@
 //! The Rust side of the `deltacells` Python package: a thin binding over the
-//! library's reading core. It owns bytes, threads and decoding; the Python
+//! library (its reading core, conversion and command line). It owns bytes, threads and decoding; the Python
 //! layer (`python/deltacells/`) owns the API's shape, pandas and scipy.
 //!
 //! Every call releases the GIL while it reads and decodes, hands its buffers to
@@ -17,6 +17,7 @@ use deltacells::obs::localize;
 mod arrays;
 mod batches;
 mod collection;
+mod convert;
 mod dataset;
 mod errors;
 mod threads;
@@ -49,6 +50,10 @@ fn _deltacells(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cache_root, m)?)?;
     m.add_function(wrap_pyfunction!(column_path, m)?)?;
     m.add_function(wrap_pyfunction!(loader_defaults, m)?)?;
+    m.add_function(wrap_pyfunction!(convert::run_command_line, m)?)?;
+    m.add_function(wrap_pyfunction!(convert::convert_files, m)?)?;
+    m.add_function(wrap_pyfunction!(convert::convert_anndata, m)?)?;
+    m.add_function(wrap_pyfunction!(convert::append_files, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -2,11 +2,11 @@
 //! line adds the flag or command that gets past it, so that the same error
 //! met from Python never tells its reader to type a flag.
 
-use deltacells::convert::genes::GeneError;
-use deltacells::convert::input::InputError;
-use deltacells::convert::obs_merge::ObsMergeError;
-use deltacells::convert::{AppendError, ConvertError};
-use deltacells::DatasetError;
+use crate::convert::genes::GeneError;
+use crate::convert::input::InputError;
+use crate::convert::obs_merge::ObsMergeError;
+use crate::convert::{AppendError, ConvertError};
+use crate::DatasetError;
 
 /// The command an error happened in, when the advice depends on it: given
 /// as the error's context (`.context(Step::Append)`, which reads `append`),

@@ -1,17 +1,16 @@
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use indicatif::{HumanBytes, HumanCount};
 use serde_json::{Map, Value};
 
-use deltacells::convert::{convert, ConvertOptions};
-use deltacells::convert::{GivenOrder, ObsOptions};
-use deltacells::dataset::Dataset;
+use crate::convert::{convert, ConvertOptions};
+use crate::convert::{GivenOrder, ObsOptions};
+use crate::dataset::Dataset;
 use std::sync::Arc;
 
-use deltacells::storage::{self, Storage};
-use deltacells::writer::WriteOptions;
+use crate::storage::{Storage, StoreOptions};
+use crate::writer::WriteOptions;
 
 use super::progress::{plural, Bar};
 use crate::cli::ConvertArgs;
@@ -67,15 +66,8 @@ fn conversion(args: &ConvertArgs) -> anyhow::Result<Conversion> {
     super::check_spill_dir(args.spill_dir.as_deref())?;
     let (inputs, out) = inputs_and_output(args)?;
     let (reach, downloads) = super::input_options(&args.store, &args.download, &args.reading, &inputs, false)?;
-    let out_path = match storage::Location::parse(&out)? {
-        storage::Location::Http { .. } => {
-            bail!("{out}: an HTTP server is read-only; write to a local folder, s3:// or gs://")
-        }
-        storage::Location::Local(path) if path.is_file() => bail!("{}: is a file, not a folder", path.display()),
-        storage::Location::Local(path) => path.display().to_string(),
-        _ => out.clone(),
-    };
-    let store = super::open_store(&out, &args.store)?;
+    let store_options = StoreOptions { anonymous: args.store.anonymous, endpoint: args.store.endpoint.clone() };
+    let (out_path, store) = crate::convert::open_output(&out, &store_options, "write to")?;
     let options = ConvertOptions {
         matrix: args.matrix.clone().unwrap_or_else(|| "X".into()),
         write: WriteOptions { tile_size: args.tile_size, n_chunks: args.chunks as usize, zstd_level: args.level },
@@ -100,7 +92,7 @@ fn conversion(args: &ConvertArgs) -> anyhow::Result<Conversion> {
 }
 
 /// What `plan --json` prints.
-fn plan_summary(plan: &deltacells::convert::Plan, started: std::time::Instant) -> Value {
+fn plan_summary(plan: &crate::convert::Plan, started: std::time::Instant) -> Value {
     serde_json::json!({
         "plan": plan.id,
         "n_cells": plan.n_cells,
@@ -113,23 +105,22 @@ fn plan_summary(plan: &deltacells::convert::Plan, started: std::time::Instant) -
 }
 
 /// `plan --append DATASET INPUTS...`.
-fn plan_append(args: &ConvertArgs, dataset: &str, started: std::time::Instant) -> anyhow::Result<ExitCode> {
+fn plan_append(args: &ConvertArgs, dataset: &str, started: std::time::Instant) -> anyhow::Result<u8> {
     super::set_threads(args.threads)?;
     let inputs = super::input_paths(&args.paths, args.inputs_from.as_deref())?;
     let store = super::open_store(dataset, &args.store)?;
     let (reach, _downloads) = super::input_options(&args.store, &args.download, &args.reading, &inputs, false)?;
-    let options = deltacells::convert::AppendOptions {
+    let options = crate::convert::AppendOptions {
         matrix: args.matrix.clone(),
         shuffle: args.shuffle,
         inputs: reach,
         ..Default::default()
     };
     let progress = Bar::new(args.quiet);
-    let planned =
-        deltacells::convert::plan_append(store.clone(), &inputs, &options, &progress).context("plan --append")?;
+    let planned = crate::convert::plan_append(store.clone(), &inputs, &options, &progress).context("plan --append")?;
     progress.bar.finish_and_clear();
     match planned {
-        deltacells::convert::Planned::Plan(plan) => {
+        crate::convert::Planned::Plan(plan) => {
             if args.json {
                 super::print_json(&plan_summary(&plan, started))?;
             } else if !args.quiet {
@@ -142,7 +133,7 @@ fn plan_append(args: &ConvertArgs, dataset: &str, started: std::time::Instant) -
                 );
             }
         }
-        deltacells::convert::Planned::Done(summary) => {
+        crate::convert::Planned::Done(summary) => {
             if args.json {
                 super::print_json(&summary)?;
             } else if !args.quiet {
@@ -156,10 +147,10 @@ fn plan_append(args: &ConvertArgs, dataset: &str, started: std::time::Instant) -
         }
     }
     super::report_stats(store.as_ref(), &args.store, started, args.json);
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }
 
-pub(crate) fn run_plan(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run_plan(args: &ConvertArgs) -> anyhow::Result<u8> {
     let started = std::time::Instant::now();
     if let Some(dataset) = &args.append {
         return plan_append(args, dataset, started);
@@ -168,7 +159,7 @@ pub(crate) fn run_plan(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
     let progress = Bar::new(args.quiet);
     if let Some(spec) = &args.totals_shard {
         let (k, n) = super::parse_k_of_n("--totals-shard", spec)?;
-        let done = deltacells::convert::plan_totals_shard(&inputs, store.as_ref(), &options, k, n, &progress)
+        let done = crate::convert::plan_totals_shard(&inputs, store.as_ref(), &options, k, n, &progress)
             .context("plan --totals-shard")?;
         progress.bar.finish_and_clear();
         if args.json {
@@ -182,9 +173,9 @@ pub(crate) fn run_plan(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
             );
         }
         super::report_stats(store.as_ref(), &args.store, started, args.json);
-        return Ok(ExitCode::SUCCESS);
+        return Ok(0);
     }
-    let plan = deltacells::convert::plan(&inputs, store.as_ref(), &options, &progress).context("plan")?;
+    let plan = crate::convert::plan(&inputs, store.as_ref(), &options, &progress).context("plan")?;
     progress.bar.finish_and_clear();
     if args.json {
         super::print_json(&plan_summary(&plan, started))?;
@@ -198,10 +189,10 @@ pub(crate) fn run_plan(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
         );
     }
     super::report_stats(store.as_ref(), &args.store, started, args.json);
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }
 
-pub(crate) fn run(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: &ConvertArgs) -> anyhow::Result<u8> {
     let started = std::time::Instant::now();
     if args.append.is_some() {
         bail!("--append is for `deltacells plan` (a sharded append); to append in one run, use `deltacells append DATASET INPUTS...`");
@@ -240,5 +231,5 @@ pub(crate) fn run(args: &ConvertArgs) -> anyhow::Result<ExitCode> {
         }
     }
     super::report_stats(store.as_ref(), &args.store, started, args.json);
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }

@@ -1,15 +1,14 @@
 use std::ops::Range;
 use std::path::Path;
-use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use indicatif::{HumanCount, ProgressBar, ProgressStyle};
 
-use deltacells::convert::shuffle::{Origin, Scatter, MAX_BUCKETS};
-use deltacells::format::CsrMatrix;
-use deltacells::h5ad::export;
-use deltacells::h5ad::write::{H5adWriter, Table};
-use deltacells::Dataset;
+use crate::convert::shuffle::{Origin, Scatter, MAX_BUCKETS};
+use crate::format::CsrMatrix;
+use crate::h5ad::export;
+use crate::h5ad::write::{H5adWriter, Table};
+use crate::Dataset;
 
 use crate::cli::ExportArgs;
 
@@ -47,7 +46,7 @@ fn to_source_order(block: &CsrMatrix, order: &[i32]) -> CsrMatrix {
     out
 }
 
-pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<u8> {
     let started = std::time::Instant::now();
     let ds = Dataset::from_storage(super::open_store(&args.dataset, &args.store)?).context("export")?;
     let range = parse_range(args.cells.as_deref(), ds.n_cells())?;
@@ -154,5 +153,5 @@ pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<ExitCode> {
         );
     }
     super::report_stats(ds.storage().as_ref(), &args.store, started, false);
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }

@@ -1,18 +1,17 @@
 use std::io::Write;
-use std::process::ExitCode;
 
 use anyhow::Context;
 use indicatif::{HumanBytes, HumanCount};
 
-use deltacells::collection::{CollectionFile, GeneChoice};
-use deltacells::info::dataset_info;
-use deltacells::storage::StoreOptions;
-use deltacells::Dataset;
+use crate::collection::{CollectionFile, GeneChoice};
+use crate::info::dataset_info;
+use crate::storage::StoreOptions;
+use crate::Dataset;
 
 use super::progress::plural;
 use crate::cli::InfoArgs;
 
-pub(crate) fn run(args: &InfoArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: &InfoArgs) -> anyhow::Result<u8> {
     let path = std::path::Path::new(&args.dataset);
     if args.dataset.ends_with(".json") && path.is_file() {
         return collection(path, args);
@@ -23,7 +22,7 @@ pub(crate) fn run(args: &InfoArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         super::print_json(&info)?;
         super::report_stats(ds.storage().as_ref(), &args.store, started, true);
-        return Ok(ExitCode::SUCCESS);
+        return Ok(0);
     }
     let yes_no = |b: bool| if b { "yes" } else { "no" };
     let mut out = std::io::stdout().lock();
@@ -86,7 +85,7 @@ pub(crate) fn run(args: &InfoArgs) -> anyhow::Result<ExitCode> {
     }
     writeln!(out, "metadata     {}", serde_json::Value::Object(info.metadata.clone()))?;
     super::report_stats(ds.storage().as_ref(), &args.store, started, false);
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }
 
 /// What `info` reports of a collection file.
@@ -117,7 +116,7 @@ struct MemberInfo {
 
 /// `info COLLECTION.json`: opens every dataset of the collection file (each
 /// checked against the manifest digest it records) and summarizes them.
-fn collection(path: &std::path::Path, args: &InfoArgs) -> anyhow::Result<ExitCode> {
+fn collection(path: &std::path::Path, args: &InfoArgs) -> anyhow::Result<u8> {
     let file = CollectionFile::read(path).context("info")?;
     let weights = file.weights_in_order().map_err(|m| anyhow::anyhow!("{}: {m}", path.display()))?;
     let store = StoreOptions { anonymous: args.store.anonymous, endpoint: args.store.endpoint.clone() };
@@ -151,7 +150,7 @@ fn collection(path: &std::path::Path, args: &InfoArgs) -> anyhow::Result<ExitCod
     };
     if args.json {
         super::print_json(&info)?;
-        return Ok(ExitCode::SUCCESS);
+        return Ok(0);
     }
     let mut out = std::io::stdout().lock();
     writeln!(out, "collection   {}", info.collection)?;
@@ -179,5 +178,5 @@ fn collection(path: &std::path::Path, args: &InfoArgs) -> anyhow::Result<ExitCod
             d.root
         )?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }

@@ -1,16 +1,17 @@
-//! One file per subcommand: arguments in, calls into the library, results out.
+//! The command line: one file per subcommand (arguments in, calls into the
+//! library, results out), and [`main`], which the `deltacells` binary and the
+//! Python package's console script both run.
 
 use std::io::IsTerminal;
-use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use deltacells::convert::sources::InputOptions;
-use deltacells::storage::{self, Storage, StoreOptions};
+use crate::convert::sources::InputOptions;
+use crate::storage::{self, Storage, StoreOptions};
 
 use crate::cli::{Cli, Command, StoreArgs};
 
-pub(crate) use advice::advice;
+use advice::advice;
 
 mod advice;
 mod append;
@@ -22,7 +23,43 @@ mod progress;
 mod shard;
 mod verify;
 
-pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+/// Runs the command line `args` (the program's name first, as in
+/// `std::env::args_os`) and returns its exit status: 0 on success, 1 when
+/// verify found bad data, 2 on any error (said on stderr as
+/// `deltacells: ...`). Usage errors, `--help` and `--version` are printed by
+/// clap with its status; nothing here ends the process, so that a caller
+/// (the Python package) gets the status back.
+pub fn main<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    use clap::Parser;
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            return err.exit_code().clamp(0, 255) as u8;
+        }
+    };
+    match run(cli) {
+        Ok(code) => code,
+        Err(err) => {
+            if err.chain().any(|e| {
+                e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) {
+                return 0;
+            }
+            match advice(&err) {
+                Some(advice) => eprintln!("deltacells: {err:#}; {advice}"),
+                None => eprintln!("deltacells: {err:#}"),
+            }
+            2
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Convert(args) => convert::run(&args),
         Command::Append(args) => append::run(&args),
@@ -62,11 +99,12 @@ pub(crate) fn input_options(
     up_to: bool,
 ) -> anyhow::Result<(InputOptions, Option<tempfile::TempDir>)> {
     let mut options = InputOptions {
-        remote: deltacells::h5ad::remote::RemoteOptions {
+        remote: crate::h5ad::remote::RemoteOptions {
             store: StoreOptions { anonymous: store.anonymous, endpoint: store.endpoint.clone() },
             download_dir: None,
         },
         reading: reading.reading()?,
+        provided: Vec::new(),
     };
     if !download.download_inputs {
         return Ok((options, None));
@@ -78,8 +116,8 @@ pub(crate) fn input_options(
             (temp.path().to_path_buf(), Some(temp))
         }
     };
-    let urls: Vec<&std::path::PathBuf> = urls.iter().filter(|p| deltacells::h5ad::remote::is_url(p)).collect();
-    let bytes: u64 = urls.iter().filter_map(|p| deltacells::convert::sources::input_size(p, &options)).sum();
+    let urls: Vec<&std::path::PathBuf> = urls.iter().filter(|p| crate::h5ad::remote::is_url(p)).collect();
+    let bytes: u64 = urls.iter().filter_map(|p| crate::convert::sources::input_size(p, &options)).sum();
     eprintln!(
         "deltacells: note: --download-inputs: {} inputs at URLs are downloaded whole into {} before they are read: {}{} of free disk needed there",
         urls.len(),
@@ -167,7 +205,7 @@ pub(crate) fn report_stats(store: &dyn Storage, args: &StoreArgs, started: Insta
     }
     let (requests, bytes) = store.stats().snapshot();
     let (uploads, bytes_uploaded) = store.stats().uploads();
-    let (input_requests, input_bytes) = deltacells::storage::ranged::input_stats().snapshot();
+    let (input_requests, input_bytes) = crate::storage::ranged::input_stats().snapshot();
     let report = IoReport {
         requests,
         bytes,

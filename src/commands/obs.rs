@@ -1,17 +1,16 @@
 use std::io::Write;
 use std::path::Path;
-use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use indicatif::HumanBytes;
 use serde::Serialize;
 
-use deltacells::obs::localize::{cache_root, cached_file_is_valid, column_path, localize, ObsSource};
-use deltacells::Dataset;
+use crate::obs::localize::{cache_root, cached_file_is_valid, column_path, localize, ObsSource};
+use crate::Dataset;
 
 use crate::cli::{LocalizeArgs, ObsCommand, ObsInfoArgs};
 
-pub(crate) fn run(cmd: &ObsCommand) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(cmd: &ObsCommand) -> anyhow::Result<u8> {
     match cmd {
         ObsCommand::Info(args) => info(args),
         ObsCommand::Localize(args) => run_localize(args),
@@ -42,7 +41,7 @@ struct ObsInfo {
     columns: Vec<ColumnInfo>,
 }
 
-fn info(args: &ObsInfoArgs) -> anyhow::Result<ExitCode> {
+fn info(args: &ObsInfoArgs) -> anyhow::Result<u8> {
     let started = std::time::Instant::now();
     let ds = Dataset::from_storage(super::open_store(&args.dataset, &args.store)?).context("obs info")?;
     let manifest = ds.manifest();
@@ -85,7 +84,7 @@ fn info(args: &ObsInfoArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         super::print_json(&report)?;
         super::report_stats(ds.storage().as_ref(), &args.store, started, true);
-        return Ok(ExitCode::SUCCESS);
+        return Ok(0);
     }
     let mut out = std::io::stdout().lock();
     writeln!(
@@ -125,10 +124,10 @@ fn info(args: &ObsInfoArgs) -> anyhow::Result<ExitCode> {
     }
     drop(out);
     super::report_stats(ds.storage().as_ref(), &args.store, started, false);
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }
 
-fn run_localize(args: &LocalizeArgs) -> anyhow::Result<ExitCode> {
+fn run_localize(args: &LocalizeArgs) -> anyhow::Result<u8> {
     super::set_threads(args.threads)?;
     let started = std::time::Instant::now();
     let ds = Dataset::from_storage(super::open_store(&args.dataset, &args.store)?).context("obs localize")?;
@@ -137,7 +136,7 @@ fn run_localize(args: &LocalizeArgs) -> anyhow::Result<ExitCode> {
         bail!("obs localize: {}: the dataset has no obs", args.dataset);
     }
     let columns: Vec<String> = if args.all {
-        let schema = deltacells::obs::read_schema(ds.storage().as_ref()).context("obs localize")?.schema;
+        let schema = crate::obs::read_schema(ds.storage().as_ref()).context("obs localize")?.schema;
         schema.columns.into_iter().map(|c| c.name).collect()
     } else {
         args.columns.clone()
@@ -167,5 +166,5 @@ fn run_localize(args: &LocalizeArgs) -> anyhow::Result<ExitCode> {
         writeln!(out, "cache: {}", report.cache)?;
     }
     super::report_stats(ds.storage().as_ref(), &args.store, started, args.json);
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use indicatif::{HumanCount, ProgressBar, ProgressState, ProgressStyle};
 
-use deltacells::convert::ConvertProgress;
+use crate::convert::ConvertProgress;
 
 /// The progress bar: cells done of the phase's total, rate, ETA, current file.
 /// Notes go above it (or straight to stderr when there is no bar).

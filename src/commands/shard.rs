@@ -3,13 +3,12 @@
 //! worker is, progress for terminals and for cluster logs, and the reports.
 
 use std::path::Path;
-use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
 use indicatif::{HumanBytes, HumanCount};
 
-use deltacells::convert::{finalize, run_shard, ConvertProgress, ShardOptions, MAX_IN_FLIGHT};
+use crate::convert::{finalize, run_shard, ConvertProgress, ShardOptions, MAX_IN_FLIGHT};
 
 use super::parse_k_of_n;
 use super::progress::{human_rate, plural, Bar};
@@ -80,7 +79,7 @@ impl ConvertProgress for LogLines {
     }
 }
 
-pub(crate) fn run(args: &ShardArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: &ShardArgs) -> anyhow::Result<u8> {
     super::set_threads(args.threads)?;
     let started = Instant::now();
     super::check_spill_dir(args.spill_dir.as_deref())?;
@@ -93,7 +92,7 @@ pub(crate) fn run(args: &ShardArgs) -> anyhow::Result<ExitCode> {
     let inputs: Vec<std::path::PathBuf> = if args.download.download_inputs {
         // The plan's inputs (of a conversion, or of an append to a dataset);
         // without a plan, run_shard says so below.
-        let plan = deltacells::convert::read_planned(store.as_ref()).ok();
+        let plan = crate::convert::read_planned(store.as_ref()).ok();
         plan.map(|p| p.inputs.into_iter().map(|i| i.path).collect()).unwrap_or_default()
     } else {
         Vec::new()
@@ -107,7 +106,7 @@ pub(crate) fn run(args: &ShardArgs) -> anyhow::Result<ExitCode> {
         progress.bar.finish_and_clear();
         r
     } else if args.quiet {
-        run_shard(store.as_ref(), k, n, &in_flight, &deltacells::convert::NoProgress)
+        run_shard(store.as_ref(), k, n, &in_flight, &crate::convert::NoProgress)
     } else {
         let log = LogLines { label: label.clone(), started, cells: 0.into(), nnz: 0.into() };
         run_shard(store.as_ref(), k, n, &in_flight, &log)
@@ -134,10 +133,10 @@ pub(crate) fn run(args: &ShardArgs) -> anyhow::Result<ExitCode> {
         );
     }
     super::report_stats(store.as_ref(), &args.store, started, args.json);
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }
 
-pub(crate) fn run_finalize(args: &FinalizeArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run_finalize(args: &FinalizeArgs) -> anyhow::Result<u8> {
     let started = Instant::now();
     let store = super::open_store(&args.out, &args.store)?;
     let summary = finalize(store.as_ref()).context("finalize")?;
@@ -156,5 +155,5 @@ pub(crate) fn run_finalize(args: &FinalizeArgs) -> anyhow::Result<ExitCode> {
         );
     }
     super::report_stats(store.as_ref(), &args.store, started, args.json);
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }

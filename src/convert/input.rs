@@ -274,13 +274,15 @@ impl<T: Table + ?Sized> Table for &T {
 
 /// A table held in memory whole: the tables of formats that store them as
 /// small arrays or text files (10x features, Matrix Market's features and
-/// barcodes). Its index is unnamed (`_index`, as anndata writes it).
+/// barcodes), and those of an AnnData object handed over in memory.
 #[derive(Clone, Debug)]
 pub struct MemoryTable {
     /// The file, for messages.
     pub path: PathBuf,
     /// The table, for messages (`obs`, `var`).
     pub name: String,
+    /// The index's name: `_index` when unnamed, as anndata writes it.
+    pub index_name: String,
     pub index: Vec<String>,
     pub columns: Vec<(String, FrameColumn)>,
 }
@@ -303,7 +305,7 @@ impl Table for MemoryTable {
     }
 
     fn index_name(&self) -> Result<String, InputError> {
-        Ok("_index".into())
+        Ok(self.index_name.clone())
     }
 
     fn index(&self, rows: Option<Range<usize>>) -> Result<Vec<String>, InputError> {

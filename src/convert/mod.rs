@@ -296,6 +296,31 @@ const SCAN_ROWS: u64 = 10_000;
 /// input shows) within a tile, not a whole tile at a time.
 const READ_ROWS: u64 = 2_048;
 
+/// Opens `out` (a local folder, s3:// or gs://) as the output of a job that
+/// writes a dataset (`doing`: "write to", "append to"), refusing what cannot
+/// hold one: an HTTP server (read-only), a local file. Also returns how the
+/// output is named in messages (a local folder as a path).
+pub fn open_output(
+    out: &str,
+    options: &crate::storage::StoreOptions,
+    doing: &str,
+) -> Result<(String, std::sync::Arc<dyn Storage>)> {
+    let name = match crate::storage::Location::parse(out)? {
+        crate::storage::Location::Http { .. } => {
+            return Err(error::ConvertError::invalid(
+                out,
+                format!("an HTTP server is read-only; {doing} a local folder, s3:// or gs://"),
+            ))
+        }
+        crate::storage::Location::Local(path) if path.is_file() => {
+            return Err(error::ConvertError::invalid(path.display().to_string(), "is a file, not a folder"))
+        }
+        crate::storage::Location::Local(path) => path.display().to_string(),
+        _ => out.to_string(),
+    };
+    Ok((name, crate::storage::open_with(out, options)?))
+}
+
 /// Converts `inputs` into a dataset in `out`: plan, one shard of every tile,
 /// finalize, in this process.
 pub fn convert(

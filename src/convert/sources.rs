@@ -5,6 +5,7 @@
 //! other.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +19,64 @@ use crate::h5ad::remote::{is_url, RemoteOptions};
 pub struct InputOptions {
     pub remote: RemoteOptions,
     pub reading: InputReading,
+    /// Inputs that are not files: sources the caller has opened itself (an
+    /// AnnData object of a Python session), each under the name that stands
+    /// for it among the inputs. [`open`] returns them before looking for a
+    /// file of that name.
+    pub provided: Vec<ProvidedInput>,
+}
+
+/// An input the caller has opened, and the name it goes by among a job's
+/// inputs (in messages and in the manifest's record of the inputs).
+#[derive(Clone)]
+pub struct ProvidedInput {
+    pub name: PathBuf,
+    pub source: Arc<dyn InputSource>,
+}
+
+impl std::fmt::Debug for ProvidedInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProvidedInput").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+impl InputOptions {
+    fn provided(&self, path: &Path) -> Option<&Arc<dyn InputSource>> {
+        self.provided.iter().find(|p| p.name == path).map(|p| &p.source)
+    }
+}
+
+/// A provided input, opened again: the source is shared, not reopened.
+struct Shared(Arc<dyn InputSource>);
+
+impl InputSource for Shared {
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+    fn matrix_name(&self) -> &str {
+        self.0.matrix_name()
+    }
+    fn n_rows(&self) -> u64 {
+        self.0.n_rows()
+    }
+    fn n_cols(&self) -> u64 {
+        self.0.n_cols()
+    }
+    fn read_rows(&self, rows: std::ops::Range<u64>) -> Result<super::input::RawRows, InputError> {
+        self.0.read_rows(rows)
+    }
+    fn var(&self) -> Result<Box<dyn super::input::Table + '_>, InputError> {
+        self.0.var()
+    }
+    fn obs(&self) -> Result<Option<Box<dyn super::input::Table + '_>>, InputError> {
+        self.0.obs()
+    }
+    fn counts_elsewhere(&self) -> Option<String> {
+        self.0.counts_elsewhere()
+    }
+    fn will_read_whole(&self) {
+        self.0.will_read_whole()
+    }
 }
 
 /// How the inputs are read, whatever reaches them: recorded in a sharded
@@ -80,6 +139,9 @@ pub fn input_size(path: &Path, options: &InputOptions) -> Option<u64> {
 /// shard compares with the plan's record to refuse a file that changed. For
 /// a Matrix Market folder, the matrix file's.
 pub fn input_version(path: &Path, options: &InputOptions) -> Option<crate::storage::Version> {
+    if options.provided(path).is_some() {
+        return None;
+    }
     if is_url(path) {
         return crate::storage::ranged::object_version(&path.to_string_lossy(), &options.remote.store).ok();
     }
@@ -126,6 +188,9 @@ fn format_by_name(path: &Path) -> Option<InputFormat> {
 /// formats), in the format `options.reading` names or else the one its name
 /// and content tell.
 pub fn open(path: &Path, matrix: &str, options: &InputOptions) -> Result<Box<dyn InputSource>, InputError> {
+    if let Some(source) = options.provided(path) {
+        return Ok(Box::new(Shared(source.clone())));
+    }
     let reading = &options.reading;
     let tenx = |file: crate::h5ad::H5adFile| -> Result<Box<dyn InputSource>, InputError> {
         only_x(path, matrix, InputFormat::TenxH5)?;
