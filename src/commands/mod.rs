@@ -187,6 +187,8 @@ fn phase_seconds() -> Vec<(String, f64)> {
 struct IoReport {
     requests: u64,
     bytes: u64,
+    /// Attempts that failed transiently and were tried again.
+    retries: u64,
     uploads: u64,
     bytes_uploaded: u64,
     /// Of inputs at URLs (read by ranges).
@@ -209,6 +211,7 @@ pub(crate) fn report_stats(store: &dyn Storage, args: &StoreArgs, started: Insta
     let report = IoReport {
         requests,
         bytes,
+        retries: store.stats().retries(),
         uploads,
         bytes_uploaded,
         input_requests,
@@ -231,8 +234,12 @@ pub(crate) fn report_stats(store: &dyn Storage, args: &StoreArgs, started: Insta
         } else {
             String::new()
         };
+        let retried = match report.retries {
+            0 => String::new(),
+            n => format!(" ({n} failed attempts retried)"),
+        };
         eprintln!(
-            "io: {} requests, {} fetched{written}, {:.2} s",
+            "io: {} requests{retried}, {} fetched{written}, {:.2} s",
             report.requests,
             indicatif::HumanBytes(report.bytes),
             report.seconds

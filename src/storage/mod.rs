@@ -50,6 +50,9 @@ pub struct IoStats {
     bytes: AtomicU64,
     uploads: AtomicU64,
     uploaded: AtomicU64,
+    /// Attempts that failed in a way that is tried again (shared with the
+    /// HTTP client that counts them).
+    retries: Arc<AtomicU64>,
 }
 
 impl IoStats {
@@ -68,6 +71,19 @@ impl IoStats {
     /// (requests, bytes) read so far.
     pub fn snapshot(&self) -> (u64, u64) {
         (self.requests.load(Ordering::Relaxed), self.bytes.load(Ordering::Relaxed))
+    }
+
+    /// HTTP attempts of this store's requests that failed in a way that is
+    /// tried again (a 5xx or 429 answer, a connection that failed or was
+    /// dropped), so far. Each was retried, but for the last attempt of a
+    /// request whose retries ran out (which then failed).
+    pub fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
+    }
+
+    /// The counter of [`IoStats::retries`], for the client that counts them.
+    pub(crate) fn retry_counter(&self) -> Arc<AtomicU64> {
+        self.retries.clone()
     }
 
     /// (objects, bytes) written so far.

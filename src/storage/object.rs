@@ -6,6 +6,7 @@
 //! (rayon), so `--threads` calls mean that many requests in flight.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -83,6 +84,13 @@ impl ObjectStorage {
             multipart_threshold: MULTIPART_THRESHOLD,
             part_size: PART_SIZE,
         }
+    }
+
+    /// These stats instead of new ones (those whose retry counter the
+    /// store's HTTP client was given).
+    fn with_stats(mut self, stats: IoStats) -> Self {
+        self.stats = stats;
+        self
     }
 
     /// The store underneath.
@@ -391,13 +399,53 @@ pub fn anonymous_gcs(
     builder.with_skip_signature(true).with_credentials(Arc::new(object_store::StaticCredentialProvider::new(none)))
 }
 
+/// The HTTP client of a store: reqwest's, with every attempt that fails in a
+/// way object_store tries again (a 5xx or 429 answer, a connection that
+/// failed) counted, for [`IoStats::retries`].
+#[derive(Debug)]
+struct CountingConnector(Arc<AtomicU64>);
+
+impl object_store::client::HttpConnector for CountingConnector {
+    fn connect(&self, options: &object_store::ClientOptions) -> object_store::Result<object_store::client::HttpClient> {
+        let inner = object_store::client::ReqwestConnector::default().connect(options)?;
+        Ok(object_store::client::HttpClient::new(CountingService { inner, retries: self.0.clone() }))
+    }
+}
+
+#[derive(Debug)]
+struct CountingService {
+    inner: object_store::client::HttpClient,
+    retries: Arc<AtomicU64>,
+}
+
+#[async_trait::async_trait]
+impl object_store::client::HttpService for CountingService {
+    async fn call(
+        &self,
+        request: object_store::client::HttpRequest,
+    ) -> Result<object_store::client::HttpResponse, object_store::client::HttpError> {
+        let answer = self.inner.execute(request).await;
+        let failed = match &answer {
+            Ok(response) => response.status().is_server_error() || response.status().as_u16() == 429,
+            Err(_) => true,
+        };
+        if failed {
+            self.retries.fetch_add(1, Ordering::Relaxed);
+        }
+        answer
+    }
+}
+
 /// Opens the remote `location` (parsed from `url`, which names it in messages).
 pub(super) fn open(url: &str, location: &Location, options: &StoreOptions) -> Result<ObjectStorage, StorageError> {
     let fail = |message: String| StorageError::Unsupported { location: url.to_string(), message };
+    let stats = IoStats::default();
+    let connector = || CountingConnector(stats.retry_counter());
     match location {
         Location::S3 { bucket, prefix } => {
             let mut builder = object_store::aws::AmazonS3Builder::from_env()
                 .with_bucket_name(bucket)
+                .with_http_connector(connector())
                 .with_retry(retry_config())
                 .with_skip_signature(options.anonymous);
             let endpoint = options.endpoint.clone().or_else(|| std::env::var("AWS_ENDPOINT_URL").ok());
@@ -413,11 +461,12 @@ pub(super) fn open(url: &str, location: &Location, options: &StoreOptions) -> Re
                 builder = builder.with_region(super::aws_profile::region().unwrap_or_else(|| "us-east-1".to_string()));
             }
             let store = builder.build().map_err(|e| fail(describe(&e)))?;
-            Ok(ObjectStorage::new(Arc::new(store), prefix, url))
+            Ok(ObjectStorage::new(Arc::new(store), prefix, url).with_stats(stats))
         }
         Location::Gcs { bucket, prefix } => {
             let mut builder = object_store::gcp::GoogleCloudStorageBuilder::from_env()
                 .with_bucket_name(bucket)
+                .with_http_connector(connector())
                 .with_retry(retry_config());
             if options.anonymous {
                 builder = anonymous_gcs(builder);
@@ -428,16 +477,17 @@ pub(super) fn open(url: &str, location: &Location, options: &StoreOptions) -> Re
             }
             builder = builder.with_client_options(client_options(endpoint.as_deref()));
             let store = builder.build().map_err(|e| fail(describe(&e)))?;
-            Ok(ObjectStorage::new(Arc::new(store), prefix, url))
+            Ok(ObjectStorage::new(Arc::new(store), prefix, url).with_stats(stats))
         }
         Location::Http { url: http_url } => {
             let store = object_store::http::HttpBuilder::new()
                 .with_url(http_url)
+                .with_http_connector(connector())
                 .with_retry(retry_config())
                 .with_client_options(client_options(Some(url)))
                 .build()
                 .map_err(|e| fail(describe(&e)))?;
-            Ok(ObjectStorage::new(Arc::new(store), "", url).without_listing())
+            Ok(ObjectStorage::new(Arc::new(store), "", url).without_listing().with_stats(stats))
         }
         Location::Local(_) => Err(fail("a local folder is not an object store".into())),
     }

@@ -301,6 +301,25 @@ fn http_server_serves_a_dataset_to_every_reading_command() {
 }
 
 #[test]
+fn a_store_that_fails_transiently_is_retried_and_the_retries_counted() {
+    let t = TestDir::new();
+    convert_local(&t, "local");
+    // Every third request fails: a 503, a 500, or a connection dropped
+    // without an answer, in turn.
+    let root = t.path().display().to_string();
+    let Some(http) = Server::start("http", &[&root, "--fail-every", "3"]) else { return };
+    let url = format!("{}/local", http.url());
+    reading_commands_agree(&t, "local", &url, &[], &[]);
+    let run = t.run(&["verify", "--stats", "--json", &url]).expect_code(0);
+    let line = run.stderr().lines().rev().find(|l| l.starts_with("{\"io\"")).expect("an io line").to_string();
+    let v: Value = serde_json::from_str(&line).unwrap();
+    let (requests, retries) = (v["io"]["requests"].as_u64().unwrap(), v["io"]["retries"].as_u64().unwrap());
+    assert!(requests > 3 && retries >= requests / 3, "{line}");
+    let text = t.run(&["verify", "--stats", &url]).expect_code(0);
+    assert!(text.stderr().contains("failed attempts retried"), "{}", text.stderr());
+}
+
+#[test]
 fn fake_gcs_server_serves_a_dataset_to_every_reading_command() {
     let t = TestDir::new();
     convert_local(&t, "ds");

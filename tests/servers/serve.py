@@ -11,8 +11,11 @@ Prints "PORT <n>" on stdout once the server accepts connections, then serves
 until stdin closes (the test that started it ended) or it is killed.
 
 The HTTP server answers 403 for any path containing "forbidden", and with
---fail-first N answers 503 to the first N requests (to exercise retries). It
-counts requests; GET /__requests returns the count. With --latency-ms and
+--fail-first N answers 503 to the first N requests (to exercise retries).
+With --fail-every K, every K-th request fails: in turn a 503, a 500, and a
+connection closed without an answer (a store that fails transiently). GET
+/__down makes every later request fail with 503 (a store that stays down),
+GET /__up ends that. It counts requests; GET /__requests returns the count. With --latency-ms and
 --mbps it is a slow store: every request waits that long before its answer,
 and the bodies share one link of that many megabytes (10^6 bytes) per second.
 """
@@ -46,6 +49,9 @@ def wait_ready(port):
 
 class RangeHandler(http.server.SimpleHTTPRequestHandler):
     fail_left = 0
+    fail_every = 0
+    failed = 0
+    down = False
     requests = 0
     lock = threading.Lock()
     latency = 0.0
@@ -67,12 +73,22 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
     def refuse(self):
+        fault = None
         with RangeHandler.lock:
             RangeHandler.requests += 1
-            if RangeHandler.fail_left > 0:
-                RangeHandler.fail_left -= 1
-                self.send_error(503, "try again")
-                return True
+            if RangeHandler.fail_left > 0 or RangeHandler.down:
+                RangeHandler.fail_left = max(0, RangeHandler.fail_left - 1)
+                fault = "503"
+            elif RangeHandler.fail_every and RangeHandler.requests % RangeHandler.fail_every == 0:
+                RangeHandler.failed += 1
+                fault = ("drop", "503", "500")[RangeHandler.failed % 3]
+        if fault == "drop":
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return True
+        if fault is not None:
+            self.send_error(int(fault), "try again")
+            return True
         if "forbidden" in self.path:
             self.send_error(403, "forbidden")
             return True
@@ -84,6 +100,12 @@ class RangeHandler(http.server.SimpleHTTPRequestHandler):
             super().do_HEAD()
 
     def do_GET(self):
+        if self.path in ("/__down", "/__up"):
+            RangeHandler.down = self.path == "/__down"
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if self.path == "/__requests":
             body = str(RangeHandler.requests).encode()
             self.send_response(200)
@@ -150,6 +172,7 @@ def main():
     parser.add_argument("kind", choices=["s3", "gcs", "fake-gcs", "http"])
     parser.add_argument("root", nargs="?")
     parser.add_argument("--fail-first", type=int, default=0)
+    parser.add_argument("--fail-every", type=int, default=0)
     parser.add_argument("--latency-ms", type=float, default=0.0)
     parser.add_argument("--mbps", type=float, default=0.0)
     args = parser.parse_args()
@@ -211,6 +234,7 @@ def main():
             upload_tree(port, args.root)
     else:
         RangeHandler.fail_left = args.fail_first
+        RangeHandler.fail_every = args.fail_every
         RangeHandler.latency = args.latency_ms / 1000.0
         RangeHandler.bytes_per_second = args.mbps * 1e6
         handler = lambda *a, **k: RangeHandler(*a, directory=args.root, **k)  # noqa: E731
