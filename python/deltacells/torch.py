@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from ._args import integer
+from ._args import integer, location
 from ._collection import Collection
 from ._dataset import Cells, Dataset
 from ._errors import InvalidArgumentError
@@ -102,7 +102,8 @@ class CellDataset(torch.utils.data.IterableDataset):
     """Shuffled batches of a deltacells dataset for a ``torch.utils.data.DataLoader``.
 
     ``root`` and ``open_options`` are those of :func:`deltacells.open_dataset`,
-    or ``root`` is a :class:`deltacells.Collection` (from
+    or ``root`` is a :class:`deltacells.Dataset` (opened again, with its
+    options, by each worker) or a :class:`deltacells.Collection` (from
     :func:`deltacells.open_collection`, whose genes and weights then apply;
     each worker opens a dataset of it when its share first reads from it);
     the other arguments those of :meth:`deltacells.Dataset.batches` (rank,
@@ -126,7 +127,7 @@ class CellDataset(torch.utils.data.IterableDataset):
 
     def __init__(
         self,
-        root: str | Collection,
+        root: str | os.PathLike[str] | Dataset | Collection,
         batch_size: int = DEFAULTS["batch_size"],
         *,
         shuffle: bool = DEFAULTS["shuffle"],
@@ -157,7 +158,11 @@ class CellDataset(torch.utils.data.IterableDataset):
         **open_options: Any,
     ) -> None:
         super().__init__()
-        self.root: str | Collection = root if isinstance(root, Collection) else str(root)
+        if isinstance(root, Dataset):
+            given = {k: v for k, v in root._options.items() if k != "threads"}
+            open_options = {**given, "cache_dir": root._cache_dir, **open_options}
+            root = root.root
+        self.root: str | Collection = root if isinstance(root, Collection) else location("root", root)
         if isinstance(root, Collection):
             if genes is not None or gene_column is not None:
                 raise InvalidArgumentError(

@@ -71,3 +71,57 @@ def test_a_store_that_goes_down_ends_the_epoch_naming_the_tile(tmp_path: Path, h
     # the process keeps working: the store is back, the dataset reads again
     urllib.request.urlopen(f"{url}/__up").read()
     assert ds.get_batch([1000 - 1]).shape == (1, ds.n_genes)
+
+
+@pytest.fixture()
+def tiled(tmp_path: Path) -> Path:
+    """The example in 32 tiles of 32 cells (the last of 8), local."""
+    deltacells.convert(EXAMPLE, tmp_path / "ds", tile_size=32, level=3, progress=False)
+    return tmp_path / "ds"
+
+
+def test_a_tile_truncated_mid_epoch_ends_it_after_the_batches_before_it(tiled: Path) -> None:
+    expected = [b.X.to_scipy() for b in deltacells.open_dataset(tiled).batches(32, shuffle=False)]
+    ds = deltacells.open_dataset(tiled, threads=1)
+    batches = iter(ds.batches(32, shuffle=False, prefetch=1))
+    got = [next(batches).X.to_scipy()]
+    tile = tiled / "tiles" / "tile_000020.dct"
+    tile.write_bytes(tile.read_bytes()[:100])
+    with pytest.raises(deltacells.CorruptDatasetError, match="tile_000020.dct") as raised:
+        for batch in batches:
+            got.append(batch.X.to_scipy())
+    assert isinstance(raised.value, ValueError)
+    # every batch before the tile's came, and came right
+    assert len(got) == 20
+    for a, b in zip(got, expected, strict=False):
+        assert (a != b).nnz == 0
+
+
+def test_a_dataset_deleted_under_a_running_loader_is_an_error_not_a_hang(tiled: Path) -> None:
+    import shutil
+
+    ds = deltacells.open_dataset(tiled, threads=1)
+    batches = iter(ds.batches(32, shuffle=False, prefetch=1))
+    next(batches)
+    shutil.rmtree(tiled)
+    started = time.monotonic()
+    with pytest.raises(deltacells.DeltacellsError, match=r"tile_\d{6}\.dct") as raised:
+        for _ in batches:
+            pass
+    assert time.monotonic() - started < 60
+    assert isinstance(raised.value, FileNotFoundError | deltacells.CorruptDatasetError), type(raised.value)
+
+
+def test_a_tile_truncated_under_a_dataloader_worker_is_raised_in_the_main_process(tiled: Path, torch) -> None:
+    from deltacells.torch import CellDataset
+
+    loader = torch.utils.data.DataLoader(
+        CellDataset(deltacells.open_dataset(tiled), batch_size=32, shuffle=False), batch_size=None, num_workers=1
+    )
+    it = iter(loader)
+    next(it)
+    tile = tiled / "tiles" / "tile_000025.dct"
+    tile.write_bytes(tile.read_bytes()[:100])
+    with pytest.raises(deltacells.CorruptDatasetError, match="tile_000025.dct"):
+        for _ in it:
+            pass
