@@ -64,7 +64,17 @@ pub enum OutputError {
     TopKAboveGenes { k: usize, n_cols: u32 },
     #[error("genes: the map is of {map} stored genes, the dataset has {dataset}")]
     Map { map: usize, dataset: u32 },
+    #[error(
+        "dense: a batch of {rows} cells x {n_cols} genes takes {bytes} bytes dense, more than the {} bytes \
+         (16 GiB) a dense batch may take; ask for fewer cells in a batch, or for CSR batches",
+        MAX_DENSE_BYTES
+    )]
+    DenseTooLarge { rows: u64, n_cols: u32, bytes: u64 },
 }
+
+/// The most memory a dense batch may take: a request for more is refused
+/// before anything is read or reserved, rather than failing to allocate.
+pub const MAX_DENSE_BYTES: u64 = 16 << 30;
 
 impl BatchOutput {
     /// Checks the options against a dataset of `n_genes` stored genes.
@@ -91,6 +101,20 @@ impl BatchOutput {
             Some(k) if k > n_cols as usize => Err(OutputError::TopKAboveGenes { k, n_cols }),
             _ => Ok(()),
         }
+    }
+
+    /// Checks that batches of `rows` cells and `n_cols` columns fit the
+    /// budget of their form ([`MAX_DENSE_BYTES`] dense; CSR follows the
+    /// cells' nonzeros).
+    pub fn check_rows(&self, rows: u64, n_cols: u32) -> Result<(), OutputError> {
+        if !self.dense {
+            return Ok(());
+        }
+        let bytes = rows.saturating_mul(u64::from(n_cols)).saturating_mul(4);
+        if bytes > MAX_DENSE_BYTES {
+            return Err(OutputError::DenseTooLarge { rows, n_cols, bytes });
+        }
+        Ok(())
     }
 
     /// Columns of a batch of a dataset of `n_genes` stored genes.

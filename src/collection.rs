@@ -396,6 +396,7 @@ impl Collection {
     pub fn read_cells_formed(&self, cells: &[u64], output: &BatchOutput) -> Result<FormedBatch, CollectionError> {
         let n_cols = self.vocabulary.len() as u32;
         check_output(output, n_cols)?;
+        output.check_rows(cells.len() as u64, n_cols).map_err(|e| CollectionError::Argument(e.to_string()))?;
         let mut located = Vec::with_capacity(cells.len());
         for &cell in cells {
             located.push(self.locate(cell)?);

@@ -338,6 +338,7 @@ impl Dataset {
         output: &crate::batch::BatchOutput,
     ) -> Result<crate::batch::FormedBatch, DatasetError> {
         output.check(self.n_genes())?;
+        output.check_rows(cells.len() as u64, output.n_cols(self.n_genes()))?;
         let m = self.read_cell_list(cells)?;
         Ok(crate::batch::CellWriter::new(output, self.n_genes()).form(m))
     }

@@ -486,9 +486,11 @@ impl LoaderBuffers {
     /// Pools sized for `options`' windows and queue.
     pub fn new(options: &LoaderOptions) -> LoaderBuffers {
         LoaderBuffers {
-            planes: Arc::new(PlanesPool::new(options.mix_chunks + 2 * MAX_DECODE_GROUP)),
-            batches: Arc::new(BufferPool::new(2 * (options.prefetch + 4))),
-            values: Arc::new(FloatPool::new(options.prefetch + 4)),
+            // (pools keep at most this many; none is reserved ahead, and
+            // the options' extremes do not overflow)
+            planes: Arc::new(PlanesPool::new(options.mix_chunks.saturating_add(2 * MAX_DECODE_GROUP))),
+            batches: Arc::new(BufferPool::new(options.prefetch.saturating_add(4).saturating_mul(2))),
+            values: Arc::new(FloatPool::new(options.prefetch.saturating_add(4))),
         }
     }
 }
@@ -606,6 +608,7 @@ impl Batches {
         output: BatchOutput,
     ) -> Result<Batches, LoaderError> {
         let n_cols = source.check_output(&output)?;
+        output.check_rows((plan.options.batch_size as u64).min(plan.n_cells()), n_cols)?;
         let mapped = source.maps_cells(&output);
         let plan = Arc::new(plan);
         let group = decode_group(pool.as_deref());

@@ -262,11 +262,9 @@ class _Progress:
     def phase(self, name: str, total_cells: int) -> None:
         if not self.show:
             return
-        from tqdm.auto import tqdm
-
         self.close()
-        self._bar = tqdm(
-            total=total_cells or None, desc=name, unit=" cells", unit_scale=True, dynamic_ncols=True,
+        self._bar = _bar_class()(
+            total=total_cells or None, desc=name, unit=" cells", unit_scale=bool(total_cells), dynamic_ncols=True,
             file=sys.stderr,
         )
 
@@ -281,9 +279,7 @@ class _Progress:
     def note(self, message: str) -> None:
         self.notes.append(message)
         if self.show:
-            from tqdm.auto import tqdm
-
-            tqdm.write(f"deltacells: note: {message}", file=sys.stderr)
+            _bar_class().write(f"deltacells: note: {message}", file=sys.stderr)
 
     def close(self) -> None:
         if self._bar is not None:
@@ -291,16 +287,38 @@ class _Progress:
             self._bar = None
 
 
+def _in_jupyter() -> bool:
+    """Whether this runs in a Jupyter kernel."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return False
+    try:
+        shell = ipython.get_ipython()
+    except Exception:  # pragma: no cover - a broken IPython is not ours to fix
+        return False
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+
+
+def _bar_class() -> Any:
+    """tqdm's widget in Jupyter when ipywidgets is there to draw it, else its
+    text bar (which Jupyter shows too, without the warning tqdm.auto gives)."""
+    if _in_jupyter():
+        try:
+            import ipywidgets  # noqa: F401
+            from tqdm.notebook import tqdm as notebook_bar
+
+            return notebook_bar
+        except ImportError:
+            pass
+    from tqdm import tqdm as text_bar
+
+    return text_bar
+
+
 def _interactive() -> bool:
     """Whether a progress bar can be seen: a Jupyter kernel, or stderr a terminal."""
-    ipython = sys.modules.get("IPython")
-    if ipython is not None:
-        try:
-            shell = ipython.get_ipython()
-        except Exception:  # pragma: no cover - a broken IPython is not ours to fix
-            shell = None
-        if shell is not None and "IPKernelApp" in getattr(shell, "config", {}):
-            return True
+    if _in_jupyter():
+        return True
     try:
         return sys.stderr.isatty()
     except (AttributeError, ValueError):  # a closed or replaced stderr

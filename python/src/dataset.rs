@@ -268,6 +268,10 @@ impl RawDataset {
         let output = form
             .output(genes.as_deref())
             .and_then(|o| o.check(self.dataset.n_genes()).map(|()| o).map_err(Failure::from))
+            .and_then(|o| {
+                let n_cols = o.n_cols(self.dataset.n_genes());
+                o.check_rows(cells.len() as u64, n_cols).map(|()| o).map_err(Failure::from)
+            })
             .map_err(|f| f.into_pyerr(py))?;
         let formed = detached(py, || {
             let m = self.listed_cells(&cells)?;

@@ -254,3 +254,14 @@ def test_collection_options_work_or_are_refused_by_name(samples, option, value) 
         assert option in str(e) or any(n in str(e) for n in named), (option, value, str(e))
     else:
         still_works(opened)
+
+
+def test_a_dense_batch_beyond_its_budget_is_refused_before_it_is_reserved(ds) -> None:
+    """400,000 cells (the bundled ones, repeated) x their genes dense would
+    take more than the 16 GiB a dense batch may take: refused, naming the
+    size, instead of an allocation that fails and aborts the process."""
+    cells = np.zeros(400_000, dtype=np.int64)
+    with pytest.raises(deltacells.InvalidArgumentError, match=r"dense: a batch of 400000 cells x \d+ genes takes"):
+        ds.get_batch(cells, dense=True)
+    still_works(ds)
+    assert ds.get_batch(cells[:1000], dense=True).data.shape[0] == 1000

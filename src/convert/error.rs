@@ -166,10 +166,10 @@ pub enum AppendError {
     )]
     NoSourceColumns { location: String },
     #[error(
-        "{location}: another append or finalize is running on this dataset (it holds the folder's lock); \
-         try again once it has ended"
+        "{location}: another append or finalize is running on this dataset ({}); try again once it has ended",
+        holder.as_deref().map_or_else(|| "it holds the folder's lock".to_string(), |h| format!("it holds the dataset's lease: {h}"))
     )]
-    Busy { location: String },
+    Busy { location: String, holder: Option<Box<str>> },
     #[error("{location}: a planned append of {inputs} is under way (its shards write into .append/)")]
     Planned { location: String, inputs: String },
     #[error(

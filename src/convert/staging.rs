@@ -151,7 +151,9 @@ pub(crate) fn clean_up(ds: &dyn Storage) -> Result<()> {
 /// has none, see [`Storage::try_lock_root`]).
 pub(crate) fn lock(ds: &dyn Storage) -> Result<crate::storage::RootLock> {
     match ds.try_lock_root()? {
-        crate::storage::RootLock::Busy => Err(AppendError::Busy { location: ds.location("") })?,
+        crate::storage::RootLock::Busy { holder } => {
+            Err(AppendError::Busy { location: ds.location(""), holder: holder.map(String::into_boxed_str) })?
+        }
         lock => Ok(lock),
     }
 }

@@ -366,6 +366,36 @@ fn huge_batch_sizes_reserve_only_what_the_cells_need() {
 }
 
 #[test]
+fn the_largest_windows_and_batches_hold_only_the_cells_there_are() {
+    // Every size option at its type's largest: what is kept follows the
+    // dataset (300 cells), and nothing overflows or aborts.
+    let (_dir, ds, _) = dataset(300, 97);
+    let options = LoaderOptions {
+        batch_size: usize::MAX,
+        window_tiles: usize::MAX,
+        mix_chunks: usize::MAX,
+        prefetch: MAX_PREFETCH,
+        ..LoaderOptions::default()
+    };
+    let batches = read(&ds, None, &options);
+    assert_eq!(batches.iter().map(|b| b.cells.len()).sum::<usize>(), 300);
+    let mut cells: Vec<u64> = batches.iter().flat_map(|b| b.cells.iter().copied()).collect();
+    cells.sort_unstable();
+    assert_eq!(cells, (0..300).collect::<Vec<u64>>());
+    // a dense batch that would take more than its budget is refused before anything is read
+    let dense = BatchOutput { dense: true, ..BatchOutput::default() };
+    let plan = EpochPlan::new(&ds, None, &options).unwrap();
+    let refused = Batches::start_with(ds.clone(), plan, None, &LoaderBuffers::new(&options), dense.clone());
+    assert!(refused.is_ok(), "300 cells x 97 genes fit");
+    let message = OutputError::DenseTooLarge { rows: 1 << 30, n_cols: 97, bytes: (1u64 << 30) * 97 * 4 }.to_string();
+    assert!(message.starts_with("dense: a batch of 1073741824 cells x 97 genes takes 416611827712 bytes dense"));
+    assert!(dense.check_rows(1 << 30, 97).is_err() && dense.check_rows(1 << 20, 97).is_ok());
+    // buffers for options never checked (a caller of the Rust API) keep at most the extremes, reserved lazily
+    let unchecked = LoaderBuffers::new(&LoaderOptions { prefetch: usize::MAX, mix_chunks: usize::MAX, ..options });
+    assert_eq!(unchecked.batches.keep(), usize::MAX);
+}
+
+#[test]
 fn batches_in_a_gene_vocabulary_hold_the_mapped_rows_of_their_cells() {
     let (_dir, ds, m) = dataset(700, 97);
     let stored: Vec<String> = (0..300).map(|g| format!("g{g}")).collect();

@@ -75,7 +75,7 @@ impl Storage for LocalStorage {
         };
         match folder.try_lock() {
             Ok(()) => Ok(super::RootLock::Held(folder)),
-            Err(std::fs::TryLockError::WouldBlock) => Ok(super::RootLock::Busy),
+            Err(std::fs::TryLockError::WouldBlock) => Ok(super::RootLock::Busy { holder: None }),
             Err(std::fs::TryLockError::Error(_)) => Ok(super::RootLock::Unsupported),
         }
     }

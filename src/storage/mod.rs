@@ -7,6 +7,7 @@
 
 mod aws_profile;
 pub mod conformance;
+pub mod lease;
 mod local;
 mod object;
 #[cfg(feature = "convert")]
@@ -104,8 +105,11 @@ pub struct Version {
 pub enum RootLock {
     /// The lock, held until this is dropped (or the process ends, however it ends).
     Held(std::fs::File),
-    /// Another process holds it.
-    Busy,
+    /// An object store's lease ([`lease`]), renewed until this is dropped.
+    Leased(lease::Lease),
+    /// Another process holds it: who, when the store says (a lease's holder
+    /// and how long ago it was renewed).
+    Busy { holder: Option<String> },
     /// This storage has no such lock (an object store, or a file system
     /// without locks).
     Unsupported,

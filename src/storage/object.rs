@@ -164,6 +164,20 @@ enum Fetch {
 }
 
 impl Storage for ObjectStorage {
+    /// A lease ([`super::lease`]): of the writers of this prefix, one at a time.
+    fn try_lock_root(&self) -> Result<super::RootLock, StorageError> {
+        let key = super::lease::LEASE_KEY;
+        match super::lease::acquire(self.store.clone(), self.path(key), runtime(), &|e| self.err(key, e)) {
+            Ok(lease) => Ok(super::RootLock::Leased(lease)),
+            Err(super::lease::Refused::Held { holder, age, seconds }) => Ok(super::RootLock::Busy {
+                holder: Some(format!(
+                    "{holder}, renewed {age} s ago; a lease not renewed for {seconds} s expires and may be taken over"
+                )),
+            }),
+            Err(super::lease::Refused::Store(e)) => Err(e),
+        }
+    }
+
     fn location(&self, key: &str) -> String {
         if key.is_empty() {
             self.url.clone()

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use deltacells::h5ad::remote::RemoteOptions;
-use deltacells::storage::{LocalStorage, ObjectStorage, Storage};
+use deltacells::storage::{LocalStorage, ObjectStorage, RootLock, Storage};
 use deltacells::Dataset;
 use serde_json::Value;
 
@@ -542,16 +542,86 @@ fn append_to_a_dataset_in_s3_writes_what_a_local_append_writes() {
         return;
     }
     t.run_env(&["append", "-q", "local", &input], &env).expect_code(0);
+    // The writer killed in its commit leaves its lease (of 3 s here, 60 s
+    // outside the tests): the next writer is refused, naming it, until it
+    // expires, then takes it over and completes the append.
+    let short_lease = ("DELTACELLS_TEST_LEASE_SECONDS", "3");
     let stopped = t.run_env(
         &["append", "-q", "--endpoint", &endpoint, "s3://test/ds", &input],
-        &[env[0], env[1], env[2], env[3], ("DELTACELLS_TEST_ABORT_COMMIT_AFTER", "2")],
+        &[env[0], env[1], env[2], env[3], ("DELTACELLS_TEST_ABORT_COMMIT_AFTER", "2"), short_lease],
     );
     assert_ne!(stopped.code(), 0);
     let run = t.run_env(&["verify", "-q", "--endpoint", &endpoint, "s3://test/ds"], &S3_ENV).expect_code(2);
     assert!(run.stderr().contains("an append into it was interrupted"), "{}", run.stderr());
-    t.run_env(&["append", "-q", "--endpoint", &endpoint, "--resume", "s3://test/ds"], &env).expect_code(0);
+    let resume = ["append", "-q", "--endpoint", &endpoint, "--resume", "s3://test/ds"];
+    let refused = t.run_env(&resume, &[env[0], env[1], env[2], env[3], short_lease]).expect_code(2);
+    assert!(
+        refused.stderr().contains("it holds the dataset's lease: process ") && refused.stderr().contains("renewed"),
+        "{}",
+        refused.stderr()
+    );
+    std::thread::sleep(std::time::Duration::from_millis(3500));
+    t.run_env(&resume, &[env[0], env[1], env[2], env[3], short_lease]).expect_code(0);
     same_objects(&remote, &local);
     t.run_env(&["verify", "-q", "--endpoint", &endpoint, "s3://test/ds"], &S3_ENV).expect_code(0);
+    // and the lease is gone with its writer
+    assert_eq!(remote.get(deltacells::storage::lease::LEASE_KEY).unwrap(), None);
+}
+
+#[test]
+fn writers_of_a_dataset_in_a_bucket_take_turns_by_its_lease() {
+    let Some(s3) = Server::start("s3", &[]) else { return };
+    let t = TestDir::new();
+    let endpoint = s3.url();
+    let input = example();
+    let env = [S3_ENV[0], S3_ENV[1], S3_ENV[2], ("SOURCE_DATE_EPOCH", "1700000000")];
+    let layout = ["--tile-size", "300", "--obs-tiles-per-file", "2", "--level", "3"];
+    t.run(&[&["convert", "-q"][..], &layout, &[input.as_str(), "local"]].concat()).expect_code(0);
+    let args = [&["convert", "-q", "--endpoint", &endpoint][..], &layout, &[input.as_str(), "s3://test/ds"]].concat();
+    t.run_env(&args, &S3_ENV).expect_code(0);
+    let remote = s3_storage(&endpoint, "ds");
+
+    // One lease at a time: a second writer of the prefix is refused while the
+    // first holds it, and gets it once the first lets it go.
+    let held = match remote.try_lock_root().unwrap() {
+        RootLock::Leased(lease) => lease,
+        _ => panic!("an S3 prefix gives a lease"),
+    };
+    let other = s3_storage(&endpoint, "ds");
+    match other.try_lock_root().unwrap() {
+        RootLock::Busy { holder: Some(holder) } => {
+            assert!(holder.contains(&format!("process {}", std::process::id())), "{holder}")
+        }
+        _ => panic!("a held lease is refused to another writer"),
+    }
+    // a writer started meanwhile (the command line) is refused, naming the holder, and writes nothing
+    let append = ["append", "-q", "--endpoint", &endpoint, "s3://test/ds", &input];
+    let before = remote.list_sizes("").unwrap();
+    let refused = t.run_env(&append, &env).expect_code(2);
+    assert!(
+        refused.stderr().contains(&format!("it holds the dataset's lease: process {}", std::process::id())),
+        "{}",
+        refused.stderr()
+    );
+    assert_eq!(remote.list_sizes("").unwrap(), before);
+    drop(held);
+    assert_eq!(remote.get(deltacells::storage::lease::LEASE_KEY).unwrap(), None);
+
+    // Two appends started at once: one takes the lease and appends, the
+    // other is refused; the dataset is one append's.
+    let start = |t: &TestDir| {
+        let mut command = t.command(&append);
+        command.envs(env).stdout(Stdio::piped()).stderr(Stdio::piped());
+        command.spawn().expect("deltacells starts")
+    };
+    let (a, b) = (start(&t), start(&t));
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    let codes = [a.status.code(), b.status.code()];
+    assert!(codes.contains(&Some(0)) && codes.contains(&Some(2)), "{codes:?}");
+    let loser = if a.status.code() == Some(2) { &a } else { &b };
+    assert!(String::from_utf8_lossy(&loser.stderr).contains("lease"), "{}", String::from_utf8_lossy(&loser.stderr));
+    t.run_env(&["append", "-q", "local", &input], &env).expect_code(0);
+    same_objects(&remote, &LocalStorage::new(t.join("local")));
 }
 
 /// Every file of a dataset with its bytes; the manifest without its metadata
