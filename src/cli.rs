@@ -171,6 +171,13 @@ pub(crate) struct StoreArgs {
     pub stats: bool,
 }
 
+impl StoreArgs {
+    /// The library's store options these arguments give.
+    pub(crate) fn options(&self) -> crate::storage::StoreOptions {
+        crate::storage::StoreOptions { anonymous: self.anonymous, endpoint: self.endpoint.clone() }
+    }
+}
+
 /// How inputs at URLs are read: by ranges, or downloaded whole first.
 #[derive(Debug, Args, Clone, Default)]
 pub(crate) struct DownloadArgs {

@@ -710,14 +710,9 @@ impl InputSource for ZarrSource {
                 continue;
             }
             let Ok(source) = ZarrSource::open(&self.store.path, other, &RemoteOptions::default()) else { continue };
-            let rows = source.n_rows.min(1000);
-            if rows == 0 {
-                continue;
-            }
-            if let Ok(raw) = source.read_rows(0..rows) {
-                if crate::convert::input::to_counts(&raw, source.n_cols as u32, None).is_ok() {
-                    return Some(other.to_string());
-                }
+            if crate::convert::input::first_rows_are_counts(source.n_rows, source.n_cols, |rows| source.read_rows(rows))
+            {
+                return Some(other.to_string());
             }
         }
         None

@@ -657,32 +657,27 @@ class _AnnDataSource:
             "n_rows": self.shape[0],
             "n_cols": self.shape[1],
             "rows": self.rows,
-            "counts_elsewhere": self.counts_elsewhere,
+            "others": [(name, int(m.shape[0]), int(m.shape[1])) for name, m in self._others().items()],
             "var": _table(self.var, "var", with_columns=var),
             "obs": _table(self.adata.obs, "obs", with_columns=obs, left_out=obs_exclude),
         }
 
-    def rows(self, start: int, end: int) -> tuple[np.ndarray, ...]:
-        """Rows ``start:end`` as CSR arrays (int64, int64, float64)."""
-        return _csr_rows(self.matrix, start, end, self)
-
-    def counts_elsewhere(self) -> str | None:
-        """Another matrix of the object whose first rows are counts (for the
-        message that refuses this one)."""
-        candidates: list[tuple[str, Any]] = [("X", self.adata.X)]
+    def _others(self) -> dict[str, Any]:
+        """The object's other matrices by name, in the order an .h5ad file
+        lists them: the binding tells from their first rows whether one
+        holds counts, for the message that refuses this one."""
+        found: dict[str, Any] = {"X": self.adata.X}
         if self.adata.raw is not None:
-            candidates.append(("raw/X", self.adata.raw.X))
-        candidates += [(f"layers/{k}", v) for k, v in self.adata.layers.items()]
-        for label, m in candidates:
-            if label == self.matrix_name or m is None:
-                continue
-            try:
-                _, _, data = _csr_rows(m, 0, min(1000, int(m.shape[0])), None)
-            except Exception:
-                continue
-            if data.size == 0 or (np.all(data >= 0) and np.all(np.floor(data) == data) and np.all(data < 2**31)):
-                return label
-        return None
+            found["raw/X"] = self.adata.raw.X
+        found.update((f"layers/{k}", v) for k, v in self.adata.layers.items())
+        return {name: m for name, m in found.items() if name != self.matrix_name and m is not None}
+
+    def rows(self, matrix: str, start: int, end: int) -> tuple[np.ndarray, ...]:
+        """Rows ``start:end`` of the matrix ``matrix`` (the one converted, or
+        one of :meth:`_others`) as CSR arrays (int64, int64, float64)."""
+        if matrix == self.matrix_name:
+            return _csr_rows(self.matrix, start, end, self)
+        return _csr_rows(self._others()[matrix], start, end, None)
 
 
 def _csr_rows(m: Any, start: int, end: int, cache: _AnnDataSource | None) -> tuple[np.ndarray, ...]:

@@ -18,7 +18,8 @@ use pyo3::prelude::*;
 use serde_json::{Map, Value};
 
 use deltacells::convert::input::{
-    checked_indices, checked_indptr, Categories, FrameColumn, InputError, InputSource, MemoryTable, RawRows, Table,
+    checked_indices, checked_indptr, first_rows_are_counts, Categories, FrameColumn, InputError, InputSource,
+    MemoryTable, RawRows, Table,
 };
 use deltacells::convert::sources::{InputFormat, InputOptions, InputReading, ProvidedInput};
 use deltacells::convert::{self, AppendOptions, ConvertError, ConvertOptions, ConvertProgress, GivenOrder, ObsOptions};
@@ -71,11 +72,10 @@ impl RawReaching {
     fn inputs(&self) -> Result<(InputOptions, Option<tempfile::TempDir>), Failure> {
         let format = match self.input_format.as_deref() {
             None => None,
-            Some("h5ad") => Some(InputFormat::H5ad),
-            Some("10x-h5") => Some(InputFormat::TenxH5),
-            Some("mtx") => Some(InputFormat::Mtx),
-            Some("zarr") => Some(InputFormat::Zarr),
-            Some(other) => return Err(value(format!("input_format={other:?}: expected h5ad, 10x-h5, mtx or zarr"))),
+            Some(name) => Some(
+                InputFormat::from_name(name)
+                    .ok_or_else(|| value(format!("input_format={name:?}: expected h5ad, 10x-h5, mtx or zarr")))?,
+            ),
         };
         let mut options = InputOptions {
             reading: InputReading { format, feature_type: self.feature_type.clone(), genome: self.genome.clone() },
@@ -128,12 +128,8 @@ pub(crate) struct RawConvertOptions {
 
 impl RawConvertOptions {
     fn options(&self, reaching: &RawReaching, inputs: InputOptions) -> Result<ConvertOptions, Failure> {
-        let genes = match self.genes.as_str() {
-            "same" => convert::GeneSet::Same,
-            "intersection" => convert::GeneSet::Intersection,
-            "union" => convert::GeneSet::Union,
-            other => return Err(value(format!("genes={other:?}: expected same, intersection or union"))),
-        };
+        let genes = convert::GeneSet::from_name(&self.genes)
+            .ok_or_else(|| value(format!("genes={:?}: expected same, intersection or union", self.genes)))?;
         let gene_order = match (&self.gene_order_from, &self.gene_order) {
             (Some(root), _) => {
                 let dataset = deltacells::storage::open_with(root, &reaching.store())
@@ -374,12 +370,12 @@ pub(crate) struct RawAnnData {
     matrix: String,
     n_rows: u64,
     n_cols: u64,
-    /// `rows(start, end)` -> (indptr, indices, data) of those rows, as int64,
-    /// int64 and float64 arrays.
+    /// `rows(matrix, start, end)` -> (indptr, indices, data) of those rows of
+    /// the matrix so named, as int64, int64 and float64 arrays.
     rows: Py<PyAny>,
-    /// `counts_elsewhere()` -> the name of another matrix whose first rows
-    /// are counts, or None.
-    counts_elsewhere: Py<PyAny>,
+    /// The object's other matrices (name, rows, columns), for the message
+    /// that refuses a matrix that is not counts (`raw/X holds counts`).
+    others: Vec<(String, u64, u64)>,
     var: RawTable,
     obs: RawTable,
 }
@@ -418,7 +414,7 @@ struct AnnDataSource {
     n_rows: u64,
     n_cols: u64,
     rows: Py<PyAny>,
-    counts_elsewhere: Py<PyAny>,
+    others: Vec<(String, u64, u64)>,
     var: MemoryTable,
     obs: MemoryTable,
 }
@@ -445,7 +441,7 @@ impl AnnDataSource {
             n_rows: raw.n_rows,
             n_cols: raw.n_cols,
             rows: raw.rows,
-            counts_elsewhere: raw.counts_elsewhere,
+            others: raw.others,
         })
     }
 
@@ -529,8 +525,34 @@ impl InputSource for AnnDataSource {
         if rows.start > rows.end || rows.end > self.n_rows {
             return Err(self.invalid(format!("rows {rows:?} outside 0..{}", self.n_rows)));
         }
+        self.rows_of(&self.matrix, rows, self.n_cols)
+    }
+
+    fn var(&self) -> Result<Box<dyn Table + '_>, InputError> {
+        Ok(Box::new(&self.var))
+    }
+
+    fn obs(&self) -> Result<Option<Box<dyn Table + '_>>, InputError> {
+        Ok(Some(Box::new(&self.obs)))
+    }
+
+    fn counts_elsewhere(&self) -> Option<String> {
+        let others = self.others.iter().filter(|(name, _, _)| *name != self.matrix);
+        others
+            .filter(|(name, n_rows, n_cols)| {
+                first_rows_are_counts(*n_rows, *n_cols, |rows| self.rows_of(name, rows, *n_cols))
+            })
+            .map(|(name, _, _)| name.clone())
+            .next()
+    }
+}
+
+impl AnnDataSource {
+    /// Rows `rows` of the object's matrix `matrix` (of `n_cols` columns),
+    /// from the Python layer, checked.
+    fn rows_of(&self, matrix: &str, rows: Range<u64>, n_cols: u64) -> Result<RawRows, InputError> {
         let (indptr, indices, values) = Python::attach(|py| {
-            let block = self.rows.call1(py, (rows.start, rows.end)).map_err(|e| self.invalid(e.to_string()))?;
+            let block = self.rows.call1(py, (matrix, rows.start, rows.end)).map_err(|e| self.invalid(e.to_string()))?;
             let (indptr, indices, data): (
                 PyReadonlyArray1<'_, i64>,
                 PyReadonlyArray1<'_, i64>,
@@ -552,20 +574,8 @@ impl InputSource for AnnDataSource {
         let indptr: Vec<i64> = indptr.into_iter().map(|p| p - first).collect();
         let indptr = checked_indptr(indptr, rows.start, n_entries)
             .map_err(|(at, message)| self.invalid(format!("row pointer {at}: {message}")))?;
-        let indices = checked_indices(indices, 0, self.n_cols)
+        let indices = checked_indices(indices, 0, n_cols)
             .map_err(|(at, message)| self.invalid(format!("entry {at} of rows {rows:?}: {message}")))?;
         Ok(RawRows { indptr, indices, values })
-    }
-
-    fn var(&self) -> Result<Box<dyn Table + '_>, InputError> {
-        Ok(Box::new(&self.var))
-    }
-
-    fn obs(&self) -> Result<Option<Box<dyn Table + '_>>, InputError> {
-        Ok(Some(Box::new(&self.obs)))
-    }
-
-    fn counts_elsewhere(&self) -> Option<String> {
-        Python::attach(|py| self.counts_elsewhere.call0(py).ok()?.extract::<Option<String>>(py).ok()?)
     }
 }

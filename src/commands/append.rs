@@ -10,9 +10,7 @@ pub(crate) fn run(args: &AppendArgs) -> anyhow::Result<u8> {
     let started = std::time::Instant::now();
     super::set_threads(args.threads)?;
     super::check_spill_dir(args.spill_dir.as_deref())?;
-    let store_options =
-        crate::storage::StoreOptions { anonymous: args.store.anonymous, endpoint: args.store.endpoint.clone() };
-    let (_, store) = crate::convert::open_output(&args.dataset, &store_options, "append to")?;
+    let (_, store) = crate::convert::open_output(&args.dataset, &args.store.options(), "append to")?;
     let inputs = if args.resume { Vec::new() } else { super::input_paths(&args.inputs, args.inputs_from.as_deref())? };
     let (reach, _downloads) = super::input_options(&args.store, &args.download, &args.reading, &inputs, false)?;
     let options = AppendOptions {

@@ -9,7 +9,7 @@ use crate::convert::{GivenOrder, ObsOptions};
 use crate::dataset::Dataset;
 use std::sync::Arc;
 
-use crate::storage::{Storage, StoreOptions};
+use crate::storage::Storage;
 use crate::writer::WriteOptions;
 
 use super::progress::{plural, Bar};
@@ -66,8 +66,7 @@ fn conversion(args: &ConvertArgs) -> anyhow::Result<Conversion> {
     super::check_spill_dir(args.spill_dir.as_deref())?;
     let (inputs, out) = inputs_and_output(args)?;
     let (reach, downloads) = super::input_options(&args.store, &args.download, &args.reading, &inputs, false)?;
-    let store_options = StoreOptions { anonymous: args.store.anonymous, endpoint: args.store.endpoint.clone() };
-    let (out_path, store) = crate::convert::open_output(&out, &store_options, "write to")?;
+    let (out_path, store) = crate::convert::open_output(&out, &args.store.options(), "write to")?;
     let options = ConvertOptions {
         matrix: args.matrix.clone().unwrap_or_else(|| "X".into()),
         write: WriteOptions { tile_size: args.tile_size, n_chunks: args.chunks as usize, zstd_level: args.level },

@@ -5,7 +5,6 @@ use indicatif::{HumanBytes, HumanCount};
 
 use crate::collection::{CollectionFile, GeneChoice};
 use crate::info::dataset_info;
-use crate::storage::StoreOptions;
 use crate::Dataset;
 
 use super::progress::plural;
@@ -119,7 +118,7 @@ struct MemberInfo {
 fn collection(path: &std::path::Path, args: &InfoArgs) -> anyhow::Result<u8> {
     let file = CollectionFile::read(path).context("info")?;
     let weights = file.weights_in_order().map_err(|m| anyhow::anyhow!("{}: {m}", path.display()))?;
-    let store = StoreOptions { anonymous: args.store.anonymous, endpoint: args.store.endpoint.clone() };
+    let store = args.store.options();
     let c = file.open(&store).context("info")?;
     let held = c.holders().context("info")?;
     let info = CollectionInfo {

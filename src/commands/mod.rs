@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::convert::sources::InputOptions;
-use crate::storage::{self, Storage, StoreOptions};
+use crate::storage::{self, Storage};
 
 use crate::cli::{Cli, Command, StoreArgs};
 
@@ -99,10 +99,7 @@ pub(crate) fn input_options(
     up_to: bool,
 ) -> anyhow::Result<(InputOptions, Option<tempfile::TempDir>)> {
     let mut options = InputOptions {
-        remote: crate::h5ad::remote::RemoteOptions {
-            store: StoreOptions { anonymous: store.anonymous, endpoint: store.endpoint.clone() },
-            download_dir: None,
-        },
+        remote: crate::h5ad::remote::RemoteOptions { store: store.options(), download_dir: None },
         reading: reading.reading()?,
         provided: Vec::new(),
     };
@@ -154,8 +151,7 @@ pub(crate) fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
 /// Opens a dataset root as `--anonymous` and `--endpoint` say (inputs at
 /// URLs are reached the same way: see [`input_options`]).
 pub(crate) fn open_store(dataset: &str, args: &StoreArgs) -> anyhow::Result<Arc<dyn Storage>> {
-    let options = StoreOptions { anonymous: args.anonymous, endpoint: args.endpoint.clone() };
-    Ok(storage::open_with(dataset, &options)?)
+    Ok(storage::open_with(dataset, &args.options())?)
 }
 
 /// The phases of the command so far (scanning, gene order, converting), with

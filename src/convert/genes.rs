@@ -27,6 +27,11 @@ pub enum GeneSet {
 }
 
 impl GeneSet {
+    /// The set of name `name` (as [`GeneSet::as_str`] spells it).
+    pub fn from_name(name: &str) -> Option<GeneSet> {
+        [GeneSet::Same, GeneSet::Intersection, GeneSet::Union].into_iter().find(|g| g.as_str() == name)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             GeneSet::Same => "same",

@@ -402,6 +402,19 @@ pub trait InputSource: Send + Sync {
     }
 }
 
+/// Rows of another matrix read to tell whether it holds counts, for the
+/// message that refuses a matrix that does not (`raw/X holds counts`).
+pub const COUNTS_PROBE_ROWS: u64 = 1000;
+
+/// Whether the first rows ([`COUNTS_PROBE_ROWS`] at most) of a matrix of
+/// `n_rows` x `n_cols`, read by `read`, are counts: false for a matrix
+/// without rows or whose rows cannot be read. What every format's
+/// [`InputSource::counts_elsewhere`] asks of its other matrices.
+pub fn first_rows_are_counts<E>(n_rows: u64, n_cols: u64, read: impl FnOnce(Range<u64>) -> Result<RawRows, E>) -> bool {
+    let rows = n_rows.min(COUNTS_PROBE_ROWS);
+    rows > 0 && read(0..rows).is_ok_and(|raw| to_counts(&raw, n_cols as u32, None).is_ok())
+}
+
 /// A value that is not a count, found by [`to_counts`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct BadValue {

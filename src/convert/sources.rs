@@ -119,6 +119,14 @@ pub enum InputFormat {
 }
 
 impl InputFormat {
+    /// Every format, in the order the help lists them.
+    pub const ALL: [InputFormat; 4] = [InputFormat::H5ad, InputFormat::TenxH5, InputFormat::Mtx, InputFormat::Zarr];
+
+    /// The format of name `name` (as [`InputFormat::as_str`] spells it).
+    pub fn from_name(name: &str) -> Option<InputFormat> {
+        InputFormat::ALL.into_iter().find(|f| f.as_str() == name)
+    }
+
     /// The name users give it (`--input-format`).
     pub fn as_str(self) -> &'static str {
         match self {

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use super::frame::{check_rows, column_names, read_column};
 use super::{H5adFile, MatrixReader};
-use crate::convert::input::{to_counts, FrameColumn, InputError, InputSource, RawRows, Table};
+use crate::convert::input::{first_rows_are_counts, FrameColumn, InputError, InputSource, RawRows, Table};
 
 /// An open .h5ad file and the matrix being converted.
 pub struct H5adSource {
@@ -124,14 +124,8 @@ impl InputSource for H5adSource {
                 continue;
             }
             let Ok(m) = self.file.matrix(&other) else { continue };
-            let rows = m.n_rows().min(1000);
-            if rows == 0 {
-                continue;
-            }
-            if let Ok(raw) = m.read_rows(0..rows) {
-                if to_counts(&raw, m.n_cols() as u32, None).is_ok() {
-                    return Some(other);
-                }
+            if first_rows_are_counts(m.n_rows(), m.n_cols(), |rows| m.read_rows(rows)) {
+                return Some(other);
             }
         }
         None
