@@ -6,7 +6,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use crate::buffers::BufferPool;
-use crate::format::{self, npy, CsrMatrix, Manifest, ManifestError, TileError, TileExpectation};
+use crate::format::{self, npy, CsrFill, CsrMatrix, Manifest, ManifestError, TileError, TileExpectation};
 use crate::storage::{self, Storage, StorageError};
 
 /// Why a dataset could not be opened or read. Variants that wrap a cause name
@@ -86,11 +86,12 @@ pub struct Dataset {
 }
 
 /// The tile a range read ended in: its bytes, checked (CRC included) once,
-/// and its chunks decoded last, as planes. A pass over the cells in
+/// and its chunks decompressed last, as planes. A pass over the cells in
 /// consecutive ranges (an inference or export loop of `read_cells`) then
 /// fetches and checks each tile once and decompresses each chunk once,
-/// instead of once per range. Holds one compressed tile and at most
-/// [`RECENT_CHUNKS`] chunks (4 bytes per nonzero).
+/// instead of once per range, and each range decodes its rows from the
+/// planes straight into the output. Holds one compressed tile and at most
+/// [`RECENT_CHUNKS`] chunks' planes (4 bytes per nonzero).
 #[derive(Default)]
 struct Recent {
     tile: Option<usize>,
@@ -380,19 +381,17 @@ impl Dataset {
     }
 
     /// [`Dataset::read_cells`] into `out`'s buffers (reused as far as they
-    /// are large enough): a loop over consecutive ranges faults in no fresh
-    /// memory for each.
+    /// are large enough, and written over rather than cleared first): a loop
+    /// over consecutive ranges faults in no fresh memory for each. On error,
+    /// `out` holds unspecified rows.
     pub fn read_cells_into(&self, range: Range<u64>, out: &mut CsrMatrix) -> Result<(), DatasetError> {
         if range.end > self.n_cells() || range.start > range.end {
             let cell = range.end.max(range.start);
             return Err(DatasetError::CellOutOfRange { cell, n_cells: self.n_cells() });
         }
-        out.n_cols = self.n_genes();
-        out.indptr.clear();
-        out.indptr.push(0);
-        out.indices.clear();
-        out.data.clear();
+        let mut fill = CsrFill::new(out, self.n_genes());
         if range.is_empty() {
+            fill.finish();
             return Ok(());
         }
         let first = self.locate(range.start)?.0;
@@ -404,44 +403,35 @@ impl Dataset {
             let whole = rows.start == 0 && rows.end == cells.end - cells.start;
             (rows, whole)
         };
-        // A range within one tile (a pass in consecutive ranges): from the
-        // tile the last range ended in, when it is that one.
-        if first == last && !span(first).1 {
-            return self.read_rows_of_recent(first, span(first).0, out);
+        // A range's partial tiles (its first and last; the one tile of a
+        // range within a tile) are read through the tile the last range ended
+        // in, so that a pass in consecutive ranges decodes each chunk once;
+        // the tiles between, whole, are decoded in parallel.
+        let (first_rows, first_whole) = span(first);
+        if !first_whole {
+            self.read_rows_of_recent(first, first_rows, &mut fill)?;
+            if first == last {
+                fill.finish();
+                return Ok(());
+            }
         }
-        let tiles: Vec<PooledTile<'_>> = (first..=last)
+        let (last_rows, last_whole) = span(last);
+        let whole = if first_whole { first } else { first + 1 }..if last_whole { last + 1 } else { last };
+        let tiles: Vec<PooledTile<'_>> = whole
             .into_par_iter()
             .map(|t| {
                 let mut tile = PooledTile { matrix: self.buffers.take_matrix(), pool: &self.buffers };
-                match span(t) {
-                    (_, true) => self.read_tile_into(t, &mut tile.matrix)?,
-                    (rows, false) => self.read_tile_rows_into(t, &rows.collect::<Vec<u64>>(), &mut tile.matrix)?,
-                }
+                self.read_tile_into(t, &mut tile.matrix)?;
                 Ok::<_, DatasetError>(tile)
             })
             .collect::<Result<_, _>>()?;
-        // The output's size, so that it is allocated once, not grown by copies.
-        let nnz: u64 = (first..=last)
-            .zip(&tiles)
-            .map(|(t, tile)| {
-                let (rows, _) = span(t);
-                let at = |r: u64| tile.matrix.indptr.get(r as usize).copied().unwrap_or(0);
-                at(rows.end).saturating_sub(at(rows.start))
-            })
-            .sum();
-        out.indptr.reserve_exact((range.end - range.start) as usize);
-        out.indices.reserve_exact(nnz as usize);
-        out.data.reserve_exact(nnz as usize);
-        for (t, tile) in (first..=last).zip(tiles.iter().map(|t| &t.matrix)) {
-            match span(t) {
-                (_, true) => out.append(tile),
-                (rows, false) => {
-                    for r in rows {
-                        out.push_row_from(tile, r as usize);
-                    }
-                }
-            }
+        for tile in &tiles {
+            fill.append(&tile.matrix);
         }
+        if !last_whole {
+            self.read_rows_of_recent(last, last_rows, &mut fill)?;
+        }
+        fill.finish();
         Ok(())
     }
 
@@ -449,7 +439,7 @@ impl Dataset {
     /// tile's bytes are fetched and checked unless they are the recent
     /// tile's, and each chunk is decompressed unless it is one of the recent
     /// chunks.
-    fn read_rows_of_recent(&self, tile: usize, rows: Range<u64>, out: &mut CsrMatrix) -> Result<(), DatasetError> {
+    fn read_rows_of_recent(&self, tile: usize, rows: Range<u64>, out: &mut CsrFill<'_>) -> Result<(), DatasetError> {
         let taken = {
             let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
             (recent.tile == Some(tile)).then(|| (recent.blob.clone(), std::mem::take(&mut recent.chunks)))
@@ -473,23 +463,17 @@ impl Dataset {
                     let needless = |k: usize| spans[k].end <= rows.start || spans[k].start >= rows.end;
                     let spare = chunks.iter().position(|(k, _)| needless(*k));
                     let mut planes = spare.map(|at| chunks.swap_remove(at).1).unwrap_or_default();
-                    parsed.decode_planes(c, &mut planes).map_err(|e| self.tile_error(tile, e))?;
+                    parsed.decompress_planes(c, &mut planes).map_err(|e| self.tile_error(tile, e))?;
                     planes
                 }
             };
-            // The rows' room made once (not grown row by row), then each
-            // row written into its part of it.
-            let mut at = out.indices.len();
-            let total: usize = (lo..hi).map(|r| planes.row_nnz(r)).sum();
-            out.indices.resize(at + total, 0);
-            out.data.resize(at + total, 0);
-            for r in lo..hi {
-                let n = planes.row_nnz(r);
-                planes.write_row_with(r, &mut out.indices[at..at + n], &mut out.data[at..at + n], false);
-                at += n;
-                out.indptr.push(at as u64);
+            if !planes.append_rows_checked(lo..hi, out) {
+                // A rule is broken: the whole-chunk decoder names it (and
+                // its rows are the answer, should it find none).
+                let mut decoded = format::tile::DecodedChunk::default();
+                parsed.decode_chunk_into(c, &mut decoded).map_err(|e| self.tile_error(tile, e))?;
+                decoded.append_rows(lo..hi, out);
             }
-            format::tile::finish_rows();
             used.push((c, planes));
         }
         // The chunks used last are kept (the last one first to be found).

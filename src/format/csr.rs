@@ -88,3 +88,66 @@ impl CsrMatrix {
         self.indptr.extend(other.indptr.iter().skip(1).map(|&p| p + base));
     }
 }
+
+/// A [`CsrMatrix`] refilled in place: rows are written over the entries its
+/// buffers held before, which grow (zeroed) only past their old length, so
+/// that a loop refilling one matrix writes each entry once instead of
+/// clearing, zeroing and then writing it. [`CsrFill::finish`] cuts the
+/// buffers to what was written; until then (and if it is never called, after
+/// an error) the matrix holds unspecified rows.
+pub struct CsrFill<'a> {
+    matrix: &'a mut CsrMatrix,
+    nnz: usize,
+}
+
+impl<'a> CsrFill<'a> {
+    /// Starts refilling `matrix` as a matrix of `n_cols` columns and no rows.
+    pub fn new(matrix: &'a mut CsrMatrix, n_cols: u32) -> Self {
+        matrix.n_cols = n_cols;
+        matrix.indptr.clear();
+        matrix.indptr.push(0);
+        CsrFill { matrix, nnz: 0 }
+    }
+
+    /// Room for `n` more entries after those of the rows ended so far: their
+    /// gene indices and counts, to be written whole before
+    /// [`CsrFill::end_rows`].
+    pub fn room(&mut self, n: usize) -> (&mut [u32], &mut [u32]) {
+        let need = self.nnz + n;
+        for v in [&mut self.matrix.indices, &mut self.matrix.data] {
+            if v.len() < need {
+                if v.capacity() == 0 {
+                    // Fresh zeroed pages from the allocator, not a memset.
+                    *v = vec![0; need];
+                } else {
+                    v.resize(need, 0);
+                }
+            }
+        }
+        (&mut self.matrix.indices[self.nnz..need], &mut self.matrix.data[self.nnz..need])
+    }
+
+    /// Ends rows written into the room: `ends` are their end offsets from the
+    /// room's start, in increasing order.
+    pub fn end_rows(&mut self, ends: impl IntoIterator<Item = u64>) {
+        let base = self.nnz as u64;
+        for end in ends {
+            self.matrix.indptr.push(base + end);
+        }
+        self.nnz = *self.matrix.indptr.last().unwrap_or(&0) as usize;
+    }
+
+    /// Appends every row of `other`.
+    pub fn append(&mut self, other: &CsrMatrix) {
+        let (indices, data) = self.room(other.nnz());
+        indices.copy_from_slice(&other.indices);
+        data.copy_from_slice(&other.data);
+        self.end_rows(other.indptr.iter().skip(1).copied());
+    }
+
+    /// Cuts the buffers to the rows ended.
+    pub fn finish(self) {
+        self.matrix.indices.truncate(self.nnz);
+        self.matrix.data.truncate(self.nnz);
+    }
+}

@@ -16,7 +16,7 @@ pub mod obs_schema;
 pub mod tile;
 pub mod var_table;
 
-pub use csr::CsrMatrix;
+pub use csr::{CsrFill, CsrMatrix};
 pub use error::{EncodeError, Stream, TileError};
 pub use manifest::{Manifest, ManifestError};
 pub use tile::{decode_rows_into, decode_tile, decode_tile_into, ParsedTile, TileEncoder, TileExpectation, TileHeader};

@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::super::error::{Stream, TileError};
-use super::super::CsrMatrix;
+use super::super::{CsrFill, CsrMatrix};
 use super::frames::{decompress_exact, frame_content_size};
 use super::header::{u32_at, ChunkEntry};
 use super::kernels::{recombine_counts, select_gaps_kernel, store_fence};
@@ -158,6 +158,65 @@ impl<'a> ParsedTile<'a> {
             }
         }
         Ok(())
+    }
+}
+
+/// One chunk decoded whole, kept to copy its rows out of: a pass over a
+/// tile in consecutive ranges decodes each chunk once, with the whole-tile
+/// decoder's kernel, and each range is then a copy of the rows it holds.
+/// `Default` gives an empty one; its buffers are reused by later calls.
+#[derive(Debug, Default)]
+pub struct DecodedChunk {
+    /// The tile rows of the chunk.
+    cells: std::ops::Range<u64>,
+    /// Offsets into `indices` and `data` of each row of the chunk, and the end.
+    offsets: Vec<u64>,
+    indices: Vec<u32>,
+    data: Vec<u32>,
+}
+
+impl ParsedTile<'_> {
+    /// Decodes chunk `c` into `out`, checking every rule as [`decode_tile_into`]
+    /// does for that chunk. On error, `out` holds no rows.
+    pub fn decode_chunk_into(&self, c: usize, out: &mut DecodedChunk) -> Result<(), TileError> {
+        let layout = &self.layout;
+        let chunk = layout.chunks.get(c).ok_or_else(|| TileError::ChunkTable {
+            chunk: c as u64,
+            reason: format!("no such chunk: the tile has {}", layout.chunks.len()),
+        })?;
+        let n = chunk.n() as usize;
+        out.cells = chunk.cell_lo..chunk.cell_lo;
+        // Every entry is overwritten by the decoder, so stale values may stay.
+        out.indices.resize(n, 0);
+        out.data.resize(n, 0);
+        decode_chunk(layout, c as u64, chunk, &mut out.indices, &mut out.data)?;
+        out.offsets.clear();
+        out.offsets
+            .extend(layout.indptr[chunk.cell_lo as usize..=chunk.cell_hi as usize].iter().map(|&p| p - chunk.nnz_lo));
+        out.cells = chunk.cell_lo..chunk.cell_hi;
+        Ok(())
+    }
+}
+
+impl DecodedChunk {
+    /// The tile rows this chunk holds.
+    pub fn cells(&self) -> std::ops::Range<u64> {
+        self.cells.clone()
+    }
+
+    /// Appends tile rows `rows` (of this chunk's; others are ignored) to `out`.
+    pub fn append_rows(&self, rows: std::ops::Range<u64>, out: &mut CsrFill<'_>) {
+        let lo = rows.start.max(self.cells.start);
+        let hi = rows.end.min(self.cells.end);
+        if lo >= hi {
+            return;
+        }
+        let (a, b) = ((lo - self.cells.start) as usize, (hi - self.cells.start) as usize);
+        let (from, to) = (self.offsets[a], self.offsets[b]);
+        let (indices, data) = out.room((to - from) as usize);
+        indices.copy_from_slice(&self.indices[from as usize..to as usize]);
+        data.copy_from_slice(&self.data[from as usize..to as usize]);
+        out.end_rows(self.offsets[a + 1..=b].iter().map(|&o| o - from));
     }
 }
 

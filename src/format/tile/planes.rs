@@ -16,7 +16,7 @@ use super::decode::{decode_chunk, read_exceptions, ParsedTile, MAX_UNCHECKED_CEL
 use super::frames::decompress_exact;
 use super::kernels::{recombine_counts, recombine_counts_cached, select_gaps_kernel, store_fence};
 use super::STREAM_MAX;
-use crate::format::MAX_COUNT;
+use crate::format::{CsrFill, MAX_COUNT};
 
 /// One chunk's planes and exceptions, checked (see the module documentation).
 /// `Default` gives an empty one to decode into; its buffers are reused by
@@ -25,6 +25,8 @@ use crate::format::MAX_COUNT;
 pub struct ChunkPlanes {
     /// The tile rows of the chunk.
     cells: Range<u64>,
+    /// The tile's genes.
+    n_genes: u64,
     /// Offsets into the planes of each cell of the chunk, and the end.
     offsets: Vec<u64>,
     /// Low bytes of every gap, then high bytes.
@@ -38,6 +40,23 @@ pub struct ChunkPlanes {
 impl ParsedTile<'_> {
     /// Decompresses chunk `c` into `planes` and checks it.
     pub fn decode_planes(&self, c: usize, planes: &mut ChunkPlanes) -> Result<(), TileError> {
+        self.decompress_planes(c, planes)?;
+        if !planes.follow_the_rules() {
+            // The ordinary decoder names the rule that is broken.
+            let layout = self.layout();
+            let chunk = &layout.chunks[c];
+            let n = chunk.n() as usize;
+            let (mut indices, mut data) = (vec![0u32; n], vec![0u32; n]);
+            decode_chunk(layout, c as u64, chunk, &mut indices, &mut data)?;
+        }
+        Ok(())
+    }
+
+    /// Decompresses chunk `c` into `planes`, checking the frames and the
+    /// exceptions' positions but not the rules the values must follow:
+    /// [`ChunkPlanes::append_rows_checked`] checks those for the rows it
+    /// writes, in the same pass.
+    pub fn decompress_planes(&self, c: usize, planes: &mut ChunkPlanes) -> Result<(), TileError> {
         let layout = self.layout();
         let chunk = layout.chunks.get(c).ok_or_else(|| TileError::ChunkTable {
             chunk: c as u64,
@@ -45,7 +64,9 @@ impl ParsedTile<'_> {
         })?;
         let n = chunk.n() as usize;
         let cu = c as u64;
-        planes.cells = chunk.cell_lo..chunk.cell_hi;
+        // Empty until it is whole, so that a failure leaves no rows to write.
+        planes.cells = chunk.cell_lo..chunk.cell_lo;
+        planes.n_genes = u64::from(layout.header.n_genes);
         planes.offsets.clear();
         planes
             .offsets
@@ -56,11 +77,7 @@ impl ParsedTile<'_> {
         decompress_exact(layout.stream(chunk.vals), &mut planes.vals, cu, Stream::Vals)?;
         planes.vexc = if chunk.vexc.len > 0 { read_exceptions(layout, cu, chunk, Stream::Vexc)? } else { Vec::new() };
         planes.gexc = if chunk.gexc.len > 0 { read_exceptions(layout, cu, chunk, Stream::Gexc)? } else { Vec::new() };
-        if !planes.follow_the_rules(u64::from(layout.header.n_genes)) {
-            // The ordinary decoder names the rule that is broken.
-            let (mut indices, mut data) = (vec![0u32; n], vec![0u32; n]);
-            decode_chunk(layout, cu, chunk, &mut indices, &mut data)?;
-        }
+        planes.cells = chunk.cell_lo..chunk.cell_hi;
         Ok(())
     }
 }
@@ -124,8 +141,100 @@ impl ChunkPlanes {
         }
     }
 
+    /// Appends tile rows `rows` (rows of this chunk) to `out` in one pass
+    /// over their part of the planes, checking every rule decoding checks
+    /// for those rows as it writes them: what [`ParsedTile::decode_planes`]
+    /// followed by [`ChunkPlanes::write_row`] of each row gives, for planes
+    /// made by [`ParsedTile::decompress_planes`], at the cost of decoding
+    /// only those rows. Returns false, with no row added to `out`, when a rule is
+    /// broken; the whole-chunk decoder then names it.
+    ///
+    /// # Panics
+    /// If `rows` is not within [`ChunkPlanes::cells`].
+    pub fn append_rows_checked(&self, rows: Range<u64>, out: &mut CsrFill<'_>) -> bool {
+        let (a, b) = ((rows.start - self.cells.start) as usize, (rows.end - self.cells.start) as usize);
+        let (s0, e0) = (self.offsets[a], self.offsets[b]);
+        let (indices, data) = out.room((e0 - s0) as usize);
+        let written = self.write_checked(a..b, indices, data);
+        store_fence();
+        if written {
+            out.end_rows(self.offsets[a + 1..=b].iter().map(|&o| o - s0));
+        }
+        written
+    }
+
+    /// Writes the cells `cells` (of the chunk) into `indices` and `data`
+    /// (exactly their nonzeros long), checking the rules; false when one is broken.
+    fn write_checked(&self, cells: Range<usize>, indices: &mut [u32], data: &mut [u32]) -> bool {
+        let n_genes = self.n_genes;
+        let (s0, e0) = (self.offsets[cells.start] as usize, self.offsets[cells.end] as usize);
+        let n = self.gaps.len() / 2;
+        let (glo, ghi) = self.gaps.split_at(n);
+        let (vlo, vhi) = self.vals.split_at(n);
+        // Gene indices: each cell's prefix sums of its gaps, counting zero
+        // gaps (allowed only as a cell's first), as the chunk decoder does.
+        let kernel = select_gaps_kernel();
+        let (mut bad, mut zero_gaps, mut zero_firsts) = (false, 0u64, 0u64);
+        for w in self.offsets[cells.start..=cells.end].windows(2) {
+            let (s, e) = (w[0] as usize, w[1] as usize);
+            if s == e {
+                continue;
+            }
+            zero_firsts += u64::from(glo[s] == 0 && ghi[s] == 0);
+            let cell_out = &mut indices[s - s0..e - s0];
+            if e - s > MAX_UNCHECKED_CELL {
+                let mut acc = 0u64;
+                for (k, index) in (s..e).zip(cell_out) {
+                    let g = u64::from(glo[k]) | u64::from(ghi[k]) << 8;
+                    zero_gaps += u64::from(g == 0);
+                    acc += g;
+                    if acc >= n_genes {
+                        return false;
+                    }
+                    *index = acc as u32;
+                }
+                continue;
+            }
+            let (last, zeros) = kernel(&glo[s..e], &ghi[s..e], cell_out);
+            zero_gaps += u64::from(zeros);
+            bad |= u64::from(last) >= n_genes;
+        }
+        if bad || zero_gaps != zero_firsts {
+            return false;
+        }
+        if recombine_counts(&vlo[s0..e0], &vhi[s0..e0], data) {
+            return false;
+        }
+        for &(p, payload) in within(&self.vexc, s0, e0) {
+            let k = p as usize - s0;
+            if data[k] != STREAM_MAX || !(STREAM_MAX + 1..=MAX_COUNT).contains(&payload) {
+                return false;
+            }
+            data[k] = payload;
+        }
+        for &(p, payload) in within(&self.gexc, s0, e0) {
+            let p = p as usize;
+            let stored = u32::from(glo[p]) | u32::from(ghi[p]) << 8;
+            if stored != STREAM_MAX || payload == 0 || u64::from(payload) >= n_genes {
+                return false;
+            }
+            // The exception shifts the rest of the cell that holds it.
+            let cell = self.offsets.partition_point(|&o| o as usize <= p) - 1;
+            let end = self.offsets[cell + 1] as usize;
+            for index in &mut indices[p - s0..end - s0] {
+                let shifted = u64::from(*index) + u64::from(payload);
+                if shifted >= n_genes {
+                    return false;
+                }
+                *index = shifted as u32;
+            }
+        }
+        true
+    }
+
     /// Whether the planes and exceptions break no rule that decoding checks.
-    fn follow_the_rules(&self, n_genes: u64) -> bool {
+    fn follow_the_rules(&self) -> bool {
+        let n_genes = self.n_genes;
         let n = self.gaps.len() / 2;
         let (glo, ghi) = self.gaps.split_at(n);
         let (vlo, vhi) = self.vals.split_at(n);
