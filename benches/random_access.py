@@ -2,7 +2,7 @@
 buys, against anndata's backed mode on the same cells, in one run.
 
     .venv/bin/python benches/random_access.py SOURCE.h5ad [--chunks 8,32,64,128] [--batches 40]
-                                              [--work DIR]
+                                              [--work DIR] [--baseline OTHER.h5ad]
 
 SOURCE is converted once per chunk count (`deltacells convert --chunks N`,
 the other settings at their defaults: 10,000-cell tiles, zstd level 19).
@@ -17,8 +17,10 @@ Each store is then read, each reading in a process of its own:
 
 The same reads go to anndata's backed mode on SOURCE itself
 (`read_h5ad(backed="r").X[rows]`, as stored: for a file anndata wrote, CSR
-without compression). The nonzeros read are compared, so a store that gave
-other cells would show. Prints a table; not run by the tests.
+without compression), and to OTHER.h5ad, the same cells as anndata itself
+writes them (contiguous datasets, no compression), which the "x anndata"
+columns then compare with. The nonzeros read are compared, so a store that
+gave other cells would show. Prints a table; not run by the tests.
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ def main() -> None:
     parser.add_argument("--chunks", default="8,32,64,128", help="chunks per tile, one store each")
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--work", default=str(REPO / "target" / "bench-random"))
+    parser.add_argument("--baseline", help="the same cells as an .h5ad anndata wrote: the x-anndata columns' base")
     parser.add_argument("--measure", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
@@ -134,6 +137,10 @@ def main() -> None:
                                                "warm": child(str(source), args.batches, False),
                                                "cold": child(str(source), args.batches, True)}
     base = rows["anndata backed (.h5ad as given)"]
+    if args.baseline:
+        rows["anndata backed (.h5ad anndata wrote)"] = base = {
+            "bytes": size_of(Path(args.baseline)), "warm": child(args.baseline, args.batches, False),
+            "cold": child(args.baseline, args.batches, True)}
     first = next(iter(rows.values()))
     print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; {source} ({first['warm']['cells']:,} cells, "
           f"{first['warm']['nnz']:,} nonzeros); {args.batches} random batches of {BATCH:,} cells, the same for every "

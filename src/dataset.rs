@@ -484,14 +484,73 @@ impl Dataset {
     }
 
     /// Reads the listed cells, in the order given (repeats allowed), as one CSR
-    /// matrix. Each tile needed is read once, and only its chunks that hold
+    /// matrix. Each tile needed is read once (in parallel), each of its
+    /// chunks that holds a listed cell is decompressed once, and only the
     /// listed cells are decoded.
     pub fn read_cell_list(&self, cells: &[u64]) -> Result<CsrMatrix, DatasetError> {
-        self.read_cell_list_with(cells, |tile, rows| {
-            let mut pooled = PooledTile { matrix: self.buffers.take_matrix(), pool: &self.buffers };
-            self.read_tile_rows_into(tile, rows, &mut pooled.matrix)?;
-            Ok::<_, DatasetError>(pooled)
-        })
+        let (located, needed, rows) = self.by_tile(cells)?;
+        // Per tile, its listed rows in the order listed, decoded from the
+        // planes of their chunks: a chunk is decompressed for any cell in
+        // it, but only the cells listed are decoded.
+        let picked: Vec<CsrMatrix> = needed
+            .par_iter()
+            .zip(&rows)
+            .map(|(&t, rows)| self.tile_rows_listed(t, rows))
+            .collect::<Result<_, DatasetError>>()?;
+        Ok(interleave(&located, &needed, &picked, self.n_genes()))
+    }
+
+    /// Rows `rows` of tile `tile` (in the order given, repeats allowed), each
+    /// decoded from its chunk's planes, every rule checked for it (see
+    /// [`format::tile::ChunkPlanes::append_rows_checked`]).
+    fn tile_rows_listed(&self, tile: usize, rows: &[u64]) -> Result<CsrMatrix, DatasetError> {
+        let (_, blob) = self.tile_blob(tile)?;
+        let parsed = self.parse_tile(tile, &blob)?;
+        let spans: Vec<Range<u64>> = parsed.chunk_cells().collect();
+        let mut planes: Vec<Option<format::tile::ChunkPlanes>> = spans.iter().map(|_| None).collect();
+        let mut out = CsrMatrix::default();
+        let mut fill = CsrFill::new(&mut out, self.n_genes());
+        for &row in rows {
+            // The chunk holding the row (empty chunks hold none).
+            let c = spans.partition_point(|cells| cells.end <= row);
+            let Some(slot) = planes.get_mut(c) else {
+                let n_cells = self.tile_cells(tile).end;
+                return Err(DatasetError::CellOutOfRange { cell: self.tile_cells(tile).start + row, n_cells });
+            };
+            let chunk = match slot {
+                Some(chunk) => chunk,
+                None => {
+                    let mut chunk = format::tile::ChunkPlanes::default();
+                    parsed.decompress_planes(c, &mut chunk).map_err(|e| self.tile_error(tile, e))?;
+                    slot.insert(chunk)
+                }
+            };
+            if !chunk.append_rows_checked(row..row + 1, &mut fill) {
+                // A rule is broken: the chunk decoder names it.
+                let mut decoded = format::tile::DecodedChunk::default();
+                parsed.decode_chunk_into(c, &mut decoded).map_err(|e| self.tile_error(tile, e))?;
+                decoded.append_rows(row..row + 1, &mut fill);
+            }
+        }
+        fill.finish();
+        Ok(out)
+    }
+
+    /// Where each of `cells` is (tile, row), the tiles they are in (sorted),
+    /// and the rows of each of those tiles in the order listed.
+    #[allow(clippy::type_complexity)]
+    fn by_tile(&self, cells: &[u64]) -> Result<(Vec<(usize, u64)>, Vec<usize>, Vec<Vec<u64>>), DatasetError> {
+        let located: Vec<(usize, u64)> = cells.iter().map(|&c| self.locate(c)).collect::<Result<_, DatasetError>>()?;
+        let mut needed: Vec<usize> = located.iter().map(|&(t, _)| t).collect();
+        needed.sort_unstable();
+        needed.dedup();
+        let mut rows: Vec<Vec<u64>> = vec![Vec::new(); needed.len()];
+        for &(tile, row) in &located {
+            // (every located tile is in `needed`, which was made from them)
+            let slot = needed.binary_search(&tile).unwrap_or_else(|at| at);
+            rows[slot].push(row);
+        }
+        Ok((located, needed, rows))
     }
 
     /// The listed cells, in the order given, gathered from the tiles `tile_of`
@@ -511,16 +570,7 @@ impl Dataset {
         T: std::borrow::Borrow<CsrMatrix> + Send,
         E: From<DatasetError> + Send,
     {
-        let located: Vec<(usize, u64)> = cells.iter().map(|&c| self.locate(c)).collect::<Result<_, DatasetError>>()?;
-        let mut needed: Vec<usize> = located.iter().map(|&(t, _)| t).collect();
-        needed.sort_unstable();
-        needed.dedup();
-        let mut rows: Vec<Vec<u64>> = vec![Vec::new(); needed.len()];
-        for &(tile, row) in &located {
-            // (every located tile is in `needed`, which was made from them)
-            let slot = needed.binary_search(&tile).unwrap_or_else(|at| at);
-            rows[slot].push(row);
-        }
+        let (located, needed, rows) = self.by_tile(cells)?;
         if let ([tile], [rows]) = (needed.as_slice(), rows.as_slice()) {
             // One tile (a range, or cells close together): straight into the output.
             let decoded = tile_of(*tile, rows)?;
@@ -532,18 +582,7 @@ impl Dataset {
             .zip(&rows)
             .map(|(&t, rows)| Ok(gather_rows(tile_of(t, rows)?.borrow(), rows, self.n_genes())))
             .collect::<Result<_, E>>()?;
-        let mut out = CsrMatrix::empty(self.n_genes());
-        let nnz: usize = picked.iter().map(CsrMatrix::nnz).sum();
-        out.indptr.reserve_exact(located.len());
-        out.indices.reserve_exact(nnz);
-        out.data.reserve_exact(nnz);
-        let mut next = vec![0usize; needed.len()];
-        for (tile, _) in located {
-            let slot = needed.binary_search(&tile).unwrap_or_else(|at| at);
-            out.push_row_from(&picked[slot], next[slot]);
-            next[slot] += 1;
-        }
-        Ok(out)
+        Ok(interleave(&located, &needed, &picked, self.n_genes()))
     }
 
     /// An optional file whose has_* flag is true: its location and bytes.
@@ -678,6 +717,23 @@ pub(crate) fn parse_var_names(bytes: &[u8], n_genes: u64) -> Result<Vec<String>,
     Ok(names)
 }
 
+/// The rows of the cells `located` (tile, row), in their order, from
+/// `picked`: per tile of `needed`, the rows listed for it, in the order listed.
+fn interleave(located: &[(usize, u64)], needed: &[usize], picked: &[CsrMatrix], n_genes: u32) -> CsrMatrix {
+    let mut out = CsrMatrix::empty(n_genes);
+    let nnz: usize = picked.iter().map(CsrMatrix::nnz).sum();
+    out.indptr.reserve_exact(located.len());
+    out.indices.reserve_exact(nnz);
+    out.data.reserve_exact(nnz);
+    let mut next = vec![0usize; needed.len()];
+    for &(tile, _) in located {
+        let slot = needed.binary_search(&tile).unwrap_or_else(|at| at);
+        out.push_row_from(&picked[slot], next[slot]);
+        next[slot] += 1;
+    }
+    out
+}
+
 /// Rows `rows` of `tile`, in that order, as a new matrix (its buffers sized
 /// once: no growing copies).
 fn gather_rows(tile: &CsrMatrix, rows: &[u64], n_genes: u32) -> CsrMatrix {
@@ -804,6 +860,22 @@ mod tests {
 
     /// A dataset of `n` cells (a few counts each) in tiles of `tile_size`
     /// cells and 4 chunks, in a temporary folder.
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        #[test]
+        fn listed_cells_give_the_matrix_rows_in_the_order_listed(
+            cells in proptest::collection::vec(0u64..700, 0..300),
+        ) {
+            let (_dir, ds, m) = written(700, 97);
+            let got = ds.read_cell_list(&cells).unwrap();
+            let mut want = CsrMatrix::empty(m.n_cols);
+            for &row in &cells {
+                want.push_row_from(&m, row as usize);
+            }
+            proptest::prop_assert_eq!(got, want);
+        }
+    }
+
     fn written(n: usize, tile_size: u64) -> (tempfile::TempDir, Dataset, CsrMatrix) {
         let mut m = CsrMatrix::empty(300);
         for cell in 0..n as u32 {

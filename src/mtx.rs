@@ -120,6 +120,7 @@ struct UrlReader {
 impl UrlReader {
     fn open(url: &str, remote: &RemoteOptions) -> Result<UrlReader, String> {
         let file = crate::storage::ranged::RangedFile::open(url, &remote.store)?;
+        file.set_extents(&[0..file.size()]);
         crate::storage::ranged::prefetch_whole(&file, &[0]);
         Ok(UrlReader { file, at: 0 })
     }
@@ -131,7 +132,7 @@ impl Read for UrlReader {
         if n == 0 {
             return Ok(0);
         }
-        self.file.read(self.at, &mut buf[..n], false).map_err(std::io::Error::other)?;
+        self.file.read(self.at, &mut buf[..n], crate::storage::ranged::ReadOf::Data).map_err(std::io::Error::other)?;
         self.at += n as u64;
         Ok(n)
     }

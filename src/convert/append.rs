@@ -440,6 +440,7 @@ fn plan_staged(
                 bytes: 0,
                 etag: None,
                 stored_tile: Some(t),
+                genes_digest: None,
             })
             .into_iter()
             .chain(scanned.iter().cloned())

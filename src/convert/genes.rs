@@ -177,6 +177,20 @@ impl SourceGenes {
     }
 }
 
+/// A digest of a list of gene names, in order: two inputs whose digests
+/// are equal list the same genes in the same order, so a pass that already
+/// knows an input's digest need not read its gene table again to know that
+/// its columns are the source genes by position.
+pub fn names_digest(names: &[String]) -> String {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    for name in names {
+        hasher.update((name.len() as u64).to_le_bytes());
+        hasher.update(name.as_bytes());
+    }
+    hex::encode(hasher.finalize())
+}
+
 /// How one input's columns map onto the source genes: `None` when they are the
 /// same by position, else, for each of its columns, the source gene (or
 /// [`DROPPED`]).

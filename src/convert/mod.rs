@@ -187,6 +187,11 @@ pub struct Input {
     /// read back (its last tile, which the append rewrites); `path` names it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stored_tile: Option<usize>,
+    /// [`genes::names_digest`] of the input's gene names, recorded by the
+    /// scan: the tiles pass reads the gene table of an input again only when
+    /// it differs from the source genes' (its columns are aligned by name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub genes_digest: Option<String>,
 }
 
 /// The cells of a dataset's last tile and their obs rows, decoded, as the
@@ -391,6 +396,7 @@ pub(crate) fn scan_inputs(
             source.will_read_whole();
         }
         let names = source.gene_names()?;
+        let genes_digest = Some(genes::names_digest(&names));
         // One row per cell in obs, one per gene in var, as anndata requires.
         if let Some(obs) = source.obs()? {
             obs.check_rows(source.n_rows(), "cells")?;
@@ -407,6 +413,7 @@ pub(crate) fn scan_inputs(
             bytes: version.as_ref().map_or(0, |v| v.size),
             etag: version.and_then(|v| v.etag),
             stored_tile: None,
+            genes_digest,
         });
     }
     let source_genes = source_genes.expect("at least one input");
@@ -427,9 +434,19 @@ pub(crate) fn scan_inputs(
     Ok((scanned, source_genes.finish()))
 }
 
-/// An input's column -> output column, given the source genes and `remap`
-/// (source gene -> output column); None when that is `remap` itself.
-fn input_remap(source: &dyn InputSource, source_genes: &[String], remap: &[u32]) -> Result<Option<Vec<u32>>> {
+/// An input's column -> output column, given the source genes (and their
+/// [`genes::names_digest`]) and `remap` (source gene -> output column); None
+/// when that is `remap` itself. An input the scan found to list the source
+/// genes in their order is not read.
+fn input_remap(
+    input: &Input,
+    source: &dyn InputSource,
+    (source_genes, source_digest): (&[String], &str),
+    remap: &[u32],
+) -> Result<Option<Vec<u32>>> {
+    if input.genes_digest.as_deref() == Some(source_digest) {
+        return Ok(None);
+    }
     let names = source.gene_names()?;
     let map = genes::column_map(source.path(), &names, source_genes)?;
     Ok(map.map(|map| map.iter().map(|&g| if g == genes::DROPPED { g } else { remap[g as usize] }).collect()))
@@ -445,6 +462,7 @@ pub(crate) fn gene_totals(
     progress: &dyn ConvertProgress,
 ) -> Result<Vec<u64>> {
     let n_genes = source_genes.len() as u32;
+    let source_digest = genes::names_digest(source_genes);
     let mut totals = vec![0u64; n_genes as usize];
     progress.phase("gene order", sampled.iter().map(|&i| scanned[i].n_rows).sum());
     for &i in sampled {
@@ -452,8 +470,13 @@ pub(crate) fn gene_totals(
         progress.file(&input.path);
         let source = sources::open(&input.path, matrix, reach)?;
         source.will_read_whole();
-        // The input's column -> source gene (None: the same by position).
-        let map = genes::column_map(source.path(), &source.gene_names()?, source_genes)?;
+        // The input's column -> source gene (None: the same by position,
+        // known without reading its genes again when the scan found them so).
+        let map = if input.genes_digest.is_some() && input.genes_digest.as_deref() == Some(source_digest.as_str()) {
+            None
+        } else {
+            genes::column_map(source.path(), &source.gene_names()?, source_genes)?
+        };
         // Reading (this thread) overlaps checking and summing the block read
         // before (the rayon pool).
         let mut pending: Option<(u64, RawRows)> = None;
@@ -653,6 +676,7 @@ fn read_in_order(
     progress: &dyn ConvertProgress,
 ) -> Result<()> {
     let TileJob { inputs, matrix, source_genes, remap, obs_plan, .. } = *job;
+    let source_digest = genes::names_digest(source_genes);
     let tile_size = job.write.tile_size;
     let n_genes = remap.len() as u32;
     progress.phase("converting", cells.end - cells.start);
@@ -708,7 +732,7 @@ fn read_in_order(
         if rows.start == 0 && rows.end == input.n_rows {
             source.will_read_whole();
         }
-        let input_remap = match input_remap(source.as_ref(), source_genes, remap)? {
+        let input_remap = match input_remap(input, source.as_ref(), (source_genes, &source_digest), remap)? {
             Some(r) => std::sync::Arc::new(r),
             None => shared_remap.clone(),
         };

@@ -400,6 +400,7 @@ pub(crate) fn read_shuffled(
     progress: &dyn ConvertProgress,
 ) -> Result<Cleaned> {
     let TileJob { inputs, matrix, source_genes, remap, obs_plan, .. } = *job;
+    let source_digest = super::genes::names_digest(source_genes);
     let n_genes = remap.len() as u32;
     let n_cells: u64 = job.first_cell + inputs.iter().map(|i| i.n_rows).sum::<u64>();
     // An append's cells before its new ones (those of the tiles it keeps, and
@@ -452,7 +453,7 @@ pub(crate) fn read_shuffled(
         }
         let source = open_unchanged(input, matrix, job.reach)?;
         source.will_read_whole();
-        let input_remap = match input_remap(source.as_ref(), source_genes, remap)? {
+        let input_remap = match input_remap(input, source.as_ref(), (source_genes, &source_digest), remap)? {
             Some(r) => std::sync::Arc::new(r),
             None => shared_remap.clone(),
         };

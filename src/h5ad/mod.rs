@@ -117,10 +117,11 @@ impl H5adFile {
 
     /// Starts fetching the arrays of `matrix` ahead of the reads, for a file
     /// at a URL whose matrix is most of it (a file whose other matrices are
-    /// large is read by its streams' read-ahead alone). Nothing for a local
-    /// file.
+    /// large is read by its streams' read-ahead alone), and keeps read-ahead
+    /// within the arrays' bytes. Nothing for a local file.
     pub(crate) fn prefetch_matrix(&self, matrix: &MatrixReader) {
         if let Some(ranged) = &self.ranged {
+            ranged.set_extents(&matrix.byte_extents());
             if matrix.stored_bytes() * 4 >= ranged.size() * 3 {
                 let starts: Vec<u64> =
                     matrix.array_paths().iter().filter_map(|p| remote::header_address(&self.file, p)).collect();
@@ -448,6 +449,24 @@ impl MatrixReader {
             Layout::Dense => vec![self.name.clone()],
             _ => ["data", "indices", "indptr"].iter().map(|part| format!("{}/{part}", self.name)).collect(),
         }
+    }
+
+    /// Where the matrix's arrays' bytes are in the file: each contiguous
+    /// array's, and each chunk's of a chunked one (none for an array
+    /// HDF5 cannot place, which read-ahead then treats as any other bytes).
+    pub(crate) fn byte_extents(&self) -> Vec<std::ops::Range<u64>> {
+        let mut out = Vec::new();
+        for ds in &self.datasets {
+            if let Some(offset) = ds.offset() {
+                out.push(offset..offset.saturating_add(ds.storage_size()));
+            } else if ds.is_chunked() {
+                let _ = ds.chunks_visit(|chunk| {
+                    out.push(chunk.addr..chunk.addr.saturating_add(chunk.size));
+                    0
+                });
+            }
+        }
+        out
     }
 
     /// The bytes of the matrix's arrays as stored uncompressed (their

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use hdf5_sys::h5::{haddr_t, herr_t, hsize_t};
 use hdf5_sys::h5i::hid_t;
 
-use crate::storage::ranged::{self, sized_object, RangedFile};
+use crate::storage::ranged::{self, sized_object, RangedFile, ReadOf};
 use crate::storage::{self, StoreOptions};
 
 /// Whether `path` names an object in a bucket or on a server rather than a
@@ -202,6 +202,8 @@ unsafe impl Sync for DriverClass {}
 const H5FD_MEM_SUPER: c_int = 1;
 
 const H5FD_MEM_DRAW: c_int = 3;
+/// `H5FD_MEM_GHEAP`: the global heap (variable-length strings).
+const H5FD_MEM_GHEAP: c_int = 4;
 
 static CLASS: DriverClass = DriverClass {
     version: 1,
@@ -337,8 +339,12 @@ unsafe extern "C" fn driver_read(
         Arc::increment_strong_count((*f).file);
         Arc::from_raw((*f).file)
     };
-    let metadata = kind != H5FD_MEM_DRAW;
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| file.read(addr, out, metadata)));
+    let of = match kind {
+        H5FD_MEM_DRAW => ReadOf::Data,
+        H5FD_MEM_GHEAP => ReadOf::Strings,
+        _ => ReadOf::Structure,
+    };
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| file.read(addr, out, of)));
     match result {
         Ok(Ok(())) => 0,
         Ok(Err(e)) => {

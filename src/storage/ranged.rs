@@ -99,6 +99,20 @@ pub(crate) fn sized_object(
     }
 }
 
+/// What a read is of: whether it reads ahead, and how long its blocks stay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReadOf {
+    /// An array's elements: a sequential stream of them fetches ahead.
+    Data,
+    /// HDF5's heap of strings (a table's names): read in small pieces, not
+    /// ahead, and needed by one pass.
+    Strings,
+    /// HDF5's structure (object headers, indexes of chunks): read in small
+    /// pieces, not ahead, and again by every pass that opens the file; its
+    /// blocks are the last a full cache lets go.
+    Structure,
+}
+
 /// A sequential stream of reads: the block it reached and how far ahead it fetches.
 #[derive(Clone, Copy)]
 struct Stream {
@@ -117,6 +131,14 @@ struct Cache {
     streams: VecDeque<Stream>,
     /// Blocks the prefetcher fetched that no read has used yet.
     unread: HashSet<u64>,
+    /// The blocks of arrays a reader said it reads whole (first, last; sorted,
+    /// apart): a stream's read-ahead stops at the end of the one it is in,
+    /// and there is none outside them, so that reading an array (or a table
+    /// between them) fetches nothing of its neighbours, which another pass
+    /// reads. With none declared, every stream reads ahead.
+    extents: Vec<(u64, u64)>,
+    /// Blocks read as [`ReadOf::Structure`].
+    structural: HashSet<u64>,
 }
 
 impl Cache {
@@ -124,6 +146,7 @@ impl Cache {
     fn remove_block(&mut self, b: u64) {
         use std::sync::atomic::Ordering::Relaxed;
         if let Some(bytes) = self.blocks.remove(&b) {
+            self.structural.remove(&b);
             CACHED.fetch_sub(bytes.len() as u64, Relaxed);
             if self.unread.remove(&b) {
                 UNREAD.fetch_sub(bytes.len() as u64, Relaxed);
@@ -186,6 +209,11 @@ impl RangedFile {
             let entry = recent.remove(i);
             let file = entry.2.clone();
             recent.push(entry);
+            drop(recent);
+            // Opened again (by the next pass over the inputs): what it reads
+            // first continues no stream of the pass before, whose window
+            // would fetch ahead of it.
+            file.cache.lock().unwrap_or_else(|e| e.into_inner()).streams.clear();
             return Ok(file);
         }
         drop(recent);
@@ -310,9 +338,11 @@ impl RangedFile {
     }
 
     /// Fills `buf` with the bytes at `addr` (zeros past the end of the object).
-    /// A read of HDF5 metadata (`metadata`) holds back the prefetcher while it
-    /// waits: opening objects is one such read after another.
-    pub(crate) fn read(self: &Arc<Self>, addr: u64, buf: &mut [u8], metadata: bool) -> Result<(), String> {
+    /// A read of HDF5 metadata (not [`ReadOf::Data`]) holds back the
+    /// prefetcher while it waits: opening objects is one such read after
+    /// another.
+    pub(crate) fn read(self: &Arc<Self>, addr: u64, buf: &mut [u8], of: ReadOf) -> Result<(), String> {
+        let metadata = of != ReadOf::Data;
         buf.fill(0);
         let end = addr.saturating_add(buf.len() as u64).min(self.size());
         if addr >= end {
@@ -361,25 +391,69 @@ impl RangedFile {
                 .copy_from_slice(&block[(from - r.start) as usize..(to - r.start) as usize]);
         }
         cache.mark_read(first, last);
-        self.read_ahead(&mut cache, first, last);
+        if of == ReadOf::Structure {
+            cache.structural.extend(first..=last);
+        }
+        self.read_ahead(&mut cache, first, last, metadata);
         Ok(())
+    }
+
+    /// Notes the byte ranges of arrays that are going to be read whole
+    /// (a matrix's data, indices, indptr): read-ahead keeps within them, and
+    /// there is none outside them. Ranges less than a block apart are one.
+    pub(crate) fn set_extents(&self, ranges: &[std::ops::Range<u64>]) {
+        let mut blocks: Vec<(u64, u64)> =
+            ranges.iter().filter(|r| r.end > r.start).map(|r| (r.start / BLOCK, (r.end - 1) / BLOCK)).collect();
+        blocks.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(blocks.len());
+        for (lo, hi) in blocks {
+            match merged.last_mut() {
+                Some((_, last)) if lo <= *last + 1 => *last = (*last).max(hi),
+                _ => merged.push((lo, hi)),
+            }
+        }
+        self.cache.lock().unwrap_or_else(|e| e.into_inner()).extents = merged;
     }
 
     /// Continues the stream that reached block `first` (or starts one), and
     /// fetches its window of blocks after `last` in the background.
-    fn read_ahead(self: &Arc<Self>, cache: &mut Cache, first: u64, last: u64) {
+    fn read_ahead(self: &Arc<Self>, cache: &mut Cache, first: u64, last: u64, metadata: bool) {
+        if metadata {
+            // HDF5's metadata (object headers, chunk indexes among the
+            // chunks, the heap of a table's strings) is read in small
+            // pieces, and what follows it is often an array another pass
+            // reads: fetched ahead, at many inputs it pushed out of the
+            // cache the blocks the next pass needed (100 inputs of 11.6 MB
+            // through 512 MiB: 1.34x their bytes fetched, 1.19x without).
+            return;
+        }
+        let extent = cache.extents.iter().find(|&&(_, hi)| hi >= last).copied();
         let found = cache.streams.iter().position(|s| s.block == first || s.block + 1 == first);
         let mut stream = match found {
             Some(i) => cache.streams.remove(i).expect("found"),
-            None => Stream { block: first, window: 4 },
+            // A read that continues none is not a stream yet: one that
+            // continues it is, and fetches ahead from then on. (Fetching
+            // ahead of every read, the metadata and the first rows read by
+            // each pass over a file brought 1 MiB after each of them, which
+            // at many inputs pushed out the blocks the next pass needed.)
+            None => Stream { block: first, window: 2 },
         };
         if found.is_some() && last > stream.block {
             stream.window = (stream.window * 2).clamp(1, max_window());
         }
         stream.block = last;
+        let window = if found.is_some() { stream.window } else { 0 };
         cache.streams.push_front(stream);
         cache.streams.truncate(STREAMS);
-        let ahead: Vec<u64> = (last + 1..=last + stream.window)
+        let bound = match extent {
+            Some((lo, hi)) if lo <= last => hi,
+            // Outside the arrays a pass reads whole (a table's columns read
+            // between them), no read-ahead: the next bytes are another
+            // array's, or another pass's.
+            _ if !cache.extents.is_empty() => return,
+            _ => u64::MAX,
+        };
+        let ahead: Vec<u64> = (last + 1..=(last + window).min(bound))
             .filter(|b| *b < self.n_blocks() && !cache.blocks.contains_key(b) && !cache.pending.contains(b))
             .collect();
         if ahead.is_empty() {
@@ -631,17 +705,38 @@ fn evict_other_files(keep: &RangedFile) {
         .iter()
         .map(|(_, _, f)| (f.clone(), Arc::strong_count(f) == 1))
         .collect();
-    let idle = files.iter().rev().filter(|(_, idle)| *idle);
-    let in_use = files.iter().rev().filter(|(_, idle)| !*idle);
-    for (file, _) in idle.chain(in_use).filter(|(f, _)| !std::ptr::eq(Arc::as_ptr(f), keep)) {
-        if CACHED.load(Relaxed) <= cache_budget() {
-            return;
+    // The blocks of the files' structure (read again by every pass that
+    // opens them) only when nothing else is left to free.
+    for structure_too in [false, true] {
+        let idle = files.iter().rev().filter(|(_, idle)| *idle);
+        let in_use = files.iter().rev().filter(|(_, idle)| !*idle);
+        for (file, _) in idle.chain(in_use).filter(|(f, _)| !std::ptr::eq(Arc::as_ptr(f), keep)) {
+            if CACHED.load(Relaxed) <= cache_budget() {
+                return;
+            }
+            // try_lock: a file whose reader holds its lock is being read now.
+            let Ok(mut cache) = file.cache.try_lock() else { continue };
+            cache.free_within_budget(structure_too);
         }
-        // try_lock: a file whose reader holds its lock is being read now.
-        let Ok(mut cache) = file.cache.try_lock() else { continue };
+    }
+}
+
+impl Cache {
+    /// Frees this file's blocks, oldest first (those of its structure too,
+    /// or not), until the cache is within its budget or none is left.
+    fn free_within_budget(&mut self, structure_too: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut kept = Vec::new();
         while CACHED.load(Relaxed) > cache_budget() {
-            let Some(old) = cache.order.pop_front() else { break };
-            cache.remove_block(old);
+            let Some(old) = self.order.pop_front() else { break };
+            if !structure_too && self.structural.contains(&old) {
+                kept.push(old);
+            } else {
+                self.remove_block(old);
+            }
+        }
+        for b in kept.into_iter().rev() {
+            self.order.push_front(b);
         }
     }
 }
@@ -697,15 +792,15 @@ mod tests {
             [(0usize, 10usize), (BLOCK as usize - 3, 7), (5 * BLOCK as usize, 3 * BLOCK as usize + 1), (len - 5, 5)]
         {
             let mut buf = vec![0u8; n];
-            file.read(addr as u64, &mut buf, true).unwrap();
+            file.read(addr as u64, &mut buf, ReadOf::Structure).unwrap();
             assert_eq!(buf, bytes[addr..addr + n], "{n} bytes at {addr}");
         }
         // past the end reads as zeros, as HDF5's own drivers give it
         let mut buf = vec![9u8; 10];
-        file.read(len as u64 - 5, &mut buf, true).unwrap();
+        file.read(len as u64 - 5, &mut buf, ReadOf::Structure).unwrap();
         assert_eq!(buf[..5], bytes[len - 5..]);
         assert_eq!(buf[5..], [0u8; 5]);
-        file.read(u64::MAX - 3, &mut buf, true).unwrap();
+        file.read(u64::MAX - 3, &mut buf, ReadOf::Structure).unwrap();
         assert_eq!(buf, [0u8; 10]);
     }
 
@@ -714,13 +809,47 @@ mod tests {
         let (store, bytes) = object(16 * BLOCK as usize);
         let file = open(&store);
         let mut buf = vec![0u8; 1000];
-        file.read(8 * BLOCK, &mut buf, true).unwrap();
+        file.read(8 * BLOCK, &mut buf, ReadOf::Structure).unwrap();
         let (requests, _) = store.stats().snapshot();
         for _ in 0..5 {
-            file.read(8 * BLOCK + 10, &mut buf, true).unwrap();
+            file.read(8 * BLOCK + 10, &mut buf, ReadOf::Structure).unwrap();
         }
         assert_eq!(store.stats().snapshot().0, requests, "cached blocks served the reads");
         assert_eq!(buf, bytes[8 * BLOCK as usize + 10..8 * BLOCK as usize + 1010]);
+    }
+
+    #[test]
+    fn read_ahead_follows_data_streams_within_the_arrays_declared() {
+        let (store, _) = object(64 * BLOCK as usize);
+        let file = open(&store);
+        let fetched = || {
+            // (Read-ahead runs on threads of its own.)
+            std::thread::sleep(std::time::Duration::from_millis(150));
+            store.stats().snapshot().1
+        };
+        let read = |blocks: std::ops::Range<u64>, of: ReadOf| {
+            for b in blocks {
+                file.read(b * BLOCK + 10, &mut [0u8; 100], of).unwrap();
+            }
+        };
+        let opened = fetched(); // the first and last blocks
+                                // One read fetches its block alone; metadata read on fetches no more.
+        read(20..21, ReadOf::Data);
+        assert_eq!(fetched(), opened + BLOCK);
+        read(21..25, ReadOf::Structure);
+        read(25..27, ReadOf::Strings);
+        assert_eq!(fetched(), opened + 7 * BLOCK);
+        // A data stream within an array declared (blocks 30..=40) reads
+        // ahead up to its end, not past it.
+        file.set_extents(&[30 * BLOCK..41 * BLOCK - 1]);
+        read(30..33, ReadOf::Data);
+        let within = fetched();
+        assert!(within > opened + 10 * BLOCK, "the stream read ahead");
+        read(33..41, ReadOf::Data);
+        assert_eq!(fetched(), opened + 18 * BLOCK, "nothing past the array");
+        // Outside the arrays declared, data read on fetches what it reads.
+        read(44..48, ReadOf::Data);
+        assert_eq!(fetched(), opened + 22 * BLOCK);
     }
 
     #[test]
@@ -732,7 +861,7 @@ mod tests {
         // fetched grow past what was read.
         let mut buf = vec![0u8; BLOCK as usize];
         for b in 4..12 {
-            file.read(b * BLOCK, &mut buf, false).unwrap();
+            file.read(b * BLOCK, &mut buf, ReadOf::Data).unwrap();
             assert_eq!(buf, bytes[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize]);
         }
         let read_ahead = (0..30).any(|_| {
@@ -749,7 +878,7 @@ mod tests {
         assert!(whole, "{} of {len} bytes prefetched", store.stats().snapshot().1);
         let before = store.stats().snapshot().0;
         let mut all = vec![0u8; len];
-        file.read(0, &mut all, false).unwrap();
+        file.read(0, &mut all, ReadOf::Data).unwrap();
         assert_eq!(all, bytes);
         assert_eq!(store.stats().snapshot().0, before, "the whole file came from the cache");
     }

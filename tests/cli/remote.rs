@@ -862,8 +862,9 @@ fn a_slow_store_serves_every_input_byte_once_and_the_same_dataset() {
     let line = run.stderr().lines().rev().find(|l| l.starts_with("{\"io\"")).unwrap().to_string();
     let io: Value = serde_json::from_str(&line).unwrap();
     let requests = io["io"]["input_requests"].as_u64().unwrap();
-    // 2 MiB pieces, and a few reads of HDF5 metadata per file besides.
-    assert!(requests <= total / (2 << 20) + 40, "{requests} requests for {total} bytes");
+    // 2 MiB pieces, and the reads of HDF5 metadata per file besides (each
+    // fetches its blocks alone: 84 requests here, 38 of them pieces).
+    assert!(requests <= total / (2 << 20) + 50, "{requests} requests for {total} bytes");
     let phases = io["io"]["phases"].as_array().unwrap();
     assert!(phases.iter().any(|p| p[0] == "gene order"), "--stats gives the phases: {line}");
 }
@@ -919,16 +920,20 @@ fn more_inputs_at_urls_than_files_kept_open_are_each_fetched_once() {
 
 #[test]
 fn inputs_at_urls_larger_than_the_block_cache_are_not_fetched_at_every_pass() {
-    // The 34 inputs of 1.9 MB (65 MB) through a 40 MiB cache: each pass
-    // reads them in the same order, so the blocks of the files opened last
-    // go first. Measured: 2.14 times their bytes; freeing those of the files
-    // opened first instead fetched them 3.73 times. (Once is not reached:
-    // what else is fetched again is not known yet.)
+    // The 34 inputs of 1.9 MB (65 MB) through a 40 MiB cache. Each pass reads
+    // them in the same order, so the blocks of the files opened last go
+    // first (the other way, 3.73 times their bytes were fetched), HDF5's
+    // structure last (it is read again by every pass), and no read-ahead
+    // fetches past the matrix a pass reads, nor after metadata and tables:
+    // measured 1.65 times (2.14 before the last two). Files this small are
+    // mostly structure, spread over the 256 KiB blocks of the cache, which
+    // every pass needs and 40 MiB cannot all keep; 100 inputs of 11.6 MB
+    // through 512 MiB fetch 0.88 times their bytes (4% of the blocks twice).
     let t = TestDir::new();
     let Some((fetched, total)) = convert_34_inputs_over_http(&t, &[("DELTACELLS_INPUT_CACHE_MIB", "40")]) else {
         return;
     };
-    assert!(fetched <= total * 5 / 2, "{fetched} bytes fetched for {total} bytes of inputs");
+    assert!(fetched <= total * 9 / 5, "{fetched} bytes fetched for {total} bytes of inputs");
 }
 
 #[test]
