@@ -858,8 +858,6 @@ mod tests {
         }
     }
 
-    /// A dataset of `n` cells (a few counts each) in tiles of `tile_size`
-    /// cells and 4 chunks, in a temporary folder.
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
         #[test]
@@ -876,6 +874,8 @@ mod tests {
         }
     }
 
+    /// A dataset of `n` cells (a few counts each) in tiles of `tile_size`
+    /// cells and 4 chunks, in a temporary folder.
     fn written(n: usize, tile_size: u64) -> (tempfile::TempDir, Dataset, CsrMatrix) {
         let mut m = CsrMatrix::empty(300);
         for cell in 0..n as u32 {

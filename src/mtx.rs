@@ -120,7 +120,7 @@ struct UrlReader {
 impl UrlReader {
     fn open(url: &str, remote: &RemoteOptions) -> Result<UrlReader, String> {
         let file = crate::storage::ranged::RangedFile::open(url, &remote.store)?;
-        file.set_extents(&[0..file.size()]);
+        file.set_extents(std::slice::from_ref(&(0..file.size())));
         crate::storage::ranged::prefetch_whole(&file, &[0]);
         Ok(UrlReader { file, at: 0 })
     }
