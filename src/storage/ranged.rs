@@ -841,7 +841,7 @@ mod tests {
         assert_eq!(fetched(), opened + 7 * BLOCK);
         // A data stream within an array declared (blocks 30..=40) reads
         // ahead up to its end, not past it.
-        file.set_extents(&[30 * BLOCK..41 * BLOCK - 1]);
+        file.set_extents(std::slice::from_ref(&(30 * BLOCK..41 * BLOCK - 1)));
         read(30..33, ReadOf::Data);
         let within = fetched();
         assert!(within > opened + 10 * BLOCK, "the stream read ahead");
