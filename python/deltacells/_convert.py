@@ -389,7 +389,10 @@ def convert(
         out: the dataset: a local folder, or an ``s3://`` or ``gs://`` prefix.
         matrix: ``"X"``, ``"raw/X"`` or ``"layers/NAME"`` (AnnData inputs).
         tile_size: cells per tile.
-        chunks: chunks per tile (units of parallel decoding), 1 to 1024.
+        chunks: chunks per tile (units of parallel decoding), 1 to 1024. A
+            cell read alone decompresses its whole chunk: for a dataset read
+            in random ``get_batch`` batches rather than by the loader, 1024
+            reads them several times faster for about 10% more bytes.
         level: zstd level, 1 to 22.
         threads: worker threads (None: all cores); the bytes do not depend on it.
         gene_order_files: inputs summed to choose the gene order (0 keeps the
