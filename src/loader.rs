@@ -1097,11 +1097,15 @@ fn write_batch(
     let chunk = |d: &Drawn| held[d.chunk].as_ref().expect("a drawn cell's chunk is held until its batch is written");
     let cells: Vec<u64> = drawn.iter().map(|d| chunk(d).start + d.row).collect();
     // Buffers come back from earlier batches with old values: they are
-    // resized only to grow (new room is zeroed once), written up to what the
-    // batch fills, and cut there by CellWriter::finish.
+    // resized only to grow (only the new room is zeroed: growing by half
+    // at a time zeroed half a batch every other batch), written up to what
+    // the batch fills, and cut there by CellWriter::finish.
     let grow = |buffer: &mut Vec<u32>, to: usize| {
         if buffer.len() < to {
-            buffer.resize(to.max(buffer.len() + buffer.len() / 2), 0);
+            if buffer.capacity() < to {
+                buffer.reserve(to + to / 2 - buffer.len());
+            }
+            buffer.resize(to, 0);
         }
     };
     if !writer.rewrites() && drawn.iter().all(|d| chunk(d).genes.is_none()) {
