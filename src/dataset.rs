@@ -81,6 +81,9 @@ pub struct Dataset {
     /// The buffers of tiles decoded for a range or list of cells, kept for
     /// the next read (up to [`KEPT_TILES`] tiles' worth).
     buffers: BufferPool,
+    /// Chunks' planes of the last lists of cells read, kept for the next
+    /// (their buffers written over, not zeroed and faulted in again).
+    planes: crate::buffers::Pool<format::tile::ChunkPlanes>,
     /// The tile the last range read ended in, for the next range.
     recent: std::sync::Mutex<Recent>,
 }
@@ -101,6 +104,10 @@ struct Recent {
 
 /// Decoded chunks a [`Recent`] keeps.
 const RECENT_CHUNKS: usize = 2;
+
+/// Chunks' planes a [`Dataset`] keeps for reuse (those of one tile at the
+/// default chunking: 4 bytes per nonzero of each).
+const KEPT_PLANES: usize = 8;
 
 /// Decoded tiles whose buffers a [`Dataset`] keeps for reuse.
 pub const KEPT_TILES: usize = 4;
@@ -141,6 +148,7 @@ impl Dataset {
             manifest_sha256,
             limits,
             buffers: BufferPool::new(2 * KEPT_TILES),
+            planes: crate::buffers::Pool::new(KEPT_PLANES),
             recent: std::sync::Mutex::new(Recent::default()),
         })
     }
@@ -508,6 +516,9 @@ impl Dataset {
         let parsed = self.parse_tile(tile, &blob)?;
         let spans: Vec<Range<u64>> = parsed.chunk_cells().collect();
         let mut planes: Vec<Option<format::tile::ChunkPlanes>> = spans.iter().map(|_| None).collect();
+        let given_back = |planes: Vec<Option<format::tile::ChunkPlanes>>| {
+            planes.into_iter().flatten().for_each(|p| self.planes.give(p));
+        };
         let mut out = CsrMatrix::default();
         let mut fill = CsrFill::new(&mut out, self.n_genes());
         for &row in rows {
@@ -520,7 +531,7 @@ impl Dataset {
             let chunk = match slot {
                 Some(chunk) => chunk,
                 None => {
-                    let mut chunk = format::tile::ChunkPlanes::default();
+                    let mut chunk = self.planes.take();
                     parsed.decompress_planes(c, &mut chunk).map_err(|e| self.tile_error(tile, e))?;
                     slot.insert(chunk)
                 }
@@ -533,6 +544,7 @@ impl Dataset {
             }
         }
         fill.finish();
+        given_back(planes);
         Ok(out)
     }
 
