@@ -54,11 +54,22 @@ pub fn cache_budget() -> u64 {
     })
 }
 
+/// The bytes of HDF5 structure kept by exact read, over every file (64 MiB:
+/// object headers and chunk indexes, some kilobytes a file, so that 1,000
+/// inputs opened by every pass need not keep the 256 KiB blocks around them).
+const STRUCTURE_BUDGET: u64 = 64 << 20;
+
+/// Bytes of structure kept now, over every file.
+static STRUCTURE_KEPT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Bytes of blocks cached now, over every file.
 static CACHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// Blocks fetched at each end of a file when it is opened (1 MiB).
-const HEAD_BLOCKS: u64 = 4;
+/// Blocks fetched at each end of a file when it is opened (256 KiB: the
+/// superblock, and the root group as h5py leaves it at the end; 1 MiB at
+/// each end brought the first chunks of X too, which at many inputs were
+/// pushed out of the cache before the pass that reads them).
+const HEAD_BLOCKS: u64 = 1;
 
 /// Sequential streams tracked per file (X's data and indices, obs columns).
 const STREAMS: usize = 8;
@@ -139,6 +150,10 @@ struct Cache {
     extents: Vec<(u64, u64)>,
     /// Blocks read as [`ReadOf::Structure`].
     structural: HashSet<u64>,
+    /// The bytes of each read of HDF5's structure, by (address, length):
+    /// every pass that opens the file reads the same object headers again,
+    /// and these few kilobytes then need no block (see [`STRUCTURE_BUDGET`]).
+    structure: HashMap<(u64, usize), Bytes>,
 }
 
 impl Cache {
@@ -350,6 +365,13 @@ impl RangedFile {
         }
         let (first, last) = (addr / BLOCK, (end - 1) / BLOCK);
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let n = (end - addr) as usize;
+        if of == ReadOf::Structure {
+            if let Some(kept) = cache.structure.get(&(addr, n)) {
+                buf[..n].copy_from_slice(kept);
+                return Ok(());
+            }
+        }
         // Wait for blocks already on their way; fetch the others now.
         loop {
             let missing: Vec<u64> = (first..=last).filter(|b| !cache.blocks.contains_key(b)).collect();
@@ -393,8 +415,15 @@ impl RangedFile {
         cache.mark_read(first, last);
         if of == ReadOf::Structure {
             cache.structural.extend(first..=last);
+            use std::sync::atomic::Ordering::Relaxed;
+            if STRUCTURE_KEPT.load(Relaxed) + n as u64 <= STRUCTURE_BUDGET {
+                STRUCTURE_KEPT.fetch_add(n as u64, Relaxed);
+                if let Some(old) = cache.structure.insert((addr, n), Bytes::copy_from_slice(&buf[..n])) {
+                    STRUCTURE_KEPT.fetch_sub(old.len() as u64, Relaxed);
+                }
+            }
         }
-        self.read_ahead(&mut cache, first, last, metadata);
+        self.read_ahead(&mut cache, first, last, of);
         Ok(())
     }
 
@@ -417,14 +446,15 @@ impl RangedFile {
 
     /// Continues the stream that reached block `first` (or starts one), and
     /// fetches its window of blocks after `last` in the background.
-    fn read_ahead(self: &Arc<Self>, cache: &mut Cache, first: u64, last: u64, metadata: bool) {
-        if metadata {
+    fn read_ahead(self: &Arc<Self>, cache: &mut Cache, first: u64, last: u64, of: ReadOf) {
+        if of != ReadOf::Data {
             // HDF5's metadata (object headers, chunk indexes among the
-            // chunks, the heap of a table's strings) is read in small
-            // pieces, and what follows it is often an array another pass
-            // reads: fetched ahead, at many inputs it pushed out of the
-            // cache the blocks the next pass needed (100 inputs of 11.6 MB
-            // through 512 MiB: 1.34x their bytes fetched, 1.19x without).
+            // chunks, the heap of a table's strings, read in no order) is
+            // read in small pieces, and what follows it is often an array
+            // another pass reads: fetched ahead, at many inputs it pushed
+            // out of the cache the blocks the next pass needed (100 inputs
+            // of 11.6 MB through 512 MiB: 1.34x their bytes fetched, 1.19x
+            // without).
             return;
         }
         let extent = cache.extents.iter().find(|&&(_, hi)| hi >= last).copied();
@@ -491,6 +521,8 @@ impl Drop for RangedFile {
         for b in blocks {
             cache.remove_block(b);
         }
+        let kept: u64 = cache.structure.drain().map(|(_, bytes)| bytes.len() as u64).sum();
+        STRUCTURE_KEPT.fetch_sub(kept, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -680,7 +712,10 @@ fn forget_empty_files(recent: &mut Vec<Recent>) {
             return true;
         }
         // try_lock: a file whose reader holds its lock is in use.
-        let empty = file.cache.try_lock().is_ok_and(|c| c.blocks.is_empty() && c.pending.is_empty());
+        // (A file whose structure is kept is not empty: opened again, it
+        // would fetch its ends and headers again.)
+        let empty =
+            file.cache.try_lock().is_ok_and(|c| c.blocks.is_empty() && c.pending.is_empty() && c.structure.is_empty());
         if empty {
             excess -= 1;
         }
@@ -816,6 +851,30 @@ mod tests {
         }
         assert_eq!(store.stats().snapshot().0, requests, "cached blocks served the reads");
         assert_eq!(buf, bytes[8 * BLOCK as usize + 10..8 * BLOCK as usize + 1010]);
+    }
+
+    #[test]
+    fn a_read_of_structure_is_kept_when_its_blocks_are_let_go() {
+        let (store, bytes) = object(16 * BLOCK as usize);
+        let file = open(&store);
+        let mut header = [0u8; 300];
+        file.read(5 * BLOCK + 17, &mut header, ReadOf::Structure).unwrap();
+        {
+            let mut cache = file.cache.lock().unwrap();
+            let blocks: Vec<u64> = cache.blocks.keys().copied().collect();
+            for b in blocks {
+                cache.remove_block(b);
+            }
+        }
+        let before = store.stats().snapshot();
+        let mut again = [0u8; 300];
+        file.read(5 * BLOCK + 17, &mut again, ReadOf::Structure).unwrap();
+        assert_eq!(again, header);
+        assert_eq!(&again[..], &bytes[(5 * BLOCK + 17) as usize..(5 * BLOCK + 317) as usize]);
+        assert_eq!(store.stats().snapshot(), before, "the same read of structure fetched nothing");
+        // Another read of the same bytes (not structure) needs the block.
+        file.read(5 * BLOCK + 17, &mut again, ReadOf::Data).unwrap();
+        assert!(store.stats().snapshot().0 > before.0);
     }
 
     #[test]

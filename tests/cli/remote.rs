@@ -863,8 +863,10 @@ fn a_slow_store_serves_every_input_byte_once_and_the_same_dataset() {
     let io: Value = serde_json::from_str(&line).unwrap();
     let requests = io["io"]["input_requests"].as_u64().unwrap();
     // 2 MiB pieces, and the reads of HDF5 metadata per file besides (each
-    // fetches its blocks alone: 84 requests here, 38 of them pieces).
-    assert!(requests <= total / (2 << 20) + 50, "{requests} requests for {total} bytes");
+    // fetches its blocks alone: 89 requests here, 38 of them pieces; with
+    // read-ahead after metadata, about 70, and 1.6 times the bytes when the
+    // inputs outgrow the cache).
+    assert!(requests <= total / (2 << 20) + 60, "{requests} requests for {total} bytes");
     let phases = io["io"]["phases"].as_array().unwrap();
     assert!(phases.iter().any(|p| p[0] == "gene order"), "--stats gives the phases: {line}");
 }
@@ -924,16 +926,17 @@ fn inputs_at_urls_larger_than_the_block_cache_are_not_fetched_at_every_pass() {
     // them in the same order, so the blocks of the files opened last go
     // first (the other way, 3.73 times their bytes were fetched), HDF5's
     // structure last (it is read again by every pass), and no read-ahead
-    // fetches past the matrix a pass reads, nor after metadata and tables:
-    // measured 1.65 times (2.14 before the last two). Files this small are
-    // mostly structure, spread over the 256 KiB blocks of the cache, which
-    // every pass needs and 40 MiB cannot all keep; 100 inputs of 11.6 MB
-    // through 512 MiB fetch 0.88 times their bytes (4% of the blocks twice).
+    // fetches past the matrix a pass reads, nor after metadata and tables,
+    // HDF5's object headers are kept by exact read, and opening a file
+    // fetches 256 KiB at each end, not 1 MiB (which was all of these files):
+    // measured 1.29 times (2.14 before these rules). 100 inputs of 11.6 MB
+    // through 512 MiB fetch 0.78 times their bytes (their unread columns
+    // never).
     let t = TestDir::new();
     let Some((fetched, total)) = convert_34_inputs_over_http(&t, &[("DELTACELLS_INPUT_CACHE_MIB", "40")]) else {
         return;
     };
-    assert!(fetched <= total * 9 / 5, "{fetched} bytes fetched for {total} bytes of inputs");
+    assert!(fetched <= total * 3 / 2, "{fetched} bytes fetched for {total} bytes of inputs");
 }
 
 #[test]
