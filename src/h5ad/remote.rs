@@ -202,8 +202,6 @@ unsafe impl Sync for DriverClass {}
 const H5FD_MEM_SUPER: c_int = 1;
 
 const H5FD_MEM_DRAW: c_int = 3;
-/// `H5FD_MEM_GHEAP`: the global heap (variable-length strings).
-const H5FD_MEM_GHEAP: c_int = 4;
 
 static CLASS: DriverClass = DriverClass {
     version: 1,
@@ -339,11 +337,9 @@ unsafe extern "C" fn driver_read(
         Arc::increment_strong_count((*f).file);
         Arc::from_raw((*f).file)
     };
-    let of = match kind {
-        H5FD_MEM_DRAW => ReadOf::Data,
-        H5FD_MEM_GHEAP => ReadOf::Strings,
-        _ => ReadOf::Structure,
-    };
+    // (HDF5 reads a heap of strings as raw data, the rest of its metadata
+    // with the kinds of its free-list map, none of them DRAW.)
+    let of = if kind == H5FD_MEM_DRAW { ReadOf::Data } else { ReadOf::Structure };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| file.read(addr, out, of)));
     match result {
         Ok(Ok(())) => 0,

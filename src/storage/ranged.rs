@@ -113,14 +113,12 @@ pub(crate) fn sized_object(
 /// What a read is of: whether it reads ahead, and how long its blocks stay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ReadOf {
-    /// An array's elements: a sequential stream of them fetches ahead.
+    /// An array's elements (and, as HDF5 reads them, the heap of a table's
+    /// strings): a sequential stream of them fetches ahead.
     Data,
-    /// HDF5's heap of strings (a table's names): read in small pieces, not
-    /// ahead, and needed by one pass.
-    Strings,
     /// HDF5's structure (object headers, indexes of chunks): read in small
-    /// pieces, not ahead, and again by every pass that opens the file; its
-    /// blocks are the last a full cache lets go.
+    /// pieces, not ahead, and again by every pass that opens the file; kept
+    /// by exact read, and its blocks are the last a full cache lets go.
     Structure,
 }
 
@@ -447,14 +445,13 @@ impl RangedFile {
     /// Continues the stream that reached block `first` (or starts one), and
     /// fetches its window of blocks after `last` in the background.
     fn read_ahead(self: &Arc<Self>, cache: &mut Cache, first: u64, last: u64, of: ReadOf) {
-        if of != ReadOf::Data {
-            // HDF5's metadata (object headers, chunk indexes among the
-            // chunks, the heap of a table's strings, read in no order) is
-            // read in small pieces, and what follows it is often an array
-            // another pass reads: fetched ahead, at many inputs it pushed
-            // out of the cache the blocks the next pass needed (100 inputs
-            // of 11.6 MB through 512 MiB: 1.34x their bytes fetched, 1.19x
-            // without).
+        if of == ReadOf::Structure {
+            // HDF5's structure (object headers, chunk indexes among the
+            // chunks) is read in small pieces, and what follows it is often
+            // an array another pass reads: fetched ahead, at many inputs it
+            // pushed out of the cache the blocks the next pass needed (100
+            // inputs of 11.6 MB through 512 MiB: 1.34x their bytes fetched,
+            // 1.19x without).
             return;
         }
         let extent = cache.extents.iter().find(|&&(_, hi)| hi >= last).copied();
@@ -891,12 +888,12 @@ mod tests {
                 file.read(b * BLOCK + 10, &mut [0u8; 100], of).unwrap();
             }
         };
-        let opened = fetched(); // the first and last blocks
-                                // One read fetches its block alone; metadata read on fetches no more.
+        // Opening fetched the first and last blocks.
+        let opened = fetched();
+        // One read fetches its block alone; metadata read on fetches no more.
         read(20..21, ReadOf::Data);
         assert_eq!(fetched(), opened + BLOCK);
-        read(21..25, ReadOf::Structure);
-        read(25..27, ReadOf::Strings);
+        read(21..27, ReadOf::Structure);
         assert_eq!(fetched(), opened + 7 * BLOCK);
         // A data stream within an array declared (blocks 30..=40) reads
         // ahead up to its end, not past it.
