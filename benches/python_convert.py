@@ -20,13 +20,14 @@ baseline, which is checked. The page cache is warm.
 """
 
 import argparse
-import hashlib
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+from formats import tiles_digest
 
 CHILD = r"""
 import sys, time, resource
@@ -77,14 +78,6 @@ def run(argv: list[str]) -> tuple[float, float]:
         sys.exit(f"{argv}: {err}")
     seconds = float(out.strip().splitlines()[-1]) if argv[0] == sys.executable else wall
     return seconds, peak / 1024
-
-
-def tiles_digest(root: str) -> str:
-    h = hashlib.sha256()
-    for name in sorted(os.listdir(os.path.join(root, "tiles"))):
-        with open(os.path.join(root, "tiles", name), "rb") as f:
-            h.update(f.read())
-    return h.hexdigest()
 
 
 def main() -> None:

@@ -475,13 +475,7 @@ impl Dataset {
                     planes
                 }
             };
-            if !planes.append_rows_checked(lo..hi, out) {
-                // A rule is broken: the whole-chunk decoder names it (and
-                // its rows are the answer, should it find none).
-                let mut decoded = format::tile::DecodedChunk::default();
-                parsed.decode_chunk_into(c, &mut decoded).map_err(|e| self.tile_error(tile, e))?;
-                decoded.append_rows(lo..hi, out);
-            }
+            parsed.append_chunk_rows(c, &planes, lo..hi, out).map_err(|e| self.tile_error(tile, e))?;
             used.push((c, planes));
         }
         // The chunks used last are kept (the last one first to be found).
@@ -510,7 +504,7 @@ impl Dataset {
 
     /// Rows `rows` of tile `tile` (in the order given, repeats allowed), each
     /// decoded from its chunk's planes, every rule checked for it (see
-    /// [`format::tile::ChunkPlanes::append_rows_checked`]).
+    /// [`format::ParsedTile::append_chunk_rows`]).
     fn tile_rows_listed(&self, tile: usize, rows: &[u64]) -> Result<CsrMatrix, DatasetError> {
         let (_, blob) = self.tile_blob(tile)?;
         let parsed = self.parse_tile(tile, &blob)?;
@@ -536,12 +530,7 @@ impl Dataset {
                     slot.insert(chunk)
                 }
             };
-            if !chunk.append_rows_checked(row..row + 1, &mut fill) {
-                // A rule is broken: the chunk decoder names it.
-                let mut decoded = format::tile::DecodedChunk::default();
-                parsed.decode_chunk_into(c, &mut decoded).map_err(|e| self.tile_error(tile, e))?;
-                decoded.append_rows(row..row + 1, &mut fill);
-            }
+            parsed.append_chunk_rows(c, chunk, row..row + 1, &mut fill).map_err(|e| self.tile_error(tile, e))?;
         }
         fill.finish();
         given_back(planes);

@@ -434,21 +434,30 @@ pub(crate) fn scan_inputs(
     Ok((scanned, source_genes.finish()))
 }
 
-/// An input's column -> output column, given the source genes (and their
-/// [`genes::names_digest`]) and `remap` (source gene -> output column); None
-/// when that is `remap` itself. An input the scan found to list the source
-/// genes in their order is not read.
-fn input_remap(
+/// An input's column -> source gene, given the source genes and their
+/// [`genes::names_digest`]; None when they are the same by position, known
+/// without reading the input's genes again when the scan found them so.
+fn input_columns(
     input: &Input,
     source: &dyn InputSource,
     (source_genes, source_digest): (&[String], &str),
-    remap: &[u32],
 ) -> Result<Option<Vec<u32>>> {
     if input.genes_digest.as_deref() == Some(source_digest) {
         return Ok(None);
     }
-    let names = source.gene_names()?;
-    let map = genes::column_map(source.path(), &names, source_genes)?;
+    Ok(genes::column_map(source.path(), &source.gene_names()?, source_genes)?)
+}
+
+/// An input's column -> output column, given the source genes (and their
+/// digest) and `remap` (source gene -> output column); None when that is
+/// `remap` itself.
+fn input_remap(
+    input: &Input,
+    source: &dyn InputSource,
+    source_genes: (&[String], &str),
+    remap: &[u32],
+) -> Result<Option<Vec<u32>>> {
+    let map = input_columns(input, source, source_genes)?;
     Ok(map.map(|map| map.iter().map(|&g| if g == genes::DROPPED { g } else { remap[g as usize] }).collect()))
 }
 
@@ -470,13 +479,8 @@ pub(crate) fn gene_totals(
         progress.file(&input.path);
         let source = sources::open(&input.path, matrix, reach)?;
         source.will_read_whole();
-        // The input's column -> source gene (None: the same by position,
-        // known without reading its genes again when the scan found them so).
-        let map = if input.genes_digest.is_some() && input.genes_digest.as_deref() == Some(source_digest.as_str()) {
-            None
-        } else {
-            genes::column_map(source.path(), &source.gene_names()?, source_genes)?
-        };
+        // The input's column -> source gene (None: the same by position).
+        let map = input_columns(input, source.as_ref(), (source_genes, &source_digest))?;
         // Reading (this thread) overlaps checking and summing the block read
         // before (the rayon pool).
         let mut pending: Option<(u64, RawRows)> = None;

@@ -121,10 +121,15 @@ fn without_location(mut value: Value) -> Value {
 }
 
 /// The `--stats --json` line a command printed on stderr.
-fn io_stats(stderr: &str) -> (u64, u64) {
+/// The `io` object of the last `--stats --json` line on `stderr`.
+fn io_json(stderr: &str) -> Value {
     let line = stderr.lines().rev().find(|l| l.starts_with("{\"io\"")).expect("an io line on stderr");
-    let v: Value = serde_json::from_str(line).unwrap();
-    (v["io"]["requests"].as_u64().unwrap(), v["io"]["bytes"].as_u64().unwrap())
+    serde_json::from_str::<Value>(line).unwrap()["io"].take()
+}
+
+fn io_stats(stderr: &str) -> (u64, u64) {
+    let io = io_json(stderr);
+    (io["requests"].as_u64().unwrap(), io["bytes"].as_u64().unwrap())
 }
 
 fn same_objects(remote: &dyn Storage, local: &dyn Storage) {
@@ -311,10 +316,9 @@ fn a_store_that_fails_transiently_is_retried_and_the_retries_counted() {
     let url = format!("{}/local", http.url());
     reading_commands_agree(&t, "local", &url, &[], &[]);
     let run = t.run(&["verify", "--stats", "--json", &url]).expect_code(0);
-    let line = run.stderr().lines().rev().find(|l| l.starts_with("{\"io\"")).expect("an io line").to_string();
-    let v: Value = serde_json::from_str(&line).unwrap();
-    let (requests, retries) = (v["io"]["requests"].as_u64().unwrap(), v["io"]["retries"].as_u64().unwrap());
-    assert!(requests > 3 && retries >= requests / 3, "{line}");
+    let io = io_json(&run.stderr());
+    let (requests, retries) = (io["requests"].as_u64().unwrap(), io["retries"].as_u64().unwrap());
+    assert!(requests > 3 && retries >= requests / 3, "{io}");
     let text = t.run(&["verify", "--stats", &url]).expect_code(0);
     assert!(text.stderr().contains("failed attempts retried"), "{}", text.stderr());
 }
@@ -642,8 +646,7 @@ fn dataset_content(dir: &Path) -> Vec<(String, Vec<u8>)> {
 
 /// The `--stats --json` line's bytes fetched for inputs at URLs.
 fn input_bytes(stderr: &str) -> u64 {
-    let line = stderr.lines().rev().find(|l| l.starts_with("{\"io\"")).expect("an io line on stderr");
-    serde_json::from_str::<Value>(line).unwrap()["io"]["input_bytes"].as_u64().unwrap()
+    io_json(stderr)["input_bytes"].as_u64().unwrap()
 }
 
 #[test]
@@ -859,16 +862,15 @@ fn a_slow_store_serves_every_input_byte_once_and_the_same_dataset() {
     // once: ahead of the reads, in pieces, none of them twice.
     let total: u64 = [&ctrl, &stim].iter().map(|f| std::fs::metadata(f).unwrap().len()).sum();
     assert_eq!(input_bytes(&run.stderr()), total);
-    let line = run.stderr().lines().rev().find(|l| l.starts_with("{\"io\"")).unwrap().to_string();
-    let io: Value = serde_json::from_str(&line).unwrap();
-    let requests = io["io"]["input_requests"].as_u64().unwrap();
+    let io = io_json(&run.stderr());
+    let requests = io["input_requests"].as_u64().unwrap();
     // 2 MiB pieces, and the reads of HDF5 metadata per file besides (each
     // fetches its blocks alone: 89 requests here, 38 of them pieces; with
     // read-ahead after metadata, about 70, and 1.6 times the bytes when the
     // inputs outgrow the cache).
     assert!(requests <= total / (2 << 20) + 60, "{requests} requests for {total} bytes");
-    let phases = io["io"]["phases"].as_array().unwrap();
-    assert!(phases.iter().any(|p| p[0] == "gene order"), "--stats gives the phases: {line}");
+    let phases = io["phases"].as_array().unwrap();
+    assert!(phases.iter().any(|p| p[0] == "gene order"), "--stats gives the phases: {io}");
 }
 
 #[test]

@@ -20,7 +20,7 @@ mod kernels;
 mod layout;
 mod planes;
 
-pub use decode::{decode_rows_into, decode_tile, decode_tile_into, DecodedChunk, ParsedTile};
+pub use decode::{decode_rows_into, decode_tile, decode_tile_into, ParsedTile};
 pub use encode::{chunk_boundaries, exception_limit, TileEncoder};
 pub use frames::compress_frame;
 pub use header::{parse_header, TileHeader, CHUNK_ENTRY_LEN, HEADER_LEN, MAGIC, VERSION};

@@ -12,7 +12,7 @@
 use std::ops::Range;
 
 use super::super::error::{Stream, TileError};
-use super::decode::{decode_chunk, read_exceptions, ParsedTile, MAX_UNCHECKED_CELL};
+use super::decode::{decode_chunk, read_exceptions, DecodedChunk, ParsedTile, MAX_UNCHECKED_CELL};
 use super::frames::decompress_exact;
 use super::kernels::{recombine_counts, recombine_counts_cached, select_gaps_kernel, store_fence};
 use super::STREAM_MAX;
@@ -78,6 +78,29 @@ impl ParsedTile<'_> {
         planes.vexc = if chunk.vexc.len > 0 { read_exceptions(layout, cu, chunk, Stream::Vexc)? } else { Vec::new() };
         planes.gexc = if chunk.gexc.len > 0 { read_exceptions(layout, cu, chunk, Stream::Gexc)? } else { Vec::new() };
         planes.cells = chunk.cell_lo..chunk.cell_hi;
+        Ok(())
+    }
+}
+
+impl ParsedTile<'_> {
+    /// Appends tile rows `rows` of chunk `c` to `out` from `planes` (made by
+    /// [`ParsedTile::decompress_planes`] of that chunk), checked as they are
+    /// written; when the planes break a rule, the chunk decoder decodes the
+    /// chunk whole and names it (and its rows are the answer, should it
+    /// find none).
+    pub fn append_chunk_rows(
+        &self,
+        c: usize,
+        planes: &ChunkPlanes,
+        rows: Range<u64>,
+        out: &mut CsrFill<'_>,
+    ) -> Result<(), TileError> {
+        if planes.append_rows_checked(rows.clone(), out) {
+            return Ok(());
+        }
+        let mut decoded = DecodedChunk::default();
+        self.decode_chunk_into(c, &mut decoded)?;
+        decoded.append_rows(rows, out);
         Ok(())
     }
 }

@@ -358,11 +358,7 @@ fn via_ranges(blob: &[u8], cuts: &[u64]) -> Result<CsrMatrix, TileError> {
                 tile.decompress_planes(c, &mut planes)?;
                 current = Some(c);
             }
-            if !planes.append_rows_checked(lo..hi, &mut fill) {
-                let mut decoded = DecodedChunk::default();
-                tile.decode_chunk_into(c, &mut decoded)?;
-                decoded.append_rows(lo..hi, &mut fill);
-            }
+            tile.append_chunk_rows(c, &planes, lo..hi, &mut fill)?;
         }
     }
     fill.finish();
