@@ -37,6 +37,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::batch::{BatchOutput, CellWriter, FormedBatch};
+use crate::dataset::{ReadOptions, DEFAULT_CACHE_BYTES};
 use crate::loader::{rng_for, LoaderError, LoaderOptions, OpenMember, TileSource, MAX_DRAWS_PER_CELL};
 use crate::storage::{self, StoreOptions};
 use crate::vocabulary::{GeneMap, VocabularyError};
@@ -153,6 +154,13 @@ struct Member {
     open: Mutex<Option<OpenMember>>,
 }
 
+/// How each of `n` datasets of a collection reads: the default cache budget
+/// of one dataset shared among them, so that a collection of hundreds keeps
+/// no more than one dataset would.
+fn member_read_options(n: usize) -> ReadOptions {
+    ReadOptions { cache_bytes: DEFAULT_CACHE_BYTES / n.max(1) as u64 }
+}
+
 /// Several datasets read as one. See the [module](self).
 pub struct Collection {
     members: Vec<Member>,
@@ -210,13 +218,14 @@ impl Collection {
             // Checked before anything is opened.
             GeneMap::by_name(&[] as &[&str], names)?;
         }
+        let read = member_read_options(members.len());
         let opened: Vec<Opened> = members
             .par_iter()
             .map(|(name, root)| {
                 let member = |source| CollectionError::Member { name: name.clone(), source };
                 let dataset = storage::open_with(root, store)
                     .map_err(DatasetError::from)
-                    .and_then(Dataset::from_storage)
+                    .and_then(|store| Dataset::from_storage_with(store, &read))
                     .map_err(member)?;
                 let keys = dataset.gene_keys(gene_column).map_err(member)?;
                 Ok(Opened { dataset: Arc::new(dataset), keys })
@@ -359,9 +368,10 @@ impl Collection {
         }
         let s = &m.summary;
         let failed = |source| CollectionError::Member { name: s.name.clone(), source };
+        let read = member_read_options(self.members.len());
         let dataset = storage::open_with(&s.root, &self.store)
             .map_err(DatasetError::from)
-            .and_then(Dataset::from_storage)
+            .and_then(|store| Dataset::from_storage_with(store, &read))
             .map_err(failed)?;
         if dataset.manifest_sha256() != s.manifest_sha256 {
             return Err(CollectionError::Changed {

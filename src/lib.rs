@@ -67,7 +67,7 @@ pub mod zarr;
 
 #[cfg(feature = "cli")]
 pub use commands::main as run_command_line;
-pub use dataset::{Dataset, DatasetError, TileCache};
+pub use dataset::{Dataset, DatasetError, ReadOptions};
 pub use format::CsrMatrix;
 
 /// An error and its causes on one line, `outer: inner: innermost`, each printed

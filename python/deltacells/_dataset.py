@@ -617,7 +617,7 @@ def open_dataset(
     threads: int | None = None,
     anonymous: bool = False,
     endpoint: str | None = None,
-    cache_bytes: int = 0,
+    cache_bytes: int = _deltacells.DEFAULT_CACHE_BYTES,
 ) -> Dataset:
     """Opens the dataset at ``root`` and checks its manifest.
 
@@ -641,10 +641,11 @@ def open_dataset(
     endpoint
         The address of an S3-compatible store or emulator.
     cache_bytes
-        Keep up to this many bytes of decoded tiles (8 bytes per nonzero), least
-        recently used out first, for ``get_batch`` calls that come back to the
-        same tiles. Off (0) by default: a tile is decoded for each call that
-        needs it.
+        Keep up to this many bytes of decompressed chunks (4 bytes per
+        nonzero) for ``get_batch`` and the map-style dataset, least recently
+        used out first, so that cells drawn again cost no read and no
+        decompression. Default 512 MiB; 0 keeps none. (Tiles' indexes, which
+        say where each cell's bytes are, are kept apart, up to 64 MiB.)
 
     Raises :class:`DatasetNotFoundError` (a ``FileNotFoundError``) when there is
     no dataset, or only an incomplete one, at ``root``; :class:`InvalidArgumentError`

@@ -56,7 +56,7 @@ class RawDataset:
         threads: int | None = None,
         anonymous: bool = False,
         endpoint: str | None = None,
-        cache_bytes: int = 0,
+        cache_bytes: int = ...,
     ) -> Self: ...
     @property
     def n_cells(self) -> int: ...
@@ -185,3 +185,5 @@ def convert_anndata(
 def append_files(
     dataset: str, inputs: list[str], options: dict[str, Any], reaching: _Reaching, progress: object | None
 ) -> str: ...
+
+DEFAULT_CACHE_BYTES: int

@@ -195,7 +195,7 @@ impl RawCollection {
     fn member(&self, py: Python<'_>, member: usize) -> PyResult<RawDataset> {
         let c = self.collection.clone();
         let open = detached(py, move || Ok(c.open_member(member)?))?;
-        Ok(RawDataset::wrap(open.dataset, self.threads.count(), 0))
+        Ok(RawDataset::wrap(open.dataset, self.threads.count()))
     }
 
     /// Per dataset, whether it holds each gene of the vocabulary: a flat

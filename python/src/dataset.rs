@@ -14,7 +14,7 @@ use deltacells::format::{self, CsrMatrix};
 use deltacells::loader::{self, BufferPool, EpochPlan};
 use deltacells::obs::localize;
 use deltacells::storage::{self, StoreOptions};
-use deltacells::{Dataset, TileCache};
+use deltacells::{Dataset, ReadOptions};
 
 use crate::arrays::{
     as_i64, cell_vec, csr_arrays, formed_arrays, pooled_array, weight_vec, CsrArrays, FormedArrays, POOLED_BUFFERS,
@@ -29,8 +29,6 @@ use crate::vocabulary::{FormArgs, RawGeneMap};
 pub(crate) struct RawDataset {
     dataset: Arc<Dataset>,
     threads: Threads,
-    /// Decoded tiles, when `cache_bytes` > 0.
-    cache: std::sync::Mutex<TileCache>,
     /// Output buffers for whole tiles: taken back when NumPy frees the arrays
     /// made over them, so that a loop over tiles decodes into memory that is
     /// already mapped instead of faulting in fresh pages for every tile.
@@ -41,11 +39,10 @@ pub(crate) struct RawDataset {
 
 impl RawDataset {
     /// An open dataset, its thread pool of `threads` made on first use.
-    pub(crate) fn wrap(dataset: Arc<Dataset>, threads: Option<usize>, cache_bytes: u64) -> RawDataset {
+    pub(crate) fn wrap(dataset: Arc<Dataset>, threads: Option<usize>) -> RawDataset {
         RawDataset {
             dataset,
             threads: Threads::new(threads),
-            cache: std::sync::Mutex::new(TileCache::new(cache_bytes)),
             buffers: Arc::new(BufferPool::new(POOLED_BUFFERS)),
             loader_buffers: KeptBuffers::default(),
         }
@@ -54,17 +51,6 @@ impl RawDataset {
     /// Runs `f` on this dataset's thread pool (made on first use).
     fn install<T: Send>(&self, f: impl FnOnce() -> Result<T, Failure> + Send) -> Result<T, Failure> {
         self.threads.install(f)
-    }
-
-    /// Whether decoded tiles are kept (`cache_bytes` > 0).
-    fn caching(&self) -> bool {
-        self.cache.lock().map_or(0, |c| c.budget()) > 0
-    }
-
-    /// The listed cells, in order, from whole decoded tiles: the cache's, or
-    /// decoded now (in parallel, each once) and put in the cache.
-    fn cells_via_cache(&self, cells: &[u64]) -> Result<CsrMatrix, Failure> {
-        Ok(self.dataset.read_cell_list_cached(cells, &self.cache)?)
     }
 
     /// One epoch's share over `cells` (or every cell); with `weights`, over
@@ -104,16 +90,10 @@ impl RawDataset {
         }
     }
 
-    /// The listed cells (checked), through the tile cache when there is one.
+    /// The listed cells (checked).
     fn listed_cells(&self, cells: &[i64]) -> Result<CsrMatrix, Failure> {
         let cells = self.check_cells(cells)?;
-        self.install(|| {
-            if self.caching() {
-                self.cells_via_cache(&cells)
-            } else {
-                Ok(self.dataset.read_cell_list(&cells)?)
-            }
-        })
+        self.install(|| Ok(self.dataset.read_cell_list(&cells)?))
     }
 
     fn check_cells(&self, cells: &[i64]) -> Result<Vec<u64>, Failure> {
@@ -124,7 +104,7 @@ impl RawDataset {
 #[pymethods]
 impl RawDataset {
     #[new]
-    #[pyo3(signature = (root, threads=None, anonymous=false, endpoint=None, cache_bytes=0))]
+    #[pyo3(signature = (root, threads=None, anonymous=false, endpoint=None, cache_bytes=deltacells::dataset::DEFAULT_CACHE_BYTES))]
     fn new(
         py: Python<'_>,
         root: String,
@@ -136,9 +116,9 @@ impl RawDataset {
         let dataset = detached(py, move || {
             let options = StoreOptions { anonymous, endpoint };
             let store = storage::open_with(&root, &options)?;
-            Ok(Dataset::from_storage(store)?)
+            Ok(Dataset::from_storage_with(store, &ReadOptions { cache_bytes })?)
         })?;
-        Ok(RawDataset::wrap(Arc::new(dataset), threads, cache_bytes))
+        Ok(RawDataset::wrap(Arc::new(dataset), threads))
     }
 
     #[getter]
@@ -222,8 +202,8 @@ impl RawDataset {
         Ok(csr_arrays(py, m))
     }
 
-    /// Cells `start..end` as CSR arrays (through the tile cache when there is
-    /// one, so that consecutive ranges of one tile decode it once).
+    /// Cells `start..end` as CSR arrays (consecutive ranges of one tile
+    /// decode it once: see `Dataset::read_cells_into`).
     #[pyo3(signature = (start, end, genes=None))]
     fn get_range<'py>(
         &self,
@@ -235,17 +215,12 @@ impl RawDataset {
         let output = self.genes_only(genes.as_deref()).map_err(|f| f.into_pyerr(py))?;
         let m = detached(py, || {
             let m = self.install(|| {
-                let n = self.dataset.n_cells();
-                if self.caching() && start <= end && end <= n {
-                    self.cells_via_cache(&(start..end).collect::<Vec<u64>>())
-                } else {
-                    // Into pooled buffers, which come back when NumPy frees
-                    // the arrays: a pass in consecutive ranges writes into
-                    // memory already mapped.
-                    let mut out = self.buffers.take_matrix();
-                    self.dataset.read_cells_into(start..end, &mut out)?;
-                    Ok(out)
-                }
+                // Into pooled buffers, which come back when NumPy frees the
+                // arrays: a pass in consecutive ranges writes into memory
+                // already mapped.
+                let mut out = self.buffers.take_matrix();
+                self.dataset.read_cells_into(start..end, &mut out)?;
+                Ok(out)
             })?;
             Ok(self.in_genes(m, output.as_ref()))
         })?;

@@ -50,6 +50,7 @@ fn _deltacells(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cache_root, m)?)?;
     m.add_function(wrap_pyfunction!(column_path, m)?)?;
     m.add_function(wrap_pyfunction!(loader_defaults, m)?)?;
+    m.add("DEFAULT_CACHE_BYTES", deltacells::dataset::DEFAULT_CACHE_BYTES)?;
     m.add_function(wrap_pyfunction!(convert::run_command_line, m)?)?;
     m.add_function(wrap_pyfunction!(convert::convert_files, m)?)?;
     m.add_function(wrap_pyfunction!(convert::convert_anndata, m)?)?;

@@ -111,6 +111,10 @@ impl Storage for LocalStorage {
         Ok(Some(out))
     }
 
+    fn is_local(&self) -> bool {
+        true
+    }
+
     fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError> {
         let path = self.path(key);
         let dir = path.parent().unwrap_or(Path::new("."));

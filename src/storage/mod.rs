@@ -115,6 +115,10 @@ pub enum RootLock {
     Unsupported,
 }
 
+/// One answer of [`Storage::get_ranges_many`]: the ranges' bytes, or None
+/// when the object does not exist.
+pub type ManyRanges = Result<Option<Vec<Bytes>>, StorageError>;
+
 /// A dataset root: local folder or object-store prefix.
 pub trait Storage: Send + Sync {
     /// Takes the root's exclusive lock if it is free, for a writer that
@@ -149,6 +153,17 @@ pub trait Storage: Send + Sync {
     ) -> Result<Option<Vec<Bytes>>, StorageError> {
         let _ = etag;
         self.get_ranges(key, ranges)
+    }
+    /// [`Storage::get_ranges`] of several keys, each request's answer in
+    /// its place: an object store fetches them all at once (a gather's
+    /// chunks of many tiles cost one round trip, not one a tile).
+    fn get_ranges_many(&self, requests: &[(String, Vec<Range<u64>>)]) -> Vec<ManyRanges> {
+        requests.iter().map(|(key, ranges)| self.get_ranges(key, ranges)).collect()
+    }
+    /// Whether the bytes are on this machine (a local folder): reading a
+    /// tile whole costs little more than reading a part of it.
+    fn is_local(&self) -> bool {
+        false
     }
     /// The requests and bytes that `get_ranges` with these ranges costs (a
     /// store that merges nearby ranges counts the merged requests).

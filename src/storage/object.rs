@@ -120,6 +120,77 @@ impl ObjectStorage {
     }
 }
 
+impl ObjectStorage {
+    /// Byte ranges of `key` (of the version whose entity tag is `etag`, when
+    /// given): ranges closer than [`COALESCE_GAP`] are fetched as one
+    /// request, and the requests run concurrently (object_store's coalescing).
+    async fn fetch_ranges(
+        &self,
+        key: &str,
+        ranges: &[Range<u64>],
+        etag: Option<&str>,
+    ) -> Result<Option<Vec<Bytes>>, StorageError> {
+        if let Some(r) = ranges.iter().find(|r| r.start > r.end) {
+            return Err(StorageError::Range { location: self.location(key), start: r.start, end: r.end, size: 0 });
+        }
+        if ranges.iter().all(|r| r.start == r.end) {
+            // Only empty ranges: the object must still exist, and be long enough.
+            let path = self.path(key);
+            let head = self.store.head(&path).await;
+            self.stats.record(0);
+            let size = match head {
+                Ok(meta) => meta.size,
+                Err(e) if is_not_found(&e) => return Ok(None),
+                Err(e) => return Err(self.err(key, e)),
+            };
+            if let Some(r) = ranges.iter().find(|r| r.end > size) {
+                return Err(StorageError::Range { location: self.location(key), start: r.start, end: r.end, size });
+            }
+            return Ok(Some(vec![Bytes::new(); ranges.len()]));
+        }
+        let path = self.path(key);
+        let fetched = object_store::coalesce_ranges(
+            ranges,
+            |range| {
+                let path = &path;
+                async move {
+                    let options = object_store::GetOptions {
+                        range: Some(range.clone().into()),
+                        if_match: etag.map(str::to_string),
+                        ..Default::default()
+                    };
+                    let got = self.store.get_opts(path, options).await.map_err(Fetch::Store)?;
+                    let bytes = got.bytes().await.map_err(Fetch::Store)?;
+                    self.stats.record(bytes.len() as u64);
+                    if bytes.len() as u64 != range.end - range.start {
+                        return Err(Fetch::Short { range, got: bytes.len() as u64 });
+                    }
+                    Ok(bytes)
+                }
+            },
+            COALESCE_GAP,
+        )
+        .await;
+        match fetched {
+            Ok(parts) => Ok(Some(parts)),
+            Err(Fetch::Store(e)) if is_not_found(&e) => Ok(None),
+            Err(Fetch::Store(object_store::Error::Precondition { .. })) if etag.is_some() => {
+                Err(StorageError::Changed { location: self.location(key), etag: etag.unwrap_or_default().to_string() })
+            }
+            Err(Fetch::Store(e)) => Err(self.err(key, e)),
+            Err(Fetch::Short { range, got }) => Err(StorageError::Range {
+                location: self.location(key),
+                start: range.start,
+                end: range.end,
+                size: range.start + got,
+            }),
+        }
+    }
+}
+
+/// Objects whose ranges [`Storage::get_ranges_many`] fetches at once, at most.
+const MANY_IN_FLIGHT: usize = 64;
+
 fn join(base: &StorePath, key: &str) -> StorePath {
     key.split('/').filter(|p| !p.is_empty()).fold(base.clone(), |p, part| p.clone().join(part))
 }
@@ -230,55 +301,18 @@ impl Storage for ObjectStorage {
         ranges: &[Range<u64>],
         etag: Option<&str>,
     ) -> Result<Option<Vec<Bytes>>, StorageError> {
-        if let Some(r) = ranges.iter().find(|r| r.start > r.end) {
-            return Err(StorageError::Range { location: self.location(key), start: r.start, end: r.end, size: 0 });
-        }
-        if ranges.iter().all(|r| r.start == r.end) {
-            // Only empty ranges: the object must still exist, and be long enough.
-            let Some(size) = self.size(key)? else { return Ok(None) };
-            if let Some(r) = ranges.iter().find(|r| r.end > size) {
-                return Err(StorageError::Range { location: self.location(key), start: r.start, end: r.end, size });
-            }
-            return Ok(Some(vec![Bytes::new(); ranges.len()]));
-        }
-        // Ranges closer than COALESCE_GAP are fetched as one request; the
-        // requests run concurrently (object_store's coalescing).
-        let path = self.path(key);
-        let fetched = runtime().block_on(object_store::coalesce_ranges(
-            ranges,
-            |range| {
-                let path = &path;
-                async move {
-                    let options = object_store::GetOptions {
-                        range: Some(range.clone().into()),
-                        if_match: etag.map(str::to_string),
-                        ..Default::default()
-                    };
-                    let got = self.store.get_opts(path, options).await.map_err(Fetch::Store)?;
-                    let bytes = got.bytes().await.map_err(Fetch::Store)?;
-                    self.stats.record(bytes.len() as u64);
-                    if bytes.len() as u64 != range.end - range.start {
-                        return Err(Fetch::Short { range, got: bytes.len() as u64 });
-                    }
-                    Ok(bytes)
-                }
-            },
-            COALESCE_GAP,
-        ));
-        match fetched {
-            Ok(parts) => Ok(Some(parts)),
-            Err(Fetch::Store(e)) if is_not_found(&e) => Ok(None),
-            Err(Fetch::Store(object_store::Error::Precondition { .. })) if etag.is_some() => {
-                Err(StorageError::Changed { location: self.location(key), etag: etag.unwrap_or_default().to_string() })
-            }
-            Err(Fetch::Store(e)) => Err(self.err(key, e)),
-            Err(Fetch::Short { range, got }) => Err(StorageError::Range {
-                location: self.location(key),
-                start: range.start,
-                end: range.end,
-                size: range.start + got,
-            }),
-        }
+        runtime().block_on(self.fetch_ranges(key, ranges, etag))
+    }
+
+    fn get_ranges_many(&self, requests: &[(String, Vec<Range<u64>>)]) -> Vec<super::ManyRanges> {
+        use futures::StreamExt;
+        // Every key's requests at once, up to MANY_IN_FLIGHT keys in flight.
+        runtime().block_on(
+            futures::stream::iter(requests)
+                .map(|(key, ranges)| self.fetch_ranges(key, ranges, None))
+                .buffered(MANY_IN_FLIGHT)
+                .collect(),
+        )
     }
 
     fn read_cost(&self, ranges: &[Range<u64>]) -> (u64, u64) {

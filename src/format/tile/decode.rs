@@ -11,7 +11,7 @@ use super::super::{CsrFill, CsrMatrix};
 use super::frames::{decompress_exact, frame_content_size};
 use super::header::{u32_at, ChunkEntry};
 use super::kernels::{recombine_counts, select_gaps_kernel, store_fence};
-use super::layout::{TileExpectation, TileLayout};
+use super::layout::{TileExpectation, TileIndex, TileLayout};
 use super::STREAM_MAX;
 
 thread_local! {
@@ -79,20 +79,28 @@ impl<'a> ParsedTile<'a> {
         let layout = TileLayout::parse_with(blob, expect, check_crc)?;
         // Every frame's declared size is checked before the output is sized, so a
         // lying header cannot make us allocate more than the frames would produce.
-        for (c, chunk) in layout.chunks.iter().enumerate() {
-            for (stream, r) in [(Stream::Gaps, chunk.gaps), (Stream::Vals, chunk.vals)] {
-                let declared = frame_content_size(layout.stream(r), c as u64, stream)?;
-                if declared != 2 * chunk.n() {
-                    return Err(TileError::FrameSize {
-                        chunk: c as u64,
-                        stream,
-                        expected: 2 * chunk.n(),
-                        actual: declared,
-                    });
-                }
-            }
+        for c in 0..layout.chunks.len() {
+            check_frame_sizes(&layout, c)?;
         }
         Ok(ParsedTile { layout })
+    }
+
+    /// Chunk `c` alone of a tile whose index was read and checked apart
+    /// ([`TileIndex::parse_prefix`]), from `bytes`, the tile's bytes from
+    /// offset `base` on, which must hold the chunk's streams
+    /// ([`TileIndex::chunk_span`]): its frames' declared sizes are checked
+    /// here, and every decoding rule when it is decoded. The tile's CRC,
+    /// which covers every byte, is not: see docs/guarantees.md. Only chunk
+    /// `c` can be decoded from it.
+    pub fn of_chunk(index: &'a TileIndex, c: usize, bytes: &'a [u8], base: u64) -> Result<Self, TileError> {
+        let layout = TileLayout::of_chunk(index, c, bytes, base)?;
+        check_frame_sizes(&layout, c)?;
+        Ok(ParsedTile { layout })
+    }
+
+    /// The tile's index (header, chunk table, indptr), checked.
+    pub fn index(&self) -> &TileIndex {
+        &self.layout
     }
 
     pub(super) fn layout(&self) -> &TileLayout<'a> {
@@ -159,6 +167,19 @@ impl<'a> ParsedTile<'a> {
         }
         Ok(())
     }
+}
+
+/// Checks that chunk `c`'s gaps and vals frames declare the sizes the chunk
+/// table gives them (2 bytes per nonzero).
+fn check_frame_sizes(layout: &TileLayout<'_>, c: usize) -> Result<(), TileError> {
+    let chunk = &layout.chunks[c];
+    for (stream, r) in [(Stream::Gaps, chunk.gaps), (Stream::Vals, chunk.vals)] {
+        let declared = frame_content_size(layout.stream(r), c as u64, stream)?;
+        if declared != 2 * chunk.n() {
+            return Err(TileError::FrameSize { chunk: c as u64, stream, expected: 2 * chunk.n(), actual: declared });
+        }
+    }
+    Ok(())
 }
 
 /// One chunk decoded whole, kept to copy its rows out of: a pass over a

@@ -100,6 +100,12 @@ pub fn parse_header(blob: &[u8]) -> Result<TileHeader, TileError> {
 /// Every check of [`parse_header`] but the CRC, for bytes whose CRC this
 /// process has already checked.
 pub(super) fn parse_header_fields(blob: &[u8]) -> Result<TileHeader, TileError> {
+    parse_header_sized(blob, blob.len() as u64)
+}
+
+/// Every check of [`parse_header`] but the CRC, of a tile's first bytes
+/// `prefix` (at least the header) when the whole tile is `size` bytes.
+pub(super) fn parse_header_sized(blob: &[u8], size: u64) -> Result<TileHeader, TileError> {
     if cfg!(target_endian = "big") {
         return Err(TileError::BigEndianHost);
     }
@@ -133,8 +139,8 @@ pub(super) fn parse_header_fields(blob: &[u8]) -> Result<TileHeader, TileError> 
     if header.n_genes == 0 || u64::from(header.n_genes) > crate::format::MAX_GENES {
         return Err(TileError::NGenesRange { found: header.n_genes.into() });
     }
-    if header.total_size != blob.len() as u64 {
-        return Err(TileError::TotalSize { header: header.total_size, actual: blob.len() as u64 });
+    if header.total_size != size {
+        return Err(TileError::TotalSize { header: header.total_size, actual: size });
     }
     Ok(header)
 }

@@ -2,11 +2,13 @@
 //! header against the manifest, the chunk table, the indptr, and every
 //! stream's place (inside the blob, aligned, clear of the fixed parts).
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use super::super::error::{Stream, TileError};
 use super::header::{
-    parse_header, parse_header_fields, ChunkEntry, StreamRef, TileHeader, CHUNK_ENTRY_LEN, HEADER_LEN,
+    parse_header, parse_header_fields, parse_header_sized, ChunkEntry, StreamRef, TileHeader, CHUNK_ENTRY_LEN,
+    HEADER_LEN,
 };
 
 /// What the manifest says a tile must hold. The header lies outside the CRC, so
@@ -18,13 +20,42 @@ pub struct TileExpectation {
     pub n_genes: u32,
 }
 
-/// A tile whose header, chunk table, indptr and stream placement have been
-/// checked, ready to decode.
+/// What a reader needs of a tile before it touches any stream: the header,
+/// the chunk table and the indptr, each checked, and every stream's place
+/// checked to lie inside the tile, aligned and clear of the fixed parts.
+/// Owned, so that a reader can keep it and fetch a tile's chunks one at a
+/// time (`TileIndex::parse_prefix` reads it from a tile's first bytes).
+#[derive(Clone, Debug)]
+pub struct TileIndex {
+    pub(super) header: TileHeader,
+    pub(super) chunks: Vec<ChunkEntry>,
+    pub(super) indptr: Vec<u64>,
+}
+
+/// A tile's index with the bytes its streams are read from: the whole tile
+/// (`base` 0), or a window of it that holds the streams of the chunks to be
+/// decoded (`base` is the window's offset in the tile).
 pub(super) struct TileLayout<'a> {
-    blob: &'a [u8],
-    pub header: TileHeader,
-    pub chunks: Vec<ChunkEntry>,
-    pub indptr: Vec<u64>,
+    index: Cow<'a, TileIndex>,
+    bytes: &'a [u8],
+    base: u64,
+}
+
+impl std::ops::Deref for TileLayout<'_> {
+    type Target = TileIndex;
+    fn deref(&self) -> &TileIndex {
+        &self.index
+    }
+}
+
+/// What [`TileIndex::parse_prefix`] found.
+#[derive(Debug)]
+pub enum IndexParse {
+    /// The index, checked.
+    Ready(TileIndex),
+    /// The prefix given was too short: the index needs the tile's first
+    /// this many bytes.
+    NeedPrefix(u64),
 }
 
 fn layout_err(reason: impl Into<String>) -> TileError {
@@ -41,6 +72,106 @@ impl<'a> TileLayout<'a> {
     /// memory) need not be hashed again.
     pub fn parse_with(blob: &'a [u8], expect: Option<&TileExpectation>, check_crc: bool) -> Result<Self, TileError> {
         let header = if check_crc { parse_header(blob)? } else { parse_header_fields(blob)? };
+        let index = TileIndex::checked(blob, header, expect)?;
+        Ok(TileLayout { index: Cow::Owned(index), bytes: blob, base: 0 })
+    }
+
+    /// Chunk `c` of a tile whose `index` was checked, with `bytes`, the
+    /// tile's bytes from offset `base` on: they must hold every stream of
+    /// the chunk (an error names the chunk otherwise).
+    pub fn of_chunk(index: &'a TileIndex, c: usize, bytes: &'a [u8], base: u64) -> Result<Self, TileError> {
+        let span = index.chunk_span(c)?;
+        if span.start < base || span.end > base + bytes.len() as u64 {
+            return Err(layout_err(format!(
+                "chunk {c}: its streams at bytes {}..{} are not within the {} bytes read at offset {base}",
+                span.start,
+                span.end,
+                bytes.len()
+            )));
+        }
+        Ok(TileLayout { index: Cow::Borrowed(index), bytes, base })
+    }
+
+    pub fn stream(&self, r: StreamRef) -> &'a [u8] {
+        // Placement was checked when the index was; a stream outside the
+        // bytes held (another chunk's, in a window) reads as empty, which
+        // every frame check refuses.
+        let start = r.off.checked_sub(self.base).unwrap_or(u64::MAX);
+        let end = start.saturating_add(r.len);
+        usize::try_from(start)
+            .ok()
+            .zip(usize::try_from(end).ok())
+            .and_then(|(s, e)| self.bytes.get(s..e))
+            .unwrap_or(&[])
+    }
+}
+
+impl TileIndex {
+    /// Reads the index from a tile's first bytes, `prefix`, of a tile that is
+    /// `size` bytes long (the manifest's `tile_bytes`), checked as a whole
+    /// tile's is but for the CRC, which needs every byte: the header's
+    /// fields against `expect` and `size`, the chunk table, the indptr, every
+    /// stream's place. A tile written as the format's writers write it keeps
+    /// its index in its first `64 + 96 * n_chunks + 8 * (n_cells + 1)` bytes.
+    pub fn parse_prefix(prefix: &[u8], size: u64, expect: Option<&TileExpectation>) -> Result<IndexParse, TileError> {
+        let header = parse_header_sized(prefix, size)?;
+        let needed = index_end(&header);
+        if (prefix.len() as u64) < needed {
+            return Ok(IndexParse::NeedPrefix(needed));
+        }
+        Ok(IndexParse::Ready(TileIndex::checked(prefix, header, expect)?))
+    }
+
+    /// The cells of the tile.
+    pub fn n_cells(&self) -> u64 {
+        self.header.n_cells
+    }
+
+    /// The tile's chunks.
+    pub fn n_chunks(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// The tile rows of chunk `c`.
+    pub fn chunk_rows(&self, c: usize) -> Range<u64> {
+        self.chunks.get(c).map_or(0..0, |k| k.cell_lo..k.cell_hi)
+    }
+
+    /// The chunk holding tile row `row` (chunks with no cells hold none),
+    /// or None past the last cell.
+    pub fn chunk_of_row(&self, row: u64) -> Option<usize> {
+        let c = self.chunks.partition_point(|k| k.cell_hi <= row);
+        (c < self.chunks.len()).then_some(c)
+    }
+
+    /// The nonzeros of chunk `c`.
+    pub fn chunk_nnz(&self, c: usize) -> u64 {
+        self.chunks.get(c).map_or(0, ChunkEntry::n)
+    }
+
+    /// The bytes from the first of chunk `c`'s streams to the end of its last
+    /// (its gaps, vals and exception frames: adjacent, as writers lay them out).
+    pub fn chunk_span(&self, c: usize) -> Result<Range<u64>, TileError> {
+        let chunk = self.chunks.get(c).ok_or_else(|| TileError::ChunkTable {
+            chunk: c as u64,
+            reason: format!("no such chunk: the tile has {}", self.chunks.len()),
+        })?;
+        let streams = [chunk.gaps, chunk.vals, chunk.vexc, chunk.gexc];
+        let placed = streams.iter().filter(|r| r.len > 0);
+        let start = placed.clone().map(|r| r.off).min().unwrap_or(0);
+        let end = placed.map(|r| r.off + r.len).max().unwrap_or(0);
+        Ok(start..end.max(start))
+    }
+
+    /// Memory held, in bytes (for a cache's budget).
+    pub fn heap_bytes(&self) -> u64 {
+        (self.chunks.capacity() * std::mem::size_of::<ChunkEntry>() + self.indptr.capacity() * 8) as u64
+    }
+
+    /// Checks everything but the CRC of a tile whose header is `header`,
+    /// reading the chunk table and indptr from `blob` (the tile's bytes from
+    /// offset 0, at least up to the end of both).
+    fn checked(blob: &[u8], header: TileHeader, expect: Option<&TileExpectation>) -> Result<TileIndex, TileError> {
         if let Some(expect) = expect {
             for (field, have, want) in [
                 ("n_genes", u64::from(header.n_genes), u64::from(expect.n_genes)),
@@ -97,13 +228,17 @@ impl<'a> TileLayout<'a> {
                 check_stream_place(c as u64, stream, r, total, &forbidden)?;
             }
         }
-        Ok(TileLayout { blob, header, chunks, indptr })
+        Ok(TileIndex { header, chunks, indptr })
     }
+}
 
-    pub fn stream(&self, r: StreamRef) -> &'a [u8] {
-        // Placement was checked in `parse`.
-        &self.blob[r.off as usize..(r.off + r.len) as usize]
-    }
+/// Where the chunk table and the indptr end, whichever is later, at most the
+/// tile's size: a prefix that long lets [`TileIndex::checked`] check both
+/// (and name what does not fit).
+fn index_end(header: &TileHeader) -> u64 {
+    let table_end = (header.n_chunks as u64) * CHUNK_ENTRY_LEN as u64 + HEADER_LEN as u64;
+    let indptr_end = header.n_cells.saturating_add(1).saturating_mul(8).saturating_add(header.indptr_off);
+    table_end.max(indptr_end).min(header.total_size)
 }
 
 fn parse_indptr(bytes: &[u8], nnz: u64) -> Result<Vec<u64>, TileError> {

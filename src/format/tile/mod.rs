@@ -24,7 +24,7 @@ pub use decode::{decode_rows_into, decode_tile, decode_tile_into, ParsedTile};
 pub use encode::{chunk_boundaries, exception_limit, TileEncoder};
 pub use frames::compress_frame;
 pub use header::{parse_header, TileHeader, CHUNK_ENTRY_LEN, HEADER_LEN, MAGIC, VERSION};
-pub use layout::{stream_frames, TileExpectation};
+pub use layout::{stream_frames, IndexParse, TileExpectation, TileIndex};
 pub use planes::{finish_rows, ChunkPlanes};
 
 /// Streams hold uint16 values; larger gaps and counts are exceptions

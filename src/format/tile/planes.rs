@@ -106,6 +106,12 @@ impl ParsedTile<'_> {
 }
 
 impl ChunkPlanes {
+    /// Memory held, in bytes (for a cache's budget).
+    pub fn heap_bytes(&self) -> u64 {
+        let pairs = (self.vexc.capacity() + self.gexc.capacity()) * std::mem::size_of::<(u64, u32)>();
+        (self.gaps.capacity() + self.vals.capacity() + 8 * self.offsets.capacity() + pairs) as u64
+    }
+
     /// The tile rows this chunk holds.
     pub fn cells(&self) -> Range<u64> {
         self.cells.clone()

@@ -1,0 +1,150 @@
+//! What gathers keep between calls, each within a byte budget, least
+//! recently used out first: tiles' indexes (header, chunk table, indptr:
+//! what says where a cell's bytes are) and decompressed chunks (their byte
+//! planes, checked, 4 bytes per nonzero), so that cells drawn again (controls
+//! reused across steps, a validation set) cost no read and no decompression.
+//! Shared by every thread reading the dataset; it owns no I/O.
+
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+
+use crate::format::tile::{ChunkPlanes, TileIndex};
+
+/// How an open dataset reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadOptions {
+    /// Bytes of decompressed chunks that gathers keep (4 bytes per nonzero);
+    /// 0 keeps none.
+    pub cache_bytes: u64,
+}
+
+/// The default budget of decompressed chunks: 512 MiB, about 134 million
+/// nonzeros (a few hundred thousand cells), which a training node spares
+/// per process and which holds a validation set or a pool of controls.
+pub const DEFAULT_CACHE_BYTES: u64 = 512 << 20;
+
+/// Tiles' indexes kept, at most, in bytes: 64 MiB, about 8 million cells'
+/// indptr (8 bytes a cell).
+const INDEX_BUDGET: u64 = 64 << 20;
+
+impl Default for ReadOptions {
+    fn default() -> Self {
+        ReadOptions { cache_bytes: DEFAULT_CACHE_BYTES }
+    }
+}
+
+/// A map from keys to shared values within a byte budget, least recently
+/// used out first.
+struct Budgeted<K: Hash + Eq, V> {
+    budget: u64,
+    used: u64,
+    entries: lru::LruCache<K, (Arc<V>, u64)>,
+}
+
+impl<K: Hash + Eq, V> Budgeted<K, V> {
+    fn new(budget: u64) -> Self {
+        Budgeted { budget, used: 0, entries: lru::LruCache::unbounded() }
+    }
+
+    fn get(&mut self, key: &K) -> Option<Arc<V>> {
+        self.entries.get(key).map(|(v, _)| v.clone())
+    }
+
+    /// Keeps `value` (of `size` bytes), dropping the least recently used to
+    /// make room; a value larger than the whole budget is not kept.
+    fn put(&mut self, key: K, value: Arc<V>, size: u64) {
+        if size > self.budget {
+            return;
+        }
+        if let Some((_, old)) = self.entries.pop(&key) {
+            self.used -= old;
+        }
+        while self.used + size > self.budget {
+            match self.entries.pop_lru() {
+                Some((_, (_, old))) => self.used -= old,
+                None => break,
+            }
+        }
+        self.used += size;
+        self.entries.put(key, (value, size));
+    }
+}
+
+/// The caches of one open dataset.
+pub(super) struct GatherCache {
+    indexes: Mutex<Budgeted<usize, TileIndex>>,
+    chunks: Mutex<Budgeted<(usize, usize), ChunkPlanes>>,
+    /// Tiles whose CRC this process has checked (local datasets read a
+    /// tile whole the first time a gather touches it).
+    checked: Mutex<std::collections::HashSet<usize>>,
+}
+
+impl GatherCache {
+    pub(super) fn new(options: &ReadOptions) -> Self {
+        GatherCache {
+            indexes: Mutex::new(Budgeted::new(INDEX_BUDGET)),
+            chunks: Mutex::new(Budgeted::new(options.cache_bytes)),
+            checked: Mutex::new(Default::default()),
+        }
+    }
+
+    pub(super) fn index(&self, tile: usize) -> Option<Arc<TileIndex>> {
+        self.indexes.lock().unwrap_or_else(|p| p.into_inner()).get(&tile)
+    }
+
+    pub(super) fn put_index(&self, tile: usize, index: Arc<TileIndex>) {
+        let size = index.heap_bytes();
+        self.indexes.lock().unwrap_or_else(|p| p.into_inner()).put(tile, index, size);
+    }
+
+    pub(super) fn chunk(&self, tile: usize, chunk: usize) -> Option<Arc<ChunkPlanes>> {
+        self.chunks.lock().unwrap_or_else(|p| p.into_inner()).get(&(tile, chunk))
+    }
+
+    pub(super) fn put_chunk(&self, tile: usize, chunk: usize, planes: Arc<ChunkPlanes>) {
+        let size = planes.heap_bytes();
+        self.chunks.lock().unwrap_or_else(|p| p.into_inner()).put((tile, chunk), planes, size);
+    }
+
+    pub(super) fn crc_checked(&self, tile: usize) -> bool {
+        self.checked.lock().unwrap_or_else(|p| p.into_inner()).contains(&tile)
+    }
+
+    pub(super) fn set_crc_checked(&self, tile: usize) {
+        self.checked.lock().unwrap_or_else(|p| p.into_inner()).insert(tile);
+    }
+
+    /// Bytes of decompressed chunks kept now.
+    pub(super) fn chunk_bytes(&self) -> u64 {
+        self.chunks.lock().unwrap_or_else(|p| p.into_inner()).used
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_budget_keeps_the_most_recently_used() {
+        let mut cache: Budgeted<u32, u32> = Budgeted::new(100);
+        for k in 0..3 {
+            cache.put(k, Arc::new(k), 30);
+        }
+        assert!(cache.get(&0).is_some()); // 1 is now the least recently used
+        cache.put(3, Arc::new(3), 30);
+        assert!(cache.get(&1).is_none());
+        assert!([0, 2, 3].iter().all(|k| cache.get(k).is_some()));
+        assert_eq!(cache.used, 90);
+        // larger than the budget: not kept, nothing dropped
+        cache.put(9, Arc::new(9), 101);
+        assert!(cache.get(&9).is_none());
+        assert_eq!(cache.used, 90);
+        // the same key again replaces it
+        cache.put(0, Arc::new(10), 10);
+        assert_eq!(cache.get(&0).as_deref(), Some(&10));
+        assert_eq!(cache.used, 70);
+        let mut none: Budgeted<u32, u32> = Budgeted::new(0);
+        none.put(0, Arc::new(0), 1);
+        assert!(none.get(&0).is_none());
+    }
+}

@@ -1,0 +1,333 @@
+//! Reading cells in any order (a random batch, a sampler's draw, an obs
+//! query's cells) by reading only what they need: each touched tile's index
+//! (header, chunk table, indptr: kept in the dataset's cache), then only the
+//! touched chunks' streams, fetched for all tiles at once (positioned reads
+//! of a local file; on a bucket, ranged requests, coalesced and concurrent),
+//! decompressed in parallel and kept (decompressed, checked) in the
+//! dataset's cache; then each cell written from its chunk's planes straight
+//! into its place in the output.
+//!
+//! What is checked, since a tile read in ranges cannot have its CRC checked
+//! (the CRC covers every byte of the tile): the index as a whole tile's is
+//! (the header against the manifest and the object's size, the chunk table,
+//! the indptr, every stream's place); each chunk's frames' declared and
+//! actual sizes; every decoding rule over every nonzero of each chunk
+//! decompressed. A local dataset also reads each tile whole, CRC included,
+//! the first time a gather of this open dataset touches it (a tile found
+//! damaged is refused, naming it); a dataset in a bucket is not read whole,
+//! and relies there on the store's own checks of what it serves.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use crate::format::tile::{ChunkPlanes, IndexParse, ParsedTile, TileIndex};
+use crate::format::{self, CsrMatrix};
+
+use super::{Dataset, DatasetError};
+
+/// Streams of one tile closer than this are read in one piece.
+const MERGE_GAP: u64 = 4 << 10;
+
+/// Decompressed chunks kept for reuse when the cache does not keep them.
+pub(super) const KEPT_PLANES: usize = 16;
+
+/// What a gather reads of one tile: its place among the tiles needed, the
+/// chunks to read (each with its place among the planes), and the byte
+/// ranges that hold them.
+type ChunkReads = (usize, Vec<(usize, usize)>, Vec<Range<u64>>);
+
+/// The chunks a gather needs from one tile.
+struct TileNeeds {
+    tile: usize,
+    index: Arc<TileIndex>,
+    /// Chunks needed, sorted.
+    chunks: Vec<usize>,
+}
+
+impl Dataset {
+    /// Reads the listed cells, in the order given (repeats allowed), as one
+    /// CSR matrix (see the module documentation for what is read).
+    pub fn read_cell_list(&self, cells: &[u64]) -> Result<CsrMatrix, DatasetError> {
+        let mut out = CsrMatrix::default();
+        self.read_cell_list_into(cells, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Dataset::read_cell_list`] into `out`'s buffers (reused as far as
+    /// they are large enough). On error, `out` holds unspecified rows.
+    pub fn read_cell_list_into(&self, cells: &[u64], out: &mut CsrMatrix) -> Result<(), DatasetError> {
+        let located: Vec<(usize, u64)> = cells.iter().map(|&c| self.locate(c)).collect::<Result<_, _>>()?;
+        let mut tiles: Vec<usize> = located.iter().map(|&(t, _)| t).collect();
+        tiles.sort_unstable();
+        tiles.dedup();
+        let indexes = self.tile_indexes(&tiles)?;
+        // Per cell: its tile's place in `tiles`, and its chunk.
+        let mut placed = Vec::with_capacity(located.len());
+        let mut needs: Vec<TileNeeds> =
+            tiles.iter().zip(indexes).map(|(&tile, index)| TileNeeds { tile, index, chunks: Vec::new() }).collect();
+        for &(tile, row) in &located {
+            let slot = tiles.binary_search(&tile).unwrap_or_default();
+            let need = &mut needs[slot];
+            let chunk = need
+                .index
+                .chunk_of_row(row)
+                .ok_or_else(|| self.tile_error(tile, index_error(format!("row {row} is in no chunk of the tile"))))?;
+            need.chunks.push(chunk);
+            placed.push((slot, chunk, row));
+        }
+        for need in &mut needs {
+            need.chunks.sort_unstable();
+            need.chunks.dedup();
+        }
+        let planes = self.chunk_planes(&needs)?;
+        // Each cell's planes: the chunks of `needs`, in order.
+        let starts: Vec<usize> = needs
+            .iter()
+            .scan(0, |at, n| {
+                let s = *at;
+                *at += n.chunks.len();
+                Some(s)
+            })
+            .collect();
+        let rows: Vec<(&ChunkPlanes, u64)> = placed
+            .iter()
+            .map(|&(slot, chunk, row)| {
+                let k = needs[slot].chunks.binary_search(&chunk).unwrap_or_default();
+                (&*planes[starts[slot] + k], row)
+            })
+            .collect();
+        write_rows(&rows, self.n_genes(), out);
+        give_back(planes, self);
+        Ok(())
+    }
+
+    /// The indexes of `tiles`, from the cache or read now (for every tile
+    /// not cached, at once).
+    fn tile_indexes(&self, tiles: &[usize]) -> Result<Vec<Arc<TileIndex>>, DatasetError> {
+        let mut found: Vec<Option<Arc<TileIndex>>> = tiles.iter().map(|&t| self.cache.index(t)).collect();
+        let missing: Vec<usize> = (0..tiles.len()).filter(|&i| found[i].is_none()).collect();
+        if missing.is_empty() {
+            return Ok(found.into_iter().flatten().collect());
+        }
+        let read = if self.storage.is_local() {
+            missing.par_iter().map(|&i| self.index_checked_whole(tiles[i])).collect::<Result<Vec<_>, _>>()?
+        } else {
+            self.indexes_from_prefixes(&missing.iter().map(|&i| tiles[i]).collect::<Vec<_>>())?
+        };
+        for (i, index) in missing.into_iter().zip(read) {
+            self.cache.put_index(tiles[i], index.clone());
+            found[i] = Some(index);
+        }
+        Ok(found.into_iter().flatten().collect())
+    }
+
+    /// Tile `tile`'s index, from the whole tile, every check (CRC included)
+    /// made, the first time in this open dataset; from its first bytes after.
+    fn index_checked_whole(&self, tile: usize) -> Result<Arc<TileIndex>, DatasetError> {
+        if self.cache.crc_checked(tile) {
+            return Ok(self.indexes_from_prefixes(&[tile])?.remove(0));
+        }
+        let blob = self.fetch_tile(tile)?;
+        let parsed = self.parse_tile(tile, &blob)?;
+        self.cache.set_crc_checked(tile);
+        Ok(Arc::new(parsed.index().clone()))
+    }
+
+    /// The indexes of `tiles`, each read from its tile's first bytes (all at
+    /// once; a tile whose index lies further in is read again, up to it).
+    fn indexes_from_prefixes(&self, tiles: &[usize]) -> Result<Vec<Arc<TileIndex>>, DatasetError> {
+        let m = &self.manifest;
+        let mut want: Vec<u64> = tiles
+            .iter()
+            .map(|&t| {
+                let guess = 64 + 96 * m.n_chunks.max(1) + 8 * (m.tile_cells[t] + 1);
+                guess.min(m.tile_bytes[t])
+            })
+            .collect();
+        let mut out: Vec<Option<Arc<TileIndex>>> = vec![None; tiles.len()];
+        // Twice at most: the writers' layout needs one read; another layout
+        // says in the first how much it needs.
+        for _ in 0..2 {
+            let pending: Vec<usize> = (0..tiles.len()).filter(|&i| out[i].is_none()).collect();
+            if pending.is_empty() {
+                break;
+            }
+            let requests: Vec<(String, Vec<Range<u64>>)> =
+                pending.iter().map(|&i| (format::tile_key(tiles[i]), std::iter::once(0..want[i]).collect())).collect();
+            let answers = self.storage.get_ranges_many(&requests);
+            for (&i, answer) in pending.iter().zip(answers) {
+                let tile = tiles[i];
+                let prefix = self.answer(tile, answer)?.swap_remove(0);
+                let expect = self.tile_expectation(tile);
+                match TileIndex::parse_prefix(&prefix, m.tile_bytes[tile], Some(&expect))
+                    .map_err(|e| self.tile_error(tile, e))?
+                {
+                    IndexParse::Ready(index) => out[i] = Some(Arc::new(index)),
+                    IndexParse::NeedPrefix(n) if n > want[i] => want[i] = n,
+                    IndexParse::NeedPrefix(n) => {
+                        return Err(self.tile_error(tile, index_error(format!("index needs {n} bytes"))))
+                    }
+                }
+            }
+        }
+        out.into_iter()
+            .zip(tiles)
+            .map(|(index, &tile)| {
+                index.ok_or_else(|| self.tile_error(tile, index_error("the index could not be read".into())))
+            })
+            .collect()
+    }
+
+    /// The bytes of an answer of `get_ranges_many` for tile `tile`.
+    fn answer(&self, tile: usize, answer: crate::storage::ManyRanges) -> Result<Vec<bytes::Bytes>, DatasetError> {
+        let location = self.storage.location(&format::tile_key(tile));
+        match answer {
+            Ok(Some(parts)) => Ok(parts),
+            Ok(None) => Err(DatasetError::Missing { location, what: format!("tile {tile}") }),
+            Err(crate::storage::StorageError::Range { size, .. }) => Err(DatasetError::Invalid {
+                location,
+                message: format!("tile is {size} bytes, the manifest says {}", self.manifest.tile_bytes[tile]),
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The planes of every chunk of `needs`, in order: kept ones from the
+    /// cache; the others read (every tile's at once), decompressed and
+    /// checked in parallel, and put in the cache.
+    fn chunk_planes(&self, needs: &[TileNeeds]) -> Result<Vec<Arc<ChunkPlanes>>, DatasetError> {
+        let mut planes: Vec<Option<Arc<ChunkPlanes>>> = Vec::new();
+        let mut reads: Vec<ChunkReads> = Vec::new();
+        for (slot, need) in needs.iter().enumerate() {
+            let mut missing = Vec::new();
+            for &c in &need.chunks {
+                let kept = self.cache.chunk(need.tile, c);
+                if kept.is_none() {
+                    missing.push((planes.len(), c));
+                }
+                planes.push(kept);
+            }
+            if !missing.is_empty() {
+                let spans = missing
+                    .iter()
+                    .map(|&(_, c)| need.index.chunk_span(c))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| self.tile_error(need.tile, e))?;
+                reads.push((slot, missing, merged(spans)));
+            }
+        }
+        let requests: Vec<(String, Vec<Range<u64>>)> =
+            reads.iter().map(|(slot, _, ranges)| (format::tile_key(needs[*slot].tile), ranges.clone())).collect();
+        let answers = self.storage.get_ranges_many(&requests);
+        let mut jobs = Vec::new();
+        for ((slot, missing, ranges), answer) in reads.iter().zip(answers) {
+            let parts = self.answer(needs[*slot].tile, answer)?;
+            for &(at, c) in missing {
+                jobs.push((*slot, at, c, ranges.clone(), parts.clone()));
+            }
+        }
+        let decoded: Vec<(usize, Arc<ChunkPlanes>)> = jobs
+            .into_par_iter()
+            .map(|(slot, at, c, ranges, parts)| {
+                let need = &needs[slot];
+                let err = |e| self.tile_error(need.tile, e);
+                let span = need.index.chunk_span(c).map_err(err)?;
+                // The piece that holds the chunk: the last to start at or
+                // before it (merged() keeps each span whole in one).
+                let k = ranges.partition_point(|r| r.start <= span.start).saturating_sub(1);
+                let Some((range, bytes)) = ranges.get(k).zip(parts.get(k)) else {
+                    return Err(err(index_error(format!("chunk {c}: no bytes were read for it"))));
+                };
+                let parsed = ParsedTile::of_chunk(&need.index, c, bytes, range.start).map_err(err)?;
+                let mut chunk = self.planes.take();
+                parsed.decode_planes(c, &mut chunk).map_err(err)?;
+                let chunk = Arc::new(chunk);
+                self.cache.put_chunk(need.tile, c, chunk.clone());
+                Ok((at, chunk))
+            })
+            .collect::<Result<_, DatasetError>>()?;
+        for (at, chunk) in decoded {
+            planes[at] = Some(chunk);
+        }
+        Ok(planes.into_iter().flatten().collect())
+    }
+}
+
+/// `spans` in order of their start, with those less than [`MERGE_GAP`] apart joined: each
+/// span lies whole in one of the ranges returned.
+fn merged(mut spans: Vec<Range<u64>>) -> Vec<Range<u64>> {
+    // (Writers lay chunks out in order; other layouts are allowed.)
+    spans.sort_unstable_by_key(|s| s.start);
+    let mut out: Vec<Range<u64>> = Vec::with_capacity(spans.len());
+    for s in spans {
+        match out.last_mut() {
+            Some(last) if s.start <= last.end.saturating_add(MERGE_GAP) => last.end = last.end.max(s.end),
+            _ => out.push(s),
+        }
+    }
+    out
+}
+
+/// A problem with a tile's index found by the gather itself.
+fn index_error(reason: String) -> format::TileError {
+    format::TileError::Layout { reason }
+}
+
+/// Writes `rows` (a chunk's planes and a tile row in it, one per cell, in
+/// order) into `out`, each cell straight into its place, in parallel.
+fn write_rows(rows: &[(&ChunkPlanes, u64)], n_genes: u32, out: &mut CsrMatrix) {
+    out.n_cols = n_genes;
+    out.indptr.clear();
+    out.indptr.reserve(rows.len() + 1);
+    out.indptr.push(0);
+    let mut nnz = 0u64;
+    for &(planes, row) in rows {
+        nnz += planes.row_nnz(row) as u64;
+        out.indptr.push(nnz);
+    }
+    // Every entry is written below, so old values may stay.
+    out.indices.resize(nnz as usize, 0);
+    out.data.resize(nnz as usize, 0);
+    let mut jobs = Vec::with_capacity(rows.len());
+    let (mut rest_i, mut rest_d) = (out.indices.as_mut_slice(), out.data.as_mut_slice());
+    for &(planes, row) in rows {
+        let n = planes.row_nnz(row);
+        let (i, ri) = std::mem::take(&mut rest_i).split_at_mut(n);
+        let (d, rd) = std::mem::take(&mut rest_d).split_at_mut(n);
+        (rest_i, rest_d) = (ri, rd);
+        jobs.push((planes, row, i, d));
+    }
+    // Rows in groups, so that each thread writes a stretch of the output.
+    let group = (jobs.len() / (4 * rayon::current_num_threads().max(1))).max(16);
+    jobs.par_chunks_mut(group).for_each(|g| {
+        for (planes, row, i, d) in g.iter_mut() {
+            planes.write_row_with(*row, i, d, false);
+        }
+    });
+}
+
+/// The planes not kept by the cache go back to the dataset's pool.
+fn give_back(planes: Vec<Arc<ChunkPlanes>>, ds: &Dataset) {
+    for p in planes {
+        if let Ok(p) = Arc::try_unwrap(p) {
+            ds.planes.give(p);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_close_together_are_read_in_one_piece() {
+        let m = merged(vec![0..10, 16..40, 40..50, 10_000..10_008, 20_000..20_100]);
+        assert_eq!(m, vec![0..50, 10_000..10_008, 20_000..20_100]);
+        assert_eq!(merged(vec![]), Vec::<Range<u64>>::new());
+        // a span far past the last is a new piece; each span is whole in one
+        let m = merged(vec![100..200, 150..160, 5_000..6_000]);
+        assert_eq!(m, vec![100..200, 5_000..6_000]);
+    }
+}

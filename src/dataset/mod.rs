@@ -1,0 +1,292 @@
+//! Reading a dataset: the manifest, then cells by tile, by range or by list.
+//!
+//! This file owns the open dataset and its tiles' bytes; the ways of reading
+//! cells have files of their own: [`ranges`] (consecutive cells), [`gather`]
+//! (cells in any order, reading only the chunks they are in) with the caches
+//! it keeps in [`cache`], and [`files`] (the manifest and the gene files).
+//! It knows nothing of the loader, which streams whole tiles.
+
+mod cache;
+mod error;
+mod files;
+mod gather;
+mod ranges;
+#[cfg(test)]
+mod tests;
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use crate::buffers::BufferPool;
+use crate::format::{self, CsrMatrix, Manifest, TileError, TileExpectation};
+use crate::storage::{self, Storage};
+
+pub use cache::{ReadOptions, DEFAULT_CACHE_BYTES};
+pub use error::DatasetError;
+pub use files::read_manifest;
+use files::read_manifest_bytes;
+pub(crate) use files::{cumulative, no_manifest, parse_var_names};
+#[cfg(feature = "convert")]
+pub(crate) use files::{APPEND_KEY, PLAN_KEY};
+use ranges::{Recent, KEPT_TILES};
+
+/// An open dataset.
+///
+/// ```no_run
+/// use deltacells::Dataset;
+///
+/// let ds = Dataset::open("out/pbmc")?;
+/// println!("{} cells x {} genes in {} tiles", ds.n_cells(), ds.n_genes(), ds.n_tiles());
+/// let first = ds.read_tile(0)?;            // one tile as CSR
+/// let some = ds.read_cells(100..200)?;     // a range of cells
+/// let picked = ds.read_cell_list(&[7, 3, 7])?; // any cells, in the order given
+/// assert_eq!(picked.n_rows(), 3);
+/// # Ok::<(), deltacells::DatasetError>(())
+/// ```
+pub struct Dataset {
+    storage: Arc<dyn Storage>,
+    manifest: Manifest,
+    /// SHA-256 of manifest.json's bytes, in hex: what a collection records
+    /// to notice a dataset that changed.
+    manifest_sha256: String,
+    /// limits[i] = first cell after tile i (cumulative tile_cells).
+    limits: Vec<u64>,
+    /// The buffers of tiles decoded for a range or list of cells, kept for
+    /// the next read (up to [`KEPT_TILES`] tiles' worth).
+    buffers: BufferPool,
+    /// What gathers keep: tiles' indexes and decompressed chunks.
+    cache: cache::GatherCache,
+    /// Chunks' planes the cache did not keep, for the next gather (their
+    /// buffers written over, not zeroed and faulted in again).
+    planes: crate::buffers::Pool<format::tile::ChunkPlanes>,
+    /// The tile the last range read ended in, for the next range.
+    recent: std::sync::Mutex<Recent>,
+}
+
+impl Dataset {
+    /// Opens the dataset at `root`, a local folder (or `file://` URL), and checks
+    /// its manifest.
+    pub fn open(root: &str) -> Result<Dataset, DatasetError> {
+        Dataset::from_storage(storage::open(root)?)
+    }
+
+    /// Opens a dataset in any storage backend, with the default
+    /// [`ReadOptions`].
+    pub fn from_storage(storage: Arc<dyn Storage>) -> Result<Dataset, DatasetError> {
+        Dataset::from_storage_with(storage, &ReadOptions::default())
+    }
+
+    /// Opens a dataset in any storage backend, reading as `options` say.
+    pub fn from_storage_with(storage: Arc<dyn Storage>, options: &ReadOptions) -> Result<Dataset, DatasetError> {
+        let (manifest, bytes) = read_manifest_bytes(storage.as_ref())?;
+        let limits = cumulative(&manifest.tile_cells);
+        let manifest_sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
+        Ok(Dataset {
+            storage,
+            manifest,
+            manifest_sha256,
+            limits,
+            buffers: BufferPool::new(2 * KEPT_TILES),
+            cache: cache::GatherCache::new(options),
+            planes: crate::buffers::Pool::new(gather::KEPT_PLANES),
+            recent: std::sync::Mutex::new(Recent::default()),
+        })
+    }
+
+    /// SHA-256 of manifest.json as read, in hex: it changes whenever the
+    /// dataset does (an append, a new conversion), since the manifest lists
+    /// every tile's size and checksum.
+    pub fn manifest_sha256(&self) -> &str {
+        &self.manifest_sha256
+    }
+
+    /// Bytes of decompressed chunks that gathers keep now (at most the
+    /// [`ReadOptions::cache_bytes`] the dataset was opened with).
+    pub fn cached_chunk_bytes(&self) -> u64 {
+        self.cache.chunk_bytes()
+    }
+
+    /// The checked manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Where the dataset's bytes are.
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
+    }
+
+    /// The first cell after each tile (cumulative cells per tile).
+    pub fn tile_limits(&self) -> &[u64] {
+        &self.limits
+    }
+
+    /// Cells (rows) of the matrix.
+    pub fn n_cells(&self) -> u64 {
+        self.manifest.n_cells
+    }
+
+    /// Genes (columns) of the matrix.
+    pub fn n_genes(&self) -> u32 {
+        self.manifest.n_genes as u32
+    }
+
+    /// Tiles, of `manifest().tile_size` cells each but the last.
+    pub fn n_tiles(&self) -> usize {
+        self.manifest.n_tiles()
+    }
+
+    /// The cells of tile `tile`.
+    pub fn tile_cells(&self, tile: usize) -> Range<u64> {
+        let start = if tile == 0 { 0 } else { self.limits[tile - 1] };
+        start..self.limits[tile]
+    }
+
+    /// Signed cell indices (NumPy's int64) as cells of this dataset, each
+    /// checked to be from 0 to `n_cells() - 1`; the first that is not is the
+    /// error.
+    pub fn checked_cells(&self, cells: &[i64]) -> Result<Vec<u64>, DatasetError> {
+        let n_cells = self.n_cells();
+        cells
+            .iter()
+            .map(|&cell| match u64::try_from(cell) {
+                Ok(c) if c < n_cells => Ok(c),
+                Ok(c) => Err(DatasetError::CellOutOfRange { cell: c, n_cells }),
+                Err(_) => Err(DatasetError::NegativeCell { cell, n_cells }),
+            })
+            .collect()
+    }
+
+    /// The tile holding global cell `cell`, and its row in that tile.
+    pub fn locate(&self, cell: u64) -> Result<(usize, u64), DatasetError> {
+        if cell >= self.n_cells() {
+            return Err(DatasetError::CellOutOfRange { cell, n_cells: self.n_cells() });
+        }
+        let tile = self.limits.partition_point(|&l| l <= cell);
+        Ok((tile, cell - self.tile_cells(tile).start))
+    }
+
+    /// What the manifest says tile `tile` holds.
+    pub fn tile_expectation(&self, tile: usize) -> TileExpectation {
+        TileExpectation {
+            n_cells: self.manifest.tile_cells[tile],
+            nnz: self.manifest.tile_nnz[tile],
+            n_genes: self.n_genes(),
+        }
+    }
+
+    /// Reads and decodes tile `tile`, checking it against the manifest.
+    pub fn read_tile(&self, tile: usize) -> Result<CsrMatrix, DatasetError> {
+        let (location, blob) = self.tile_blob(tile)?;
+        format::decode_tile(&blob, Some(&self.tile_expectation(tile))).map_err(|source| DatasetError::Tile {
+            location,
+            tile,
+            source,
+        })
+    }
+
+    /// Like [`Dataset::read_tile`], decoding into `out`'s buffers (reused as
+    /// far as they are large enough), for loops over many tiles.
+    pub fn read_tile_into(&self, tile: usize, out: &mut CsrMatrix) -> Result<(), DatasetError> {
+        let (location, blob) = self.tile_blob(tile)?;
+        format::decode_tile_into(&blob, Some(&self.tile_expectation(tile)), out).map_err(|source| DatasetError::Tile {
+            location,
+            tile,
+            source,
+        })
+    }
+
+    /// The bytes of tile `tile`, checked to be the size the manifest says, not
+    /// yet decoded: with [`Dataset::parse_tile`], for readers that fetch ahead
+    /// and decode later.
+    pub fn fetch_tile(&self, tile: usize) -> Result<bytes::Bytes, DatasetError> {
+        Ok(self.tile_blob(tile)?.1)
+    }
+
+    /// Checks tile `tile`'s bytes (header, CRC, chunk table, against the
+    /// manifest) once, for decoding its chunks one by one.
+    pub fn parse_tile<'a>(&self, tile: usize, blob: &'a [u8]) -> Result<format::ParsedTile<'a>, DatasetError> {
+        format::ParsedTile::parse(blob, Some(&self.tile_expectation(tile)))
+            .map_err(|source| self.tile_error(tile, source))
+    }
+
+    /// [`Dataset::parse_tile`] again, for bytes that passed it before and
+    /// were kept unchanged since (every check but the CRC; see
+    /// [`format::ParsedTile::parse_again`]).
+    pub fn parse_tile_again<'a>(&self, tile: usize, blob: &'a [u8]) -> Result<format::ParsedTile<'a>, DatasetError> {
+        format::ParsedTile::parse_again(blob, Some(&self.tile_expectation(tile)))
+            .map_err(|source| self.tile_error(tile, source))
+    }
+
+    /// A tile's decoding error, naming the tile's file.
+    pub fn tile_error(&self, tile: usize, source: TileError) -> DatasetError {
+        DatasetError::Tile { location: self.storage.location(&format::tile_key(tile)), tile, source }
+    }
+
+    /// The bytes of tile `tile`, checked to be the size the manifest says.
+    fn tile_blob(&self, tile: usize) -> Result<(String, bytes::Bytes), DatasetError> {
+        let key = format::tile_key(tile);
+        let location = self.storage.location(&key);
+        if tile >= self.n_tiles() {
+            return Err(DatasetError::Invalid {
+                location,
+                message: format!("the dataset has {} tiles", self.n_tiles()),
+            });
+        }
+        let blob = self
+            .storage
+            .get(&key)?
+            .ok_or_else(|| DatasetError::Missing { location: location.clone(), what: format!("tile {tile}") })?;
+        let want = self.manifest.tile_bytes[tile];
+        if blob.len() as u64 != want {
+            return Err(DatasetError::Invalid {
+                location,
+                message: format!("tile is {} bytes, the manifest says {want}", blob.len()),
+            });
+        }
+        Ok((location, blob))
+    }
+
+    /// The listed cells (in the order given) in the form `output` asks for:
+    /// a gene vocabulary, scaled values, dense, top-k tokens (see
+    /// [`crate::batch`]); the same values the loader gives with that output.
+    pub fn read_cells_formed(
+        &self,
+        cells: &[u64],
+        output: &crate::batch::BatchOutput,
+    ) -> Result<crate::batch::FormedBatch, DatasetError> {
+        output.check(self.n_genes())?;
+        output.check_rows(cells.len() as u64, output.n_cols(self.n_genes()))?;
+        let m = self.read_cell_list(cells)?;
+        Ok(crate::batch::CellWriter::new(output, self.n_genes()).form(m))
+    }
+
+    /// The nonzeros of each stored column over every cell: every tile is
+    /// read and decoded (in parallel, a few at a time), none kept.
+    pub fn column_nonzeros(&self) -> Result<Vec<u64>, DatasetError> {
+        let n = self.n_genes() as usize;
+        let tiles: Vec<usize> = (0..self.n_tiles()).collect();
+        let mut total = vec![0u64; n];
+        for group in tiles.chunks(rayon::current_num_threads().max(1) * 2) {
+            let counts = group
+                .par_iter()
+                .map(|&t| {
+                    let m = self.read_tile(t)?;
+                    let mut counts = vec![0u64; n];
+                    for &g in &m.indices {
+                        if let Some(c) = counts.get_mut(g as usize) {
+                            *c += 1;
+                        }
+                    }
+                    Ok(counts)
+                })
+                .collect::<Result<Vec<_>, DatasetError>>()?;
+            for c in counts {
+                total.iter_mut().zip(c).for_each(|(t, c)| *t += c);
+            }
+        }
+        Ok(total)
+    }
+}

@@ -1,0 +1,194 @@
+//! The reader's own tests: ranges and lists against the matrix written.
+
+use std::ops::Range;
+
+use super::*;
+use crate::format::{self, CsrMatrix};
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+    /// Ranges read one after another (as a pass over the cells reads
+    /// them, and in any order) give the rows of the matrix, whichever
+    /// tile and chunks the last range left behind.
+    #[test]
+    fn ranges_read_in_turn_give_the_matrix_rows(
+        cuts in proptest::collection::vec((0u64..700, 1u64..300), 1..25),
+        step in 1u64..400,
+    ) {
+        let (_dir, ds, m) = written(700, 97);
+        let mut ranges: Vec<Range<u64>> = (0..700).step_by(step as usize).map(|a| a..(a + step).min(700)).collect();
+        ranges.extend(cuts.iter().map(|&(a, n)| a..(a + n).min(700)));
+        for r in ranges {
+            let got = ds.read_cells(r.clone()).unwrap();
+            let mut want = CsrMatrix::empty(m.n_cols);
+            for row in r.clone() {
+                want.push_row_from(&m, row as usize);
+            }
+            proptest::prop_assert_eq!(got, want, "cells {:?}", r);
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    #[test]
+    fn listed_cells_give_the_matrix_rows_in_the_order_listed(
+        cells in proptest::collection::vec(0u64..700, 0..300),
+    ) {
+        let (_dir, ds, m) = written(700, 97);
+        let got = ds.read_cell_list(&cells).unwrap();
+        let mut want = CsrMatrix::empty(m.n_cols);
+        for &row in &cells {
+            want.push_row_from(&m, row as usize);
+        }
+        proptest::prop_assert_eq!(got, want);
+    }
+}
+
+/// A dataset of `n` cells (a few counts each) in tiles of `tile_size`
+/// cells and 4 chunks, in a temporary folder.
+fn written(n: usize, tile_size: u64) -> (tempfile::TempDir, Dataset, CsrMatrix) {
+    let mut m = CsrMatrix::empty(300);
+    for cell in 0..n as u32 {
+        let genes: std::collections::BTreeSet<u32> = (0..cell % 13).map(|k| (cell * 31 + k * 97) % 300).collect();
+        for g in genes {
+            m.indices.push(g);
+            m.data.push(1 + (cell + g) % 40);
+        }
+        m.indptr.push(m.indices.len() as u64);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::storage::LocalStorage::new(dir.path().to_path_buf());
+    let options = crate::writer::WriteOptions { tile_size, n_chunks: 4, zstd_level: 1 };
+    crate::writer::write_matrix(&store, &m, options).unwrap();
+    let ds = Dataset::open(dir.path().to_str().unwrap()).unwrap();
+    (dir, ds, m)
+}
+
+#[test]
+fn a_corrupt_tile_is_caught_by_the_range_that_first_reads_it() {
+    let (dir, ds, _) = written(300, 97);
+    ds.read_cells(0..10).unwrap();
+    let path = dir.path().join(format::tile_key(1));
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x55;
+    std::fs::write(&path, bytes).unwrap();
+    // Tile 0 is recent and unchanged; tile 1 is fetched and checked.
+    ds.read_cells(10..20).unwrap();
+    let e = ds.read_cells(100..110).unwrap_err().to_string();
+    assert!(e.contains("tile 1") || e.contains("00000001"), "{e}");
+}
+
+/// A local folder that says it is not local, so that gathers read it as
+/// they read a bucket: tiles' indexes from their first bytes, chunks in
+/// ranges, no tile read whole.
+struct AsRemote(crate::storage::LocalStorage);
+
+impl crate::storage::Storage for AsRemote {
+    fn location(&self, key: &str) -> String {
+        self.0.location(key)
+    }
+    fn size(&self, key: &str) -> Result<Option<u64>, crate::storage::StorageError> {
+        self.0.size(key)
+    }
+    fn get(&self, key: &str) -> Result<Option<bytes::Bytes>, crate::storage::StorageError> {
+        self.0.get(key)
+    }
+    fn get_ranges(
+        &self,
+        key: &str,
+        ranges: &[Range<u64>],
+    ) -> Result<Option<Vec<bytes::Bytes>>, crate::storage::StorageError> {
+        self.0.get_ranges(key, ranges)
+    }
+    fn put(&self, key: &str, data: bytes::Bytes) -> Result<(), crate::storage::StorageError> {
+        self.0.put(key, data)
+    }
+    fn delete(&self, key: &str) -> Result<(), crate::storage::StorageError> {
+        self.0.delete(key)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<String>, crate::storage::StorageError> {
+        self.0.list(prefix)
+    }
+    fn stats(&self) -> &crate::storage::IoStats {
+        self.0.stats()
+    }
+}
+
+/// [`written`]'s dataset opened through [`AsRemote`], with `cache_bytes`.
+fn as_remote(dir: &std::path::Path, cache_bytes: u64) -> Dataset {
+    let store = Arc::new(AsRemote(crate::storage::LocalStorage::new(dir.to_path_buf())));
+    Dataset::from_storage_with(store, &ReadOptions { cache_bytes }).unwrap()
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+    /// Gathers read in ranges (no tile whole), with and without the cache,
+    /// give the rows of the matrix in the order listed, repeats included.
+    #[test]
+    fn cells_gathered_in_ranges_give_the_matrix_rows(
+        batches in proptest::collection::vec(proptest::collection::vec(0u64..700, 0..200), 1..4),
+        cache_bytes in proptest::prop_oneof![proptest::strategy::Just(0u64), 1u64..20_000, proptest::strategy::Just(1u64 << 30)],
+    ) {
+        let (dir, _, m) = written(700, 97);
+        let ds = as_remote(dir.path(), cache_bytes);
+        for cells in &batches {
+            let got = ds.read_cell_list(cells).unwrap();
+            let mut want = CsrMatrix::empty(m.n_cols);
+            for &row in cells {
+                want.push_row_from(&m, row as usize);
+            }
+            proptest::prop_assert_eq!(got, want);
+        }
+    }
+}
+
+#[test]
+fn cells_drawn_again_are_served_from_the_cache() {
+    let (dir, _, m) = written(700, 97);
+    let ds = as_remote(dir.path(), 1 << 30);
+    let cells = [5, 650, 97, 5, 300];
+    let first = ds.read_cell_list(&cells).unwrap();
+    let before = ds.storage().stats().snapshot();
+    let again = ds.read_cell_list(&[300, 5, 650, 97]).unwrap();
+    assert_eq!(ds.storage().stats().snapshot(), before, "nothing read the second time");
+    assert_eq!(first.row(0), again.row(1));
+    assert_eq!(again.row(0), m.row(300));
+    assert!(ds.cached_chunk_bytes() > 0);
+    // With no cache, every gather reads its chunks again.
+    let uncached = as_remote(dir.path(), 0);
+    uncached.read_cell_list(&cells).unwrap();
+    let before = uncached.storage().stats().snapshot();
+    uncached.read_cell_list(&cells).unwrap();
+    assert!(uncached.storage().stats().snapshot().0 > before.0);
+    assert_eq!(uncached.cached_chunk_bytes(), 0);
+}
+
+#[test]
+fn a_damaged_chunk_read_in_ranges_is_refused_naming_the_tile_and_chunk() {
+    let (dir, _, _) = written(300, 97);
+    let path = dir.path().join(format::tile_key(1));
+    let mut bytes = std::fs::read(&path).unwrap();
+    let crate::format::tile::IndexParse::Ready(index) =
+        crate::format::tile::TileIndex::parse_prefix(&bytes, bytes.len() as u64, None).unwrap()
+    else {
+        panic!("the writer's layout has its index first");
+    };
+    let span = index.chunk_span(2).unwrap();
+    let rows = index.chunk_rows(2);
+    bytes[span.start as usize..span.end as usize].fill(0);
+    std::fs::write(&path, &bytes).unwrap();
+    // Read in ranges: the chunk's frames are refused, naming tile and chunk.
+    let ds = as_remote(dir.path(), 1 << 20);
+    // (cells of tile 1's other chunks still read)
+    ds.read_cell_list(&[97 + index.chunk_rows(0).start]).unwrap();
+    let e = ds.read_cell_list(&[3, 97 + rows.start]).unwrap_err();
+    let text = crate::error_chain(&e);
+    assert!(text.contains("tile_000001") && text.contains("tile 1") && text.contains("chunk 2"), "{text}");
+    // A local dataset checks the tile's CRC the first time it reads it.
+    let local = Dataset::open(dir.path().to_str().unwrap()).unwrap();
+    let e = local.read_cell_list(&[97 + index.chunk_rows(0).start]).unwrap_err();
+    let text = crate::error_chain(&e);
+    assert!(text.contains("tile 1") && text.contains("crc32"), "{text}");
+}
