@@ -1,11 +1,16 @@
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
+use rand_pcg::Pcg64Mcg;
 
 use super::*;
+use crate::batch::OutputError;
+use crate::format::CsrMatrix;
 use crate::storage::LocalStorage;
 use crate::vocabulary::GeneMap;
 use crate::writer::{write_matrix, WriteOptions};
+use crate::{Dataset, DatasetError};
 
 /// A dataset of `n` cells (each with a few counts that name it) in tiles of
 /// `tile_size`, in a temporary folder.

@@ -1,0 +1,229 @@
+//! The batching stage: `mix_chunks` decompressed chunks open, each batch's
+//! cells drawn from them at random and written straight from their planes
+//! into a [`LoaderBatch`]. It decompresses nothing: the decoding stage does.
+
+use std::sync::mpsc::{Receiver, SyncSender};
+
+use rand::RngExt;
+
+use super::buffers::{LoaderBatch, PlanesPool};
+use super::decode::{on, OpenChunk};
+use super::options::LoaderError;
+use super::plan::{rng_for, EpochPlan};
+use crate::batch::{CellWriter, FormedBatch};
+use crate::buffers::{BufferPool, FloatPool};
+use crate::format::tile::finish_rows;
+
+/// A cell drawn for the batch being made: the chunk it is in (its slot in
+/// the batcher's `held` chunks), its row and its nonzeros.
+struct Drawn {
+    chunk: usize,
+    row: u64,
+    nnz: usize,
+}
+
+/// Cells written by one task when a batch's rows are written in parallel.
+const ROWS_PER_TASK: usize = 128;
+
+/// The batching thread. It keeps `mix_chunks` decompressed chunks open and
+/// draws each batch's cells one at a time, each from an open chunk chosen
+/// uniformly at random; a chunk with no cells left is replaced by the next
+/// one decompressed (and given back once the batch holding its last cells is
+/// written). (Drawing each chunk equally often mixes a batch better than
+/// drawing each remaining cell equally often, which gives the nearly spent
+/// chunks few cells: 0.90 of random against 0.81 at the defaults, in
+/// benches/shuffle_quality.py.) Then the batch's rows are written straight
+/// from the chunks' planes into buffers from `buffers`: counts in stored
+/// columns on the threads of `pool` at once, each row at its place; any
+/// other form one cell after another, as [`CellWriter`] makes it.
+pub(super) fn cut_batches(
+    plan: &EpochPlan,
+    mut writer: CellWriter<'_>,
+    chunks: Receiver<Result<OpenChunk, LoaderError>>,
+    pool_of_planes: &PlanesPool,
+    (buffers, floats): (&BufferPool, &FloatPool),
+    pool: Option<&rayon::ThreadPool>,
+    out: &SyncSender<Result<LoaderBatch, LoaderError>>,
+) {
+    let options = &plan.options;
+    let size = options.batch_size;
+    let mut rng = rng_for(options, "cells", &[plan.share as u64]);
+    // (Reserved for the cells a batch can hold, not for what batch_size asks.)
+    let cells_in_batch = size.min(usize::try_from(plan.n_cells).unwrap_or(usize::MAX));
+    let new_batch = |writer: &CellWriter| {
+        let (counts, values) = if writer.output().dense && !writer.output().scaled() {
+            (buffers.take(), Vec::new())
+        } else if writer.output().scaled() {
+            (Vec::new(), floats.take())
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        writer.start_with(buffers.take_matrix(), counts, values, cells_in_batch)
+    };
+    let send = |writer: &CellWriter, cells: Vec<u64>, mut batch: FormedBatch| {
+        writer.finish(&mut batch);
+        finish_rows();
+        let FormedBatch { x, values, dense_counts, top_k, top_k_values, .. } = batch;
+        out.send(Ok(LoaderBatch { cells, x, values, dense_counts, top_k, top_k_values })).is_ok()
+    };
+    // In dataset order one open chunk is enough.
+    let mix = if options.shuffle { options.mix_chunks } else { 1 };
+    // Chunks by slot: those with cells left (`open`, in the order they
+    // came), and those spent, kept until the batch being drawn is written.
+    let mut held: Vec<Option<OpenChunk>> = Vec::new();
+    let (mut open, mut spent, mut free): (Vec<usize>, Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new(), Vec::new());
+    let mut exhausted = false;
+    // An error from upstream ends the epoch after the full batches the open
+    // chunks still make.
+    let mut failure: Option<LoaderError> = None;
+    let mut drawn_cells: Vec<Drawn> = Vec::with_capacity(cells_in_batch);
+    let mut sent = 0u64;
+    // The chunks open at first come in one by one, a chunk's cells divided
+    // by `mix` draws apart, so that they do not all run out at once (they are
+    // drawn equally often): one is then replaced every so many cells, and
+    // the decoding keeps up, instead of the batcher waiting for `mix` new
+    // chunks together.
+    let (mut drawn, mut stagger) = (0usize, 0usize);
+    loop {
+        let allowed = drawn.checked_div(stagger).map_or(1, |d| mix.min(1 + d));
+        while open.len() < allowed && !exhausted {
+            match chunks.recv() {
+                Ok(Ok(chunk)) => {
+                    if stagger == 0 {
+                        stagger = (chunk.rows.len() / mix).max(1);
+                    }
+                    let slot = free.pop().unwrap_or_else(|| {
+                        held.push(None);
+                        held.len() - 1
+                    });
+                    held[slot] = Some(chunk);
+                    open.push(slot);
+                }
+                Ok(Err(e)) => {
+                    failure = Some(e);
+                    exhausted = true;
+                }
+                Err(_) => exhausted = true,
+            }
+        }
+        if open.is_empty() {
+            break;
+        }
+        let at = if options.shuffle { rng.random_range(0..open.len()) } else { 0 };
+        let slot = open[at];
+        let chunk = held[slot].as_mut().expect("open chunks are held");
+        let row = chunk.rows.pop().expect("open chunks have cells left");
+        drawn += 1;
+        drawn_cells.push(Drawn { chunk: slot, row, nnz: chunk.planes.row_nnz(row) });
+        if chunk.rows.is_empty() {
+            spent.push(open.remove(at));
+        }
+        if drawn_cells.len() == size {
+            let batch = new_batch(&writer);
+            let (cells, batch) = write_batch(&mut writer, &held, &drawn_cells, batch, pool);
+            drawn_cells.clear();
+            for slot in spent.drain(..) {
+                if let Some(chunk) = held[slot].take() {
+                    pool_of_planes.give(chunk.planes);
+                }
+                free.push(slot);
+            }
+            sent += 1;
+            // After the last batch (with drop_last, before the cells it
+            // leaves out) the other stages are stopped by dropping their
+            // channels.
+            if !send(&writer, cells, batch) || sent == plan.n_batches {
+                return;
+            }
+        }
+    }
+    if let Some(e) = failure {
+        let _ = out.send(Err(e));
+        return;
+    }
+    if !drawn_cells.is_empty() && sent < plan.n_batches {
+        let batch = new_batch(&writer);
+        let (cells, batch) = write_batch(&mut writer, &held, &drawn_cells, batch, pool);
+        send(&writer, cells, batch);
+    }
+}
+
+/// Writes the cells `drawn` (in that order) into `batch`, from the planes
+/// of the `held` chunks; returns their global indices and the batch.
+fn write_batch(
+    writer: &mut CellWriter<'_>,
+    held: &[Option<OpenChunk>],
+    drawn: &[Drawn],
+    mut batch: FormedBatch,
+    pool: Option<&rayon::ThreadPool>,
+) -> (Vec<u64>, FormedBatch) {
+    let chunk = |d: &Drawn| held[d.chunk].as_ref().expect("a drawn cell's chunk is held until its batch is written");
+    let cells: Vec<u64> = drawn.iter().map(|d| chunk(d).start + d.row).collect();
+    // Buffers come back from earlier batches with old values: they are
+    // resized only to grow (only the new room is zeroed: growing by half
+    // at a time zeroed half a batch every other batch), written up to what
+    // the batch fills, and cut there by CellWriter::finish.
+    let grow = |buffer: &mut Vec<u32>, to: usize| {
+        if buffer.len() < to {
+            if buffer.capacity() < to {
+                buffer.reserve(to + to / 2 - buffer.len());
+            }
+            buffer.resize(to, 0);
+        }
+    };
+    if !writer.rewrites() && drawn.iter().all(|d| chunk(d).genes.is_none()) {
+        // Counts in stored columns: every row at its place, known from the
+        // nonzeros of the rows before it, so the rows are written at once.
+        let total: usize = drawn.iter().map(|d| d.nnz).sum();
+        grow(&mut batch.x.indices, total);
+        grow(&mut batch.x.data, total);
+        let (indices, data) = (&mut batch.x.indices[..total], &mut batch.x.data[..total]);
+        on(pool, || write_rows(held, drawn, indices, data));
+        for d in drawn {
+            writer.finish_cell_in(&mut batch, d.nnz, None);
+        }
+        return (cells, batch);
+    }
+    for d in drawn {
+        let chunk = chunk(d);
+        let filled = *batch.x.indptr.last().expect("indptr starts at 0") as usize;
+        grow(&mut batch.x.indices, filled + d.nnz);
+        grow(&mut batch.x.data, filled + d.nnz);
+        let (indices, data) = (&mut batch.x.indices[filled..filled + d.nnz], &mut batch.x.data[filled..filled + d.nnz]);
+        // (Cached stores: the writer reads the row again.)
+        chunk.planes.write_row_with(d.row, indices, data, false);
+        writer.finish_cell_in(&mut batch, d.nnz, chunk.genes.as_deref());
+    }
+    (cells, batch)
+}
+
+/// Writes the rows `drawn` one after another into `indices` and `data`
+/// (exactly their nonzeros long), in parallel halves down to
+/// [`ROWS_PER_TASK`] rows.
+fn write_rows(held: &[Option<OpenChunk>], drawn: &[Drawn], indices: &mut [u32], data: &mut [u32]) {
+    if drawn.len() <= ROWS_PER_TASK {
+        // Each row's place, then the rows read chunk by chunk, in order
+        // within each (the planes read forwards, not at random).
+        let mut places: Vec<(usize, u64, usize, usize)> = Vec::with_capacity(drawn.len());
+        let mut at = 0;
+        for d in drawn {
+            places.push((d.chunk, d.row, at, d.nnz));
+            at += d.nnz;
+        }
+        places.sort_unstable();
+        for (chunk, row, at, n) in places {
+            let planes = &held[chunk].as_ref().expect("a drawn cell's chunk is held").planes;
+            // (Streaming stores: the batch goes straight out.)
+            planes.write_row_with(row, &mut indices[at..at + n], &mut data[at..at + n], true);
+        }
+        return;
+    }
+    let (first, second) = drawn.split_at(drawn.len() / 2);
+    let split = first.iter().map(|d| d.nnz).sum();
+    let (indices_first, indices_second) = indices.split_at_mut(split);
+    let (data_first, data_second) = data.split_at_mut(split);
+    rayon::join(
+        || write_rows(held, first, indices_first, data_first),
+        || write_rows(held, second, indices_second, data_second),
+    );
+}

@@ -1,0 +1,229 @@
+//! The decoding stage: a window of units whose chunks are chosen one at a
+//! time at random among all of the window's, each decompressed into its
+//! byte planes (checked) and handed on as an [`OpenChunk`] with the rows the
+//! share reads from it. It fetches nothing and writes no batch: the stages
+//! before and after it do.
+
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::Arc;
+
+use rand::seq::SliceRandom;
+use rand::RngExt;
+use rand_pcg::Pcg64Mcg;
+use rayon::prelude::*;
+
+use super::buffers::{PlanesPool, MAX_DECODE_GROUP};
+use super::fetch::Fetched;
+use super::options::LoaderError;
+use super::plan::{rng_for, EpochPlan, Unit};
+use crate::format::tile::ChunkPlanes;
+use crate::vocabulary::GeneMap;
+
+/// A chunk decompressed for the batcher: its planes, the global index of its
+/// tile's first cell, and the rows of it this share reads, in the order they
+/// are to be written (the batcher pops them from the end).
+pub(super) struct OpenChunk {
+    pub(super) planes: ChunkPlanes,
+    pub(super) start: u64,
+    pub(super) rows: Vec<u64>,
+    /// The map of its dataset's columns onto the batches'.
+    pub(super) genes: Option<Arc<GeneMap>>,
+}
+
+/// Chunks decompressed together, in parallel, ahead of the batcher (one per
+/// thread of the pool): at most this many wait for it, and as many are being
+/// decompressed.
+pub(super) fn decode_group(pool: Option<&rayon::ThreadPool>) -> usize {
+    pool.map_or_else(rayon::current_num_threads, |p| p.current_num_threads()).clamp(1, MAX_DECODE_GROUP)
+}
+
+/// Runs `f` on `pool`, or on rayon's global pool when None.
+pub(super) fn on<T: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> T + Send) -> T {
+    match pool {
+        Some(pool) => pool.install(f),
+        None => f(),
+    }
+}
+
+/// The rows one share reads from one chunk of one of its units.
+struct Piece {
+    unit: usize,
+    chunk: usize,
+    rows: Vec<u64>,
+}
+
+/// The decoding thread's window: the units whose chunks are still to be
+/// chosen, and the bytes of every unit with a chunk still to be decoded.
+struct Window {
+    /// Per unit: its tile's bytes (and dataset) while a chunk of it is to be
+    /// decoded.
+    blobs: Vec<Option<Fetched>>,
+    /// Per unit: how many of its chunks are still to be chosen.
+    unchosen: Vec<usize>,
+    /// The chunks still to be chosen, of every unit in the window.
+    pending: Vec<Piece>,
+    /// Units in the window (with a chunk still to be chosen).
+    open: usize,
+    /// The next unit to let in.
+    next: usize,
+}
+
+impl Window {
+    /// Lets units in, as their tiles arrive (each checked once), while fewer
+    /// than `size` have chunks to choose. False when the fetcher has stopped,
+    /// which it does only when the loader is dropped.
+    fn admit(
+        &mut self,
+        size: usize,
+        units: &[Unit],
+        tiles: &Receiver<Result<Fetched, LoaderError>>,
+    ) -> Result<bool, LoaderError> {
+        while self.open < size && self.next < units.len() {
+            let Ok(fetched) = tiles.recv() else {
+                return Ok(false);
+            };
+            let fetched = fetched?;
+            let u = self.next;
+            let unit = &units[u];
+            let tile = fetched.member.dataset.parse_tile(unit.tile, &fetched.blob)?;
+            let mut i = 0;
+            for (chunk, cells) in tile.chunk_cells().enumerate() {
+                let mut rows = Vec::new();
+                while i < unit.rows.len() && unit.rows.get(i) < cells.end {
+                    rows.push(unit.rows.get(i));
+                    i += 1;
+                }
+                // Cells drawn several times (an epoch drawn by weight) would
+                // make a chunk of the most drawn ones last longest, the
+                // epoch's last batches all from it: a chunk drawn more than
+                // twice its cells is read as several pieces of at most twice
+                // its cells, each decompressed when chosen. (At most its
+                // cells made every chunk of an epoch drawn evenly two
+                // pieces, open side by side: 0.86 of random instead of 0.90,
+                // at 0.77x the speed.)
+                let most = 2 * (cells.end - cells.start).max(1) as usize;
+                let parts = rows.len().div_ceil(most);
+                if parts > 1 {
+                    for part in 0..parts {
+                        let rows = rows.iter().skip(part).step_by(parts).copied().collect();
+                        self.pending.push(Piece { unit: u, chunk, rows });
+                        self.unchosen[u] += 1;
+                    }
+                } else if !rows.is_empty() {
+                    self.pending.push(Piece { unit: u, chunk, rows });
+                    self.unchosen[u] += 1;
+                }
+            }
+            if self.unchosen[u] > 0 {
+                self.blobs[u] = Some(fetched);
+                self.open += 1;
+            }
+            self.next += 1;
+        }
+        Ok(true)
+    }
+
+    /// The next chunk: one of the window's at random, or, without `rng`, the
+    /// first in dataset order. None when no chunk is left.
+    fn choose(&mut self, rng: Option<&mut Pcg64Mcg>) -> Option<Piece> {
+        if self.pending.is_empty() {
+            return None;
+        }
+        let piece = match rng {
+            Some(rng) => self.pending.swap_remove(rng.random_range(0..self.pending.len())),
+            None => self.pending.remove(0),
+        };
+        self.unchosen[piece.unit] -= 1;
+        if self.unchosen[piece.unit] == 0 {
+            self.open -= 1;
+        }
+        Some(piece)
+    }
+}
+
+/// The decoding thread. It keeps up to `window_tiles` units whose chunks are
+/// not all chosen yet (their tiles checked once, when they come in, and kept
+/// compressed), chooses the next chunk at random among all of theirs, and
+/// lets the next unit in as soon as one has had its last chunk chosen. The
+/// chosen chunks are decompressed `group` at a time, in parallel, and handed
+/// on in the order chosen. The choices depend only on the plan and the seed,
+/// never on the threads or the timing.
+pub(super) fn decode_chunks(
+    plan: &EpochPlan,
+    pool: Option<&rayon::ThreadPool>,
+    group: usize,
+    pool_of_planes: &PlanesPool,
+    tiles: Receiver<Result<Fetched, LoaderError>>,
+    out: &SyncSender<Result<OpenChunk, LoaderError>>,
+) {
+    let options = &plan.options;
+    let units = &plan.units;
+    // (Two streams: how many chunks are decompressed together must change
+    // neither.)
+    let mut choose = rng_for(options, "chunks", &[plan.share as u64]);
+    let mut shuffle_rows = rng_for(options, "rows", &[plan.share as u64]);
+    // In dataset order one tile at a time is enough.
+    let size = if options.shuffle { options.window_tiles } else { 1 };
+    let mut window = Window {
+        blobs: vec![None; units.len()],
+        unchosen: vec![0; units.len()],
+        pending: Vec::new(),
+        open: 0,
+        next: 0,
+    };
+    let result = (|| -> Result<(), LoaderError> {
+        loop {
+            let mut chosen: Vec<Piece> = Vec::with_capacity(group);
+            while chosen.len() < group {
+                if !window.admit(size, units, &tiles)? {
+                    return Ok(());
+                }
+                let Some(piece) = window.choose(options.shuffle.then_some(&mut choose)) else {
+                    break;
+                };
+                chosen.push(piece);
+            }
+            if chosen.is_empty() {
+                return Ok(());
+            }
+            let decoded = on(pool, || {
+                chosen
+                    .par_iter()
+                    .map(|piece| {
+                        let tile = units[piece.unit].tile;
+                        let fetched = window.blobs[piece.unit].as_ref().ok_or_else(|| {
+                            LoaderError::Internal("a chunk was chosen after its tile was let go".into())
+                        })?;
+                        let dataset = &fetched.member.dataset;
+                        let parsed = dataset.parse_tile_again(tile, &fetched.blob)?;
+                        let mut planes = pool_of_planes.take();
+                        parsed.decode_planes(piece.chunk, &mut planes).map_err(|e| dataset.tile_error(tile, e))?;
+                        Ok(planes)
+                    })
+                    .collect::<Result<Vec<ChunkPlanes>, LoaderError>>()
+            })?;
+            // (Read before any unit is let go: a group may hold several
+            // chunks of one.)
+            let maps: Vec<Option<Arc<GeneMap>>> =
+                chosen.iter().map(|p| window.blobs[p.unit].as_ref().and_then(|f| f.member.genes.clone())).collect();
+            for ((piece, planes), genes) in chosen.into_iter().zip(decoded).zip(maps) {
+                if window.unchosen[piece.unit] == 0 {
+                    window.blobs[piece.unit] = None;
+                }
+                let mut rows = piece.rows;
+                if options.shuffle {
+                    rows.shuffle(&mut shuffle_rows);
+                } else {
+                    rows.reverse(); // popped from the end
+                }
+                let start = units[piece.unit].start;
+                if out.send(Ok(OpenChunk { planes, start, rows, genes })).is_err() {
+                    return Ok(());
+                }
+            }
+        }
+    })();
+    if let Err(e) = result {
+        let _ = out.send(Err(e));
+    }
+}
