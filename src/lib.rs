@@ -56,6 +56,7 @@ pub mod loader;
 #[cfg(feature = "convert")]
 pub mod mtx;
 pub mod obs;
+pub mod planned;
 pub mod storage;
 #[cfg(feature = "convert")]
 pub mod tenx;

@@ -8,9 +8,9 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import numpy as np
 
@@ -24,13 +24,13 @@ from ._errors import (
     UnknownNameError,
 )
 from ._options import DEFAULTS, LoaderOptions, loader_options
-from ._vocabulary import Form, form_options
+from ._vocabulary import Form, FormArgs, form_from, form_options
 
 if TYPE_CHECKING:
     import anndata
     import pandas as pd
 
-    from ._loader import Loader
+    from ._loader import Gathers, Loader
     from ._vocabulary import Vocabulary
 
 #: What ``genes=`` of :func:`open_collection` accepts.
@@ -300,6 +300,32 @@ class Collection:
     ) -> tuple[int, int]:
         weights, dataset_weights = self._draws(cells, weights)
         return self.native.epoch_size(cells, options, weights, num_samples, dataset_weights)
+
+    def gathers(
+        self,
+        lists: Iterable[Cells],
+        *,
+        ahead: int = 4,
+        obs_columns: Sequence[str] | None = None,
+        **form: Unpack[FormArgs],
+    ) -> Gathers:
+        """Gathers planned ahead over the collection's cells, in its gene
+        vocabulary: as :meth:`deltacells.Dataset.gathers` (without ``genes``,
+        which the collection fixes). Each list may mix cells of any of its
+        datasets.
+
+        >>> for batch in coll.gathers([[0, 5_000_000, 7], range(100)], ahead=2):
+        ...     x = batch.X.to_scipy()
+        """
+        from ._loader import Gathers
+
+        return Gathers(self, lists, ahead, obs_columns, None, form_from(form, self.n_genes))
+
+    def _start_gathers(
+        self, lists: list[np.ndarray], form: Form, genes: Vocabulary | None, ahead: int
+    ) -> _deltacells.RawBatches:
+        """Starts reading planned gathers (the gathers' protocol)."""
+        return self.native.gathers(lists, form, ahead)
 
     def _start_batches(
         self,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import numpy as np
 
@@ -16,14 +16,14 @@ from ._args import MAX_BYTES, column_names, flag, integer, location, thread_coun
 from ._errors import ArgumentTypeError, CellIndexError, DeltacellsError, InvalidArgumentError
 from ._obs import Obs
 from ._options import DEFAULTS, LoaderOptions, loader_options
-from ._vocabulary import Form, Genes, Vocabulary, VocabularyReport, form_options, resolve
+from ._vocabulary import Form, FormArgs, Genes, Vocabulary, VocabularyReport, form_from, form_options, resolve
 
 if TYPE_CHECKING:
     import anndata
     import pandas as pd
     import scipy.sparse
 
-    from ._loader import Loader
+    from ._loader import Gathers, Loader
 
 #: Handles a forked child inherited from its parent: kept, never used or freed
 #: there (freeing would wait for the parent's threads, which the child lacks).
@@ -337,6 +337,48 @@ class Dataset:
     ) -> _deltacells.RawBatches:
         """Starts reading one epoch's share (the loader's protocol)."""
         return self.native.batches(cells, options, weights, num_samples, None if genes is None else genes.native, form)
+
+    def gathers(
+        self,
+        lists: Iterable[Cells],
+        *,
+        ahead: int = 4,
+        obs_columns: Sequence[str] | None = None,
+        genes: Genes | None = None,
+        gene_column: str | None = None,
+        **form: Unpack[FormArgs],
+    ) -> Gathers:
+        """Gathers planned ahead: ``lists`` of cells (each a list, an integer
+        array, a range or a slice) read in order, one :class:`CellBatch` per
+        list with the rows in the list's order, read on a Rust thread up to
+        ``ahead`` lists (1 to 1024) before the consumer, so that the next
+        lists are read while the model trains on this one. For the pairs of a
+        perturbation model (a perturbed cell and its matched controls per
+        step), the cell sets of a set-based model, or a sampler's batches
+        drawn ahead. Every cell is checked when the gathers are made.
+
+        ``obs_columns``, ``genes``, ``gene_column`` and the form keywords
+        (``normalize``, ``normalize_over``, ``log1p``, ``dense``, ``top_k``,
+        ``dtype``, ``sorted_columns``) are those of :meth:`batches`; counts
+        stay counts unless asked. Memory: ``ahead`` batches, and the
+        dataset's cache of decompressed chunks (see :func:`open_dataset`'s
+        ``cache_bytes``), which makes cells drawn again cost nothing.
+
+        >>> steps = [np.r_[perturbed[i], controls[i]] for i in range(1000)]
+        >>> for batch in ds.gathers(steps, ahead=8, obs_columns=["condition"]):
+        ...     x = batch.X.to_scipy()
+        """
+        from ._loader import Gathers
+
+        vocabulary = resolve(self, genes, gene_column)
+        shaped = form_from(form, self.n_genes if vocabulary is None else vocabulary.n_genes)
+        return Gathers(self, lists, ahead, obs_columns, vocabulary, shaped)
+
+    def _start_gathers(
+        self, lists: list[np.ndarray], form: Form, genes: Vocabulary | None, ahead: int
+    ) -> _deltacells.RawBatches:
+        """Starts reading planned gathers (the gathers' protocol)."""
+        return self.native.gathers(lists, form, None if genes is None else genes.native, ahead)
 
     def io_stats(self) -> dict[str, int]:
         """What reading this dataset has asked of its storage so far, in this

@@ -3,7 +3,7 @@ Rust threads (see :meth:`deltacells.Dataset.batches`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -11,7 +11,7 @@ import numpy as np
 from ._args import integer
 from ._dataset import Batch
 from ._errors import InvalidArgumentError
-from ._options import MAX_U64, LoaderOptions
+from ._options import MAX_PREFETCH, MAX_U64, LoaderOptions
 from ._vocabulary import Form
 
 if TYPE_CHECKING:
@@ -169,3 +169,53 @@ class Loader:
         share = f"rank {o['rank']}/{o['world_size']}, worker {o['worker']}/{o['num_workers']}"
         return (f"<deltacells.Loader {self.dataset.root!r}: batches of {o['batch_size']}, epoch {o['epoch']}, "
                 f"{'shuffled' if o['shuffle'] else 'in order'}, {share}>")
+
+
+class Gathers:
+    """Lists of cells read in order, ahead of the consumer (see
+    :meth:`deltacells.Dataset.gathers`): iterate over it for one
+    :class:`CellBatch` per list. Each iteration starts the Rust thread that
+    reads the lists and stops it when the iteration ends or is abandoned.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset | Collection,
+        lists: Iterable[Cells],
+        ahead: int,
+        obs_columns: Sequence[str] | None,
+        genes: Vocabulary | None,
+        form: Form,
+    ) -> None:
+        if isinstance(lists, (str, bytes)) or not isinstance(lists, Iterable):
+            raise InvalidArgumentError(f"lists must be an iterable of cell lists, not {lists!r:.80}")
+        self.dataset = dataset
+        self.lists = [dataset.cell_indices(cells) for cells in lists]  # each checked now
+        self.ahead = integer("ahead", ahead, 1, MAX_PREFETCH)
+        if obs_columns is not None and (isinstance(obs_columns, str) or not isinstance(obs_columns, Sequence)):
+            raise InvalidArgumentError(f"obs_columns must be a list of column names, not {obs_columns!r}")
+        self.obs_columns = list(obs_columns) if obs_columns else []
+        for name in self.obs_columns:
+            dataset.obs.kind(name)
+        self.genes = genes
+        self.form = form
+
+    def __len__(self) -> int:
+        """The lists (one batch each)."""
+        return len(self.lists)
+
+    def __iter__(self) -> Iterator[CellBatch]:
+        dataset = self.dataset
+        obs = dataset.obs
+        columns = self.obs_columns
+        if columns:
+            obs.ensure_local(columns)
+        raw = dataset._start_gathers(self.lists, self.form, self.genes, self.ahead)
+        n_genes = dataset.n_genes if self.genes is None else self.genes.n_genes
+        for cells, indptr, indices, data, top_k, top_k_values in raw:
+            values = obs.take(cells, columns) if columns else {}
+            x = data if indptr is None or indices is None else Batch(indptr, indices, data, n_genes)
+            yield CellBatch(x, cells, values, top_k, top_k_values)
+
+    def __repr__(self) -> str:
+        return f"<deltacells.Gathers {self.dataset.root!r}: {len(self.lists)} lists, {self.ahead} ahead>"

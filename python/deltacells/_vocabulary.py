@@ -215,6 +215,33 @@ class Form(TypedDict):
     sorted_columns: bool
 
 
+class FormArgs(TypedDict, total=False):
+    """A batch's form as the read methods take it, by keyword (see
+    :meth:`deltacells.Dataset.get_batch` and :meth:`deltacells.Dataset.batches`
+    for what each does): one definition that :meth:`Dataset.gathers` and
+    :meth:`Collection.gathers` take as ``**form``."""
+
+    normalize: float | None
+    normalize_over: str
+    log1p: bool
+    dense: bool
+    top_k: int | None
+    dtype: object
+    sorted_columns: bool
+
+
+def form_from(args: FormArgs, n_genes: int) -> Form:
+    """:class:`FormArgs` checked (an unknown keyword is an error naming it), as the Rust reader takes them."""
+    unknown = set(args) - set(FormArgs.__annotations__)
+    if unknown:
+        raise InvalidArgumentError(f"unknown keyword {sorted(unknown)[0]!r}: a batch's form takes "
+                                   f"{', '.join(FormArgs.__annotations__)}")
+    return form_options(
+        args.get("normalize"), args.get("normalize_over", "stored"), args.get("log1p", False),
+        args.get("dense", False), args.get("top_k"), n_genes, args.get("dtype"), args.get("sorted_columns", True),
+    )
+
+
 def form_options(
     normalize: float | None,
     normalize_over: str,

@@ -1,5 +1,6 @@
-//! The loader's options as the binding takes them, and `RawBatches`: one
-//! epoch's share of batches read on background threads.
+//! The loader's options as the binding takes them, and `RawBatches`: batches
+//! read on background threads (one epoch's share of the loader, or a plan of
+//! gathers).
 
 use std::sync::Arc;
 
@@ -7,7 +8,7 @@ use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 
 use deltacells::batch::{BatchOutput, FormedBatch};
-use deltacells::loader::{self, BufferPool, FloatPool, LoaderOptions};
+use deltacells::loader::{BufferPool, FloatPool, LoaderBatch, LoaderOptions};
 
 use crate::arrays::{as_i64, formed_arrays};
 use crate::errors::{detached, Failure};
@@ -75,11 +76,11 @@ impl<'a, 'py> FromPyObject<'a, 'py> for LoaderArgs {
     }
 }
 
-/// One epoch's share of batches being read on background threads
-/// (`RawDataset.batches`). Dropping it stops them.
+/// Batches being read on background threads (`RawDataset.batches`,
+/// `RawDataset.gathers`). Dropping it stops them.
 #[pyclass(module = "deltacells._deltacells")]
 pub(crate) struct RawBatches {
-    batches: std::sync::Mutex<loader::Batches>,
+    batches: std::sync::Mutex<BatchSource>,
     /// The form the batches are in.
     output: BatchOutput,
     /// Where each batch's indices and data go back when NumPy frees them.
@@ -89,6 +90,9 @@ pub(crate) struct RawBatches {
     n_cells: u64,
     n_batches: u64,
 }
+
+/// Where batches come from: the loader's pipeline or a plan of gathers.
+pub(crate) type BatchSource = Box<dyn Iterator<Item = Result<LoaderBatch, Failure>> + Send>;
 
 pub(crate) type BatchArrays<'py> = (
     Bound<'py, PyArray1<i64>>,
@@ -102,7 +106,7 @@ pub(crate) type BatchArrays<'py> = (
 impl RawBatches {
     /// Batches being read, whose buffers go back to `buffers`.
     pub(crate) fn new(
-        batches: loader::Batches,
+        batches: BatchSource,
         (buffers, floats): (Arc<BufferPool>, Arc<FloatPool>),
         n_cells: u64,
         n_batches: u64,
@@ -134,7 +138,7 @@ impl RawBatches {
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<BatchArrays<'py>>> {
         let next = detached(py, || {
             let mut batches = self.batches.lock().unwrap_or_else(|p| p.into_inner());
-            batches.next().transpose().map_err(Failure::from)
+            batches.next().transpose()
         })?;
         let Some(batch) = next else { return Ok(None) };
         let rows = batch.cells.len();

@@ -10,9 +10,10 @@ use pyo3::prelude::*;
 
 use deltacells::collection::{Collection, CollectionError, CollectionFile, CollectionState, GeneChoice};
 use deltacells::loader::{self, EpochPlan, TileSource};
+use deltacells::planned::PlannedGathers;
 use deltacells::storage::StoreOptions;
 
-use crate::arrays::{cell_vec, formed_arrays, weight_vec, FormedArrays};
+use crate::arrays::{cell_vec, formed_arrays, weight_vec, FormedArrays, POOLED_BUFFERS};
 use crate::batches::{LoaderArgs, RawBatches};
 use crate::dataset::RawDataset;
 use crate::errors::{detached, Failure, Kind};
@@ -222,6 +223,32 @@ impl RawCollection {
         formed_arrays(py, formed, &output, None)
     }
 
+    /// Gathers planned ahead, in the collection's vocabulary (as
+    /// `RawDataset.gathers`).
+    #[pyo3(signature = (lists, form, ahead=4))]
+    fn gathers(
+        &self,
+        py: Python<'_>,
+        lists: Vec<PyReadonlyArray1<'_, i64>>,
+        form: FormArgs,
+        ahead: usize,
+    ) -> PyResult<RawBatches> {
+        let lists: Vec<Vec<i64>> = lists.iter().map(cell_vec).collect();
+        let output = form.output(None).map_err(|f| f.into_pyerr(py))?;
+        detached(py, || {
+            let lists = lists.iter().map(|l| self.checked(l)).collect::<Result<Vec<_>, _>>()?;
+            let (n_cells, n_batches) = (lists.iter().map(|l| l.len() as u64).sum(), lists.len() as u64);
+            let (collection, pool, form) = (self.collection.clone(), self.threads.pool()?, output.clone());
+            let planned = PlannedGathers::start(lists, ahead, move |cells| {
+                pool.install(|| collection.read_cells_formed(cells, &form)).map_err(Failure::from)
+            })
+            .map_err(|e| Failure { kind: Kind::Other, message: format!("cannot start a thread: {e}") })?;
+            let pools =
+                (Arc::new(loader::BufferPool::new(POOLED_BUFFERS)), Arc::new(loader::FloatPool::new(POOLED_BUFFERS)));
+            Ok(RawBatches::new(Box::new(planned), pools, n_cells, n_batches, output))
+        })
+    }
+
     /// Plans one epoch's share: (cells, batches) it yields.
     #[pyo3(signature = (cells, options, weights=None, num_samples=None, dataset_weights=None))]
     fn epoch_size(
@@ -270,6 +297,7 @@ impl RawCollection {
             let pool = Some(self.threads.pool()?);
             let source: Arc<dyn TileSource> = self.collection.clone();
             let batches = loader::Batches::start_over(source, plan, pool, &buffers, output)?;
+            let batches = Box::new(batches.map(|b| b.map_err(Failure::from)));
             Ok(RawBatches::new(batches, (buffers.batches, buffers.values), n_cells, n_batches, kept))
         })
     }

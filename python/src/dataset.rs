@@ -13,6 +13,7 @@ use deltacells::batch::CellWriter;
 use deltacells::format::{self, CsrMatrix};
 use deltacells::loader::{self, BufferPool, EpochPlan};
 use deltacells::obs::localize;
+use deltacells::planned::PlannedGathers;
 use deltacells::storage::{self, StoreOptions};
 use deltacells::{Dataset, ReadOptions};
 
@@ -255,6 +256,43 @@ impl RawDataset {
         formed_arrays(py, formed, &output, None)
     }
 
+    /// Gathers planned ahead: `lists` of cells read in order, each in the
+    /// batch's form, on a thread of their own up to `ahead` lists before
+    /// the consumer (as `RawBatches`).
+    #[pyo3(signature = (lists, form, genes=None, ahead=4))]
+    fn gathers(
+        &self,
+        py: Python<'_>,
+        lists: Vec<PyReadonlyArray1<'_, i64>>,
+        form: FormArgs,
+        genes: Option<PyRef<'_, RawGeneMap>>,
+        ahead: usize,
+    ) -> PyResult<RawBatches> {
+        let lists: Vec<Vec<i64>> = lists.iter().map(cell_vec).collect();
+        let output = form
+            .output(genes.as_deref())
+            .and_then(|o| o.check(self.dataset.n_genes()).map(|()| o).map_err(Failure::from))
+            .map_err(|f| f.into_pyerr(py))?;
+        detached(py, || {
+            let n_cols = output.n_cols(self.dataset.n_genes());
+            let lists = lists.iter().map(|l| self.check_cells(l)).collect::<Result<Vec<_>, _>>()?;
+            for l in &lists {
+                output.check_rows(l.len() as u64, n_cols)?;
+            }
+            let (n_cells, n_batches) = (lists.iter().map(|l| l.len() as u64).sum(), lists.len() as u64);
+            let (dataset, pool, form) = (self.dataset.clone(), self.threads.pool()?, output.clone());
+            let planned = PlannedGathers::start(lists, ahead, move |cells| {
+                pool.install(|| dataset.read_cells_formed(cells, &form)).map_err(Failure::from)
+            })
+            .map_err(|e| Failure { kind: Kind::Other, message: format!("cannot start a thread: {e}") })?;
+            let pools = (
+                Arc::new(BufferPool::new(POOLED_BUFFERS)),
+                Arc::new(deltacells::loader::FloatPool::new(POOLED_BUFFERS)),
+            );
+            Ok(RawBatches::new(Box::new(planned), pools, n_cells, n_batches, output))
+        })
+    }
+
     /// The nonzeros of each stored column (uint64), from a pass over every tile.
     fn column_nonzeros<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u64>>> {
         let counts = detached(py, || self.install(|| Ok(self.dataset.column_nonzeros()?)))?;
@@ -344,6 +382,7 @@ impl RawDataset {
             let buffers = self.loader_buffers.for_options(&options.0);
             let pool = Some(self.threads.pool()?);
             let batches = loader::Batches::start_with(self.dataset.clone(), plan, pool, &buffers, output)?;
+            let batches = Box::new(batches.map(|b| b.map_err(Failure::from)));
             Ok(RawBatches::new(batches, (buffers.batches, buffers.values), n_cells, n_batches, kept))
         })
     }
