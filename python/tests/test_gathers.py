@@ -55,7 +55,7 @@ def test_gathers_give_get_batchs_rows_in_order(small: str, lists: list[list[int]
         given_lists = [np.array(cells, dtype=dtype) for cells in lists]
     gathered = list(ds.gathers(given_lists, ahead=ahead, obs_columns=["obs_names"]))
     assert len(gathered) == len(lists)
-    for cells, batch in zip(lists, gathered):
+    for cells, batch in zip(lists, gathered, strict=True):
         assert batch.cells.tolist() == cells
         same(batch.X, ds.get_batch(cells))
         assert batch.obs["obs_names"].tolist() == ds.obs.take(np.array(cells, dtype=np.int64),
@@ -79,7 +79,7 @@ def test_gathers_take_the_batch_forms_of_get_batch(small: str) -> None:
 def test_collection_gathers_mix_datasets(small: str, other: str) -> None:
     coll = deltacells.open_collection([small, other])
     lists = [[0, 1999, 1000, 5], range(990, 1010), [1500, 1500]]
-    for cells, batch in zip(lists, coll.gathers(lists, ahead=2)):
+    for cells, batch in zip(lists, coll.gathers(lists, ahead=2), strict=True):
         assert batch.cells.tolist() == list(cells)
         same(batch.X, coll.get_batch(cells))
         # the second dataset's cell c is the first's cell c - 1000
@@ -91,7 +91,7 @@ def test_collection_gathers_mix_datasets(small: str, other: str) -> None:
 def test_an_abandoned_iteration_stops_and_can_start_again(small: str) -> None:
     ds = deltacells.open_dataset(small)
     gathers = ds.gathers([[i, 999 - i] for i in range(500)], ahead=3)
-    for i, batch in enumerate(gathers):
+    for i, _batch in enumerate(gathers):
         if i == 2:
             break
     again = [b.cells.tolist() for b in gathers]
