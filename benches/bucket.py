@@ -15,8 +15,12 @@ process of its own:
 
 Each reads EPOCHS shuffled epochs with `ds.batches` (batches of 1,024, the
 loader's defaults) and BATCHES random `get_batch` batches of 1,024 cells.
-The proxy counts the requests and bytes of each reading. Prints a table;
-not run by the tests.
+The proxy counts the requests and bytes of each reading (opening the
+dataset included). With --epochs 0 only the random batches are read, and
+the table gives each batch's time (the first, which reads the tiles'
+indexes, and the median of the rest), that median in round trips of the
+slow link, and the requests and bytes a batch. Prints a table; not run by
+the tests.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -113,6 +118,7 @@ def measure(root: str, endpoint: str, epochs: int, batches: int) -> dict:
     ds = deltacells.open_dataset(root, **({"endpoint": endpoint} if endpoint else {}))
     opened = time.perf_counter() - started
     times = []
+    cells = 0
     for epoch in range(epochs):
         started = time.perf_counter()
         cells = 0
@@ -122,10 +128,15 @@ def measure(root: str, endpoint: str, epochs: int, batches: int) -> dict:
         times.append(time.perf_counter() - started)
     rng = np.random.default_rng(0)
     started = time.perf_counter()
+    each = []
     for _ in range(batches):
-        ds.get_batch(np.sort(rng.choice(ds.n_cells, BATCH, replace=False))).to_scipy()
+        drawn = np.sort(rng.choice(ds.n_cells, BATCH, replace=False))
+        began = time.perf_counter()
+        ds.get_batch(drawn).to_scipy()
+        each.append(time.perf_counter() - began)
     random_seconds = time.perf_counter() - started
-    return {"open": opened, "epochs": times, "cells": cells, "random_seconds": random_seconds}
+    return {"open": opened, "epochs": times, "cells": cells, "random_seconds": random_seconds,
+            "batch_seconds": each}
 
 
 def child(root: str, endpoint: str, epochs: int, batches: int) -> dict:
@@ -184,6 +195,21 @@ def main() -> None:
           f"{size / 1e6:,.1f} MB; {args.epochs} shuffled epochs (ds.batches, batches of {BATCH:,}) and "
           f"{args.batches} random get_batch batches of {BATCH:,}; local bytes left cached before: {left:,}")
     print()
+    if args.epochs == 0:
+        # Random batches alone: what each costs in time, requests and round trips.
+        latency = args.latency_ms / 1000
+        print("| store | random get_batch cells/s | first batch s | median batch s (2nd on) | "
+              "median / latency | requests a batch | MB a batch |")
+        print("|---|---|---|---|---|---|---|")
+        for name, (r, counts) in rows.items():
+            times = r["batch_seconds"]
+            median = statistics.median(times[1:] or times)
+            slow = name.startswith("the same")
+            per = "- | -" if counts is None else (f"{counts[0] / args.batches:,.1f} | "
+                                                  f"{counts[1] / 1e6 / args.batches:,.2f}")
+            print(f"| {name} | {args.batches * BATCH / r['random_seconds']:,.0f} | {times[0]:.3f} | {median:.3f} | "
+                  f"{f'{median / latency:.1f}' if slow else '-'} | {per} |")
+        return
     print("| store | open s | first epoch cells/s | last epoch cells/s | x local | random get_batch cells/s | "
           "requests | MB fetched |")
     print("|---|---|---|---|---|---|---|---|")

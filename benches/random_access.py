@@ -5,7 +5,10 @@ buys, against anndata's backed mode on the same cells, in one run.
                                               [--work DIR] [--baseline OTHER.h5ad]
 
 SOURCE is converted once per chunk count (`deltacells convert --chunks N`,
-the other settings at their defaults: 10,000-cell tiles, zstd level 19).
+the other settings at their defaults: 10,000-cell tiles, zstd level 19;
+with --reuse, stores already converted are read again). Each is read as
+`open_dataset` opens it (a cache of 512 MiB of decompressed chunks) and
+with `cache_bytes=0` (every batch reads and decompresses what it needs).
 Each store is then read, each reading in a process of its own:
 
 - random batches: BATCHES batches of 1,024 cells drawn at random (the same
@@ -56,7 +59,9 @@ def opened(store: str):
         return x.shape[0], lambda cells: x[cells], lambda a, b: x[a:b]
     import deltacells
 
-    ds = deltacells.open_dataset(store)
+    # "PATH#nocache": opened with no cache of decompressed chunks.
+    path, _, how = store.partition("#")
+    ds = deltacells.open_dataset(path, **({"cache_bytes": 0} if how == "nocache" else {}))
     return (ds.n_cells, lambda cells: ds.get_batch(cells).to_scipy(),
             lambda a, b: ds.get_batch(slice(a, b)).to_scipy())
 
@@ -68,7 +73,7 @@ def measure(store: str, batches: int, cold: bool) -> dict:
     drawn = [np.sort(rng.choice(n, size=BATCH, replace=False)) for _ in range(batches)]
     result: dict = {"cells": n}
     if cold:
-        result["cached_before"] = evict(Path(store))
+        result["cached_before"] = evict(Path(store.partition("#")[0]))
     else:
         for cells in drawn:
             listed(cells)
@@ -123,6 +128,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--work", default=str(REPO / "target" / "bench-random"))
     parser.add_argument("--baseline", help="the same cells as an .h5ad anndata wrote: the x-anndata columns' base")
+    parser.add_argument("--reuse", action="store_true", help="read the stores already in --work, if complete")
     parser.add_argument("--measure", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
@@ -137,15 +143,19 @@ def main() -> None:
     rows = {}
     for chunks in [int(c) for c in args.chunks.split(",")]:
         store = work / f"{source.stem}-chunks{chunks}"
-        shutil.rmtree(store, ignore_errors=True)
-        started = time.perf_counter()
-        subprocess.run([str(BINARY), "convert", "-q", "--chunks", str(chunks), str(source), str(store)], check=True,
-                       env=ENV)
-        seconds = time.perf_counter() - started
-        rows[f"deltacells --chunks {chunks}"] = {"convert_seconds": seconds, "bytes": size_of(store),
-                                                 "warm": child(str(store), args.batches, False),
-                                                 "cold": child(str(store), args.batches, True)}
-        print(f"# --chunks {chunks}: converted in {seconds:.1f} s, read", file=sys.stderr)
+        seconds = None
+        if not (args.reuse and (store / "manifest.json").is_file()):
+            shutil.rmtree(store, ignore_errors=True)
+            started = time.perf_counter()
+            subprocess.run([str(BINARY), "convert", "-q", "--chunks", str(chunks), str(source), str(store)],
+                           check=True, env=ENV)
+            seconds = time.perf_counter() - started
+        for label, how in (("", ""), (", no cache", "#nocache")):
+            rows[f"deltacells --chunks {chunks}{label}"] = {
+                "convert_seconds": seconds, "bytes": size_of(store),
+                "warm": child(str(store) + how, args.batches, False),
+                "cold": child(str(store) + how, args.batches, True)}
+        print(f"# --chunks {chunks}: converted in {seconds or 0:.1f} s (0: reused), read", file=sys.stderr)
     rows["anndata backed (.h5ad as given)"] = {"bytes": size_of(source),
                                                "warm": child(str(source), args.batches, False),
                                                "cold": child(str(source), args.batches, True)}
