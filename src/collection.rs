@@ -30,6 +30,7 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rand::seq::SliceRandom;
@@ -154,11 +155,11 @@ struct Member {
     open: Mutex<Option<OpenMember>>,
 }
 
-/// How each of `n` datasets of a collection reads: the default cache budget
-/// of one dataset shared among them, so that a collection of hundreds keeps
-/// no more than one dataset would.
-fn member_read_options(n: usize) -> ReadOptions {
-    ReadOptions { cache_bytes: DEFAULT_CACHE_BYTES / n.max(1) as u64 }
+/// How each of `n` datasets of a collection reads, the collection's cache
+/// budget `total` shared among them: a collection of hundreds keeps no more
+/// than one dataset would.
+fn member_read_options(total: u64, n: usize) -> ReadOptions {
+    ReadOptions { cache_bytes: total / n.max(1) as u64 }
 }
 
 /// Several datasets read as one. See the [module](self).
@@ -170,6 +171,8 @@ pub struct Collection {
     vocabulary: Arc<Vec<String>>,
     gene_column: Option<String>,
     store: StoreOptions,
+    /// Decompressed chunks kept, over all its datasets (each keeps its share).
+    cache_bytes: AtomicU64,
 }
 
 /// Checks the datasets' names and roots: some, each name and root once,
@@ -218,7 +221,7 @@ impl Collection {
             // Checked before anything is opened.
             GeneMap::by_name(&[] as &[&str], names)?;
         }
-        let read = member_read_options(members.len());
+        let read = member_read_options(DEFAULT_CACHE_BYTES, members.len());
         let opened: Vec<Opened> = members
             .par_iter()
             .map(|(name, root)| {
@@ -299,7 +302,8 @@ impl Collection {
             total += m.summary.n_cells;
         }
         starts.push(total);
-        Collection { members, starts, vocabulary: Arc::new(vocabulary), gene_column, store }
+        let cache_bytes = AtomicU64::new(DEFAULT_CACHE_BYTES);
+        Collection { members, starts, vocabulary: Arc::new(vocabulary), gene_column, store, cache_bytes }
     }
 
     /// What another process needs to make this collection again.
@@ -316,6 +320,19 @@ impl Collection {
     /// The datasets, in cell-space order.
     pub fn members(&self) -> impl Iterator<Item = &MemberSummary> {
         self.members.iter().map(|m| &m.summary)
+    }
+
+    /// Sets the bytes of decompressed chunks its datasets' gathers keep in
+    /// all (each its share; default [`DEFAULT_CACHE_BYTES`]), for those open
+    /// now and those opened later.
+    pub fn set_cache_bytes(&self, total: u64) {
+        self.cache_bytes.store(total, Ordering::Relaxed);
+        let share = member_read_options(total, self.members.len()).cache_bytes;
+        for m in &self.members {
+            if let Some(open) = &*m.open.lock().unwrap_or_else(|p| p.into_inner()) {
+                open.dataset.set_cache_bytes(share);
+            }
+        }
     }
 
     /// Datasets.
@@ -368,7 +385,7 @@ impl Collection {
         }
         let s = &m.summary;
         let failed = |source| CollectionError::Member { name: s.name.clone(), source };
-        let read = member_read_options(self.members.len());
+        let read = member_read_options(self.cache_bytes.load(Ordering::Relaxed), self.members.len());
         let dataset = storage::open_with(&s.root, &self.store)
             .map_err(DatasetError::from)
             .and_then(|store| Dataset::from_storage_with(store, &read))

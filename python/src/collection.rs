@@ -118,7 +118,7 @@ impl RawCollection {
     /// gene vocabulary `genes`; with `digests`, refuses a dataset whose
     /// manifest is not the one recorded.
     #[new]
-    #[pyo3(signature = (names, roots, genes, gene_column=None, threads=None, anonymous=false, endpoint=None, digests=None))]
+    #[pyo3(signature = (names, roots, genes, gene_column=None, threads=None, anonymous=false, endpoint=None, digests=None, cache_bytes=deltacells::dataset::DEFAULT_CACHE_BYTES))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -130,6 +130,7 @@ impl RawCollection {
         anonymous: bool,
         endpoint: Option<String>,
         digests: Option<Vec<Option<String>>>,
+        cache_bytes: u64,
     ) -> PyResult<Self> {
         if names.len() != roots.len() {
             return Err(pyo3::exceptions::PyValueError::new_err("names and roots differ in length"));
@@ -149,7 +150,9 @@ impl RawCollection {
                 gene_column,
                 weights: None,
             };
-            pool.install(|| Ok(file.open(&store)?))
+            let collection = pool.install(|| Ok::<_, Failure>(file.open(&store)?))?;
+            collection.set_cache_bytes(cache_bytes);
+            Ok(collection)
         })?;
         Ok(RawCollection { threads: pool, ..RawCollection::wrap(collection, choice, None) })
     }
@@ -157,12 +160,20 @@ impl RawCollection {
     /// The collection `state_json` (from `state_json()`) describes, in this
     /// process: nothing is opened until it is read.
     #[staticmethod]
-    #[pyo3(signature = (state_json, genes, threads=None))]
-    fn from_state(py: Python<'_>, state_json: &str, genes: GenesArg, threads: Option<usize>) -> PyResult<Self> {
+    #[pyo3(signature = (state_json, genes, threads=None, cache_bytes=deltacells::dataset::DEFAULT_CACHE_BYTES))]
+    fn from_state(
+        py: Python<'_>,
+        state_json: &str,
+        genes: GenesArg,
+        threads: Option<usize>,
+        cache_bytes: u64,
+    ) -> PyResult<Self> {
         let collection = detached(py, || {
             let state: CollectionState = serde_json::from_str(state_json)
                 .map_err(|e| Failure { kind: Kind::Value, message: format!("not a collection's state: {e}") })?;
-            Ok(Collection::from_state(state)?)
+            let collection = Collection::from_state(state)?;
+            collection.set_cache_bytes(cache_bytes);
+            Ok(collection)
         })?;
         Ok(RawCollection::wrap(collection, genes.0, threads))
     }

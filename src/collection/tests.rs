@@ -282,3 +282,25 @@ fn datasets_already_in_the_vocabulary_are_read_without_a_map() {
     let flags: Vec<bool> = c.members().map(|m| m.in_vocabulary).collect();
     assert_eq!(flags, vec![true, true, false]);
 }
+
+#[test]
+fn the_cache_budget_is_shared_among_the_datasets() {
+    let t = three();
+    let c = Collection::open(&pairs(&t), &GeneChoice::Union, None, &StoreOptions::default()).unwrap();
+    let cells: Vec<u64> = (0..878).step_by(7).collect();
+    let kept = |c: &Collection| -> Vec<u64> {
+        (0..c.n_members()).map(|m| c.open_member(m).unwrap().dataset.cached_chunk_bytes()).collect()
+    };
+    c.read_cells_formed(&cells, &BatchOutput::default()).unwrap();
+    assert!(kept(&c).iter().all(|&b| b > 0), "{:?}", kept(&c));
+    // A budget of 0 drops what the open datasets keep, and keeps nothing more.
+    c.set_cache_bytes(0);
+    assert_eq!(kept(&c), vec![0, 0, 0]);
+    c.read_cells_formed(&cells, &BatchOutput::default()).unwrap();
+    assert_eq!(kept(&c), vec![0, 0, 0]);
+    // A dataset opened later (from the state) takes its share too.
+    let lazy = Collection::from_state(c.state()).unwrap();
+    lazy.set_cache_bytes(3_000);
+    lazy.read_cells_formed(&cells, &BatchOutput::default()).unwrap();
+    assert!(kept(&lazy).iter().all(|&b| b <= 1_000), "{:?}", kept(&lazy));
+}

@@ -46,6 +46,17 @@ impl<K: Hash + Eq, V> Budgeted<K, V> {
         Budgeted { budget, used: 0, entries: lru::LruCache::unbounded() }
     }
 
+    /// A new budget: the least recently used go until the rest fit.
+    fn set_budget(&mut self, budget: u64) {
+        self.budget = budget;
+        while self.used > self.budget {
+            match self.entries.pop_lru() {
+                Some((_, (_, old))) => self.used -= old,
+                None => break,
+            }
+        }
+    }
+
     fn get(&mut self, key: &K) -> Option<Arc<V>> {
         self.entries.get(key).map(|(v, _)| v.clone())
     }
@@ -114,6 +125,11 @@ impl GatherCache {
         self.checked.lock().unwrap_or_else(|p| p.into_inner()).insert(tile);
     }
 
+    /// A new budget for decompressed chunks.
+    pub(super) fn set_chunk_budget(&self, budget: u64) {
+        self.chunks.lock().unwrap_or_else(|p| p.into_inner()).set_budget(budget);
+    }
+
     /// Bytes of decompressed chunks kept now.
     pub(super) fn chunk_bytes(&self) -> u64 {
         self.chunks.lock().unwrap_or_else(|p| p.into_inner()).used
@@ -143,6 +159,10 @@ mod tests {
         cache.put(0, Arc::new(10), 10);
         assert_eq!(cache.get(&0).as_deref(), Some(&10));
         assert_eq!(cache.used, 70);
+        // a smaller budget drops the least recently used (2) until the rest fit
+        cache.set_budget(40);
+        assert_eq!(cache.used, 40);
+        assert!(cache.get(&2).is_none() && cache.get(&3).is_some() && cache.get(&0).is_some());
         let mut none: Budgeted<u32, u32> = Budgeted::new(0);
         none.put(0, Arc::new(0), 1);
         assert!(none.get(&0).is_none());

@@ -223,9 +223,10 @@ impl Dataset {
         let answers = self.storage.get_ranges_many(&requests);
         let mut jobs = Vec::new();
         for ((slot, missing, ranges), answer) in reads.iter().zip(answers) {
-            let parts = self.answer(needs[*slot].tile, answer)?;
+            // (shared by the tile's chunks: one count, not one copy, each)
+            let parts = Arc::new(self.answer(needs[*slot].tile, answer)?);
             for &(at, c) in missing {
-                jobs.push((*slot, at, c, ranges.clone(), parts.clone()));
+                jobs.push((*slot, at, c, ranges, parts.clone()));
             }
         }
         let decoded: Vec<(usize, Arc<ChunkPlanes>)> = jobs

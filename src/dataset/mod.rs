@@ -108,6 +108,12 @@ impl Dataset {
         self.cache.chunk_bytes()
     }
 
+    /// Sets the budget of decompressed chunks that gathers keep (see
+    /// [`ReadOptions::cache_bytes`]); what no longer fits is dropped.
+    pub fn set_cache_bytes(&self, bytes: u64) {
+        self.cache.set_chunk_budget(bytes);
+    }
+
     /// The checked manifest.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
