@@ -10,9 +10,9 @@ The reading is done by the Rust library (decoding on its own threads, with
 the GIL released); this package gives it NumPy, SciPy and pandas types.
 """
 
-from ._collection import Collection, CollectionObs, Member, open_collection
+from ._collection import Collection, CollectionObs, Member
 from ._convert import AppendSummary, ConvertSummary, append, convert, write_anndata
-from ._dataset import Batch, Dataset, open_dataset
+from ._dataset import Batch, Dataset
 from ._errors import (
     ArgumentTypeError,
     CellIndexError,
@@ -28,6 +28,7 @@ from ._errors import (
 )
 from ._loader import CellBatch, Loader
 from ._obs import Obs
+from ._open import open_collection, open_dataset
 from ._vocabulary import Vocabulary, VocabularyReport, VocabularyWarning
 
 __all__ = [

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 import numpy as np
 
 from . import _deltacells
-from ._args import MAX_BYTES, column_names, flag, integer, location, thread_count
+from ._args import flag, integer
 from ._errors import ArgumentTypeError, CellIndexError, DeltacellsError, InvalidArgumentError
 from ._obs import Obs
 from ._options import DEFAULTS, LoaderOptions, loader_options
@@ -649,63 +649,3 @@ def _var_of(var: pd.DataFrame, vocabulary: Vocabulary, dataset: Dataset) -> pd.D
     table = var.reset_index().reindex(rows)
     table.index = pd.Index(vocabulary.names, name=var.index.name)
     return table.drop(columns=[c for c in table.columns if c == (var.index.name or "index")])
-
-
-def open_dataset(
-    root: str,
-    obs_columns: Sequence[str] | None = None,
-    cache_dir: str | None = None,
-    *,
-    threads: int | None = None,
-    anonymous: bool = False,
-    endpoint: str | None = None,
-    cache_bytes: int = _deltacells.DEFAULT_CACHE_BYTES,
-) -> Dataset:
-    """Opens the dataset at ``root`` and checks its manifest.
-
-    Parameters
-    ----------
-    root
-        A local folder, a ``file://`` URL, or ``s3://bucket/prefix``,
-        ``gs://bucket/prefix``, ``http(s)://host/prefix``, with the credentials
-        the ``deltacells`` command uses (AWS and Google environment variables and
-        configuration files).
-    obs_columns
-        Cell-metadata columns to copy into the local cache now (see :class:`Obs`),
-        so that nothing is fetched during training.
-    cache_dir
-        The cache folder; default ``$DELTACELLS_CACHE``, else
-        ``$XDG_CACHE_HOME/deltacells``, else ``~/.cache/deltacells``.
-    threads
-        Threads that decode (and, for buckets, fetch); default all cores.
-    anonymous
-        Send no credentials (public buckets).
-    endpoint
-        The address of an S3-compatible store or emulator.
-    cache_bytes
-        Keep up to this many bytes of decompressed chunks (4 bytes per
-        nonzero) for ``get_batch`` and the map-style dataset, least recently
-        used out first, so that cells drawn again cost no read and no
-        decompression. Default 512 MiB; 0 keeps none. (Tiles' indexes, which
-        say where each cell's bytes are, are kept apart, up to 64 MiB.)
-
-    Raises :class:`DatasetNotFoundError` (a ``FileNotFoundError``) when there is
-    no dataset, or only an incomplete one, at ``root``; :class:`InvalidArgumentError`
-    or :class:`ArgumentTypeError` naming an argument out of its range
-    (``threads`` from 1 to 1024, ``cache_bytes`` from 0) or of the wrong type.
-
-    >>> ds = open_dataset("gs://bucket/atlas", obs_columns=["cell_type"])
-    """
-    root = location("root", root)
-    columns = None if obs_columns is None else column_names("obs_columns", obs_columns)
-    options: dict[str, Any] = dict(
-        threads=thread_count("threads", threads),
-        anonymous=flag("anonymous", anonymous),
-        endpoint=None if endpoint is None else location("endpoint", endpoint),
-        cache_bytes=integer("cache_bytes", cache_bytes, 0, MAX_BYTES),
-    )
-    raw = _deltacells.RawDataset(root, **options)
-    ds = Dataset(root, options, cache_dir, raw)
-    if columns:
-        ds.obs.localize(columns)
-    return ds

@@ -44,9 +44,10 @@ import torch.utils.data
 
 from ._args import column_names, integer, location, thread_count
 from ._collection import Collection
-from ._dataset import _INHERITED, Cells, Dataset, open_dataset
+from ._dataset import _INHERITED, Cells, Dataset
 from ._errors import ArgumentTypeError, InvalidArgumentError
 from ._loader import CellBatch
+from ._open import open_dataset
 from ._options import DEFAULTS, loader_options
 from ._vocabulary import Vocabulary
 

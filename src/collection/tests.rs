@@ -1,3 +1,6 @@
+use std::collections::HashMap;
+use std::path::Path;
+
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 
