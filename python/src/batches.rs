@@ -9,9 +9,10 @@ use pyo3::prelude::*;
 
 use deltacells::batch::{BatchOutput, FormedBatch};
 use deltacells::loader::{BufferPool, FloatPool, LoaderBatch, LoaderOptions};
+use deltacells::planned::PlannedGathers;
 
-use crate::arrays::{as_i64, formed_arrays};
-use crate::errors::{detached, Failure};
+use crate::arrays::{as_i64, formed_arrays, POOLED_BUFFERS};
+use crate::errors::{detached, Failure, Kind};
 
 /// The Rust loader's default options, as the dict `RawDataset.batches`
 /// takes: the one definition of the defaults, which the Python signatures
@@ -113,6 +114,23 @@ impl RawBatches {
         output: BatchOutput,
     ) -> Self {
         RawBatches { batches: std::sync::Mutex::new(batches), output, buffers, floats, n_cells, n_batches }
+    }
+}
+
+impl RawBatches {
+    /// Gathers planned ahead: `lists` read in order by `read`, on a thread
+    /// of their own, up to `ahead` before the consumer, in `output`'s form.
+    pub(crate) fn planned(
+        lists: Vec<Vec<u64>>,
+        ahead: usize,
+        output: BatchOutput,
+        read: impl FnMut(&[u64]) -> Result<FormedBatch, Failure> + Send + 'static,
+    ) -> Result<RawBatches, Failure> {
+        let (n_cells, n_batches) = (lists.iter().map(|l| l.len() as u64).sum(), lists.len() as u64);
+        let planned = PlannedGathers::start(lists, ahead, read)
+            .map_err(|e| Failure { kind: Kind::Other, message: format!("cannot start a thread: {e}") })?;
+        let pools = (Arc::new(BufferPool::new(POOLED_BUFFERS)), Arc::new(FloatPool::new(POOLED_BUFFERS)));
+        Ok(RawBatches::new(Box::new(planned), pools, n_cells, n_batches, output))
     }
 }
 

@@ -10,10 +10,9 @@ use pyo3::prelude::*;
 
 use deltacells::collection::{Collection, CollectionError, CollectionFile, CollectionState, GeneChoice};
 use deltacells::loader::{self, EpochPlan, TileSource};
-use deltacells::planned::PlannedGathers;
 use deltacells::storage::StoreOptions;
 
-use crate::arrays::{cell_vec, formed_arrays, weight_vec, FormedArrays, POOLED_BUFFERS};
+use crate::arrays::{cell_vec, formed_arrays, weight_vec, FormedArrays};
 use crate::batches::{LoaderArgs, RawBatches};
 use crate::dataset::RawDataset;
 use crate::errors::{detached, Failure, Kind};
@@ -248,15 +247,10 @@ impl RawCollection {
         let output = form.output(None).map_err(|f| f.into_pyerr(py))?;
         detached(py, || {
             let lists = lists.iter().map(|l| self.checked(l)).collect::<Result<Vec<_>, _>>()?;
-            let (n_cells, n_batches) = (lists.iter().map(|l| l.len() as u64).sum(), lists.len() as u64);
             let (collection, pool, form) = (self.collection.clone(), self.threads.pool()?, output.clone());
-            let planned = PlannedGathers::start(lists, ahead, move |cells| {
+            RawBatches::planned(lists, ahead, output, move |cells| {
                 pool.install(|| collection.read_cells_formed(cells, &form)).map_err(Failure::from)
             })
-            .map_err(|e| Failure { kind: Kind::Other, message: format!("cannot start a thread: {e}") })?;
-            let pools =
-                (Arc::new(loader::BufferPool::new(POOLED_BUFFERS)), Arc::new(loader::FloatPool::new(POOLED_BUFFERS)));
-            Ok(RawBatches::new(Box::new(planned), pools, n_cells, n_batches, output))
         })
     }
 

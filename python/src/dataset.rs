@@ -13,7 +13,6 @@ use deltacells::batch::CellWriter;
 use deltacells::format::{self, CsrMatrix};
 use deltacells::loader::{self, BufferPool, EpochPlan};
 use deltacells::obs::localize;
-use deltacells::planned::PlannedGathers;
 use deltacells::storage::{self, StoreOptions};
 use deltacells::{Dataset, ReadOptions};
 
@@ -279,17 +278,10 @@ impl RawDataset {
             for l in &lists {
                 output.check_rows(l.len() as u64, n_cols)?;
             }
-            let (n_cells, n_batches) = (lists.iter().map(|l| l.len() as u64).sum(), lists.len() as u64);
             let (dataset, pool, form) = (self.dataset.clone(), self.threads.pool()?, output.clone());
-            let planned = PlannedGathers::start(lists, ahead, move |cells| {
+            RawBatches::planned(lists, ahead, output, move |cells| {
                 pool.install(|| dataset.read_cells_formed(cells, &form)).map_err(Failure::from)
             })
-            .map_err(|e| Failure { kind: Kind::Other, message: format!("cannot start a thread: {e}") })?;
-            let pools = (
-                Arc::new(BufferPool::new(POOLED_BUFFERS)),
-                Arc::new(deltacells::loader::FloatPool::new(POOLED_BUFFERS)),
-            );
-            Ok(RawBatches::new(Box::new(planned), pools, n_cells, n_batches, output))
         })
     }
 
