@@ -30,6 +30,13 @@ use super::{Dataset, DatasetError};
 /// Streams of one tile closer than this are read in one piece.
 const MERGE_GAP: u64 = 4 << 10;
 
+/// The most planes a gather holds decompressed at once (beyond what the
+/// cache keeps): its chunks are decompressed and written in windows of
+/// about this many bytes (4 per nonzero), so that a batch touching
+/// thousands of large chunks needs no more memory than this.
+/// (In the tests, 4 KiB: their small datasets then take many windows.)
+const WINDOW_BYTES: u64 = if cfg!(test) { 4 << 10 } else { 128 << 20 };
+
 /// Decompressed chunks kept for reuse when the cache does not keep them.
 pub(super) const KEPT_PLANES: usize = 16;
 
@@ -37,14 +44,6 @@ pub(super) const KEPT_PLANES: usize = 16;
 /// chunks to read (each with its place among the planes), and the byte
 /// ranges that hold them.
 type ChunkReads = (usize, Vec<(usize, usize)>, Vec<Range<u64>>);
-
-/// The chunks a gather needs from one tile.
-struct TileNeeds {
-    tile: usize,
-    index: Arc<TileIndex>,
-    /// Chunks needed, sorted.
-    chunks: Vec<usize>,
-}
 
 impl Dataset {
     /// Reads the listed cells, in the order given (repeats allowed), as one
@@ -63,43 +62,80 @@ impl Dataset {
         tiles.sort_unstable();
         tiles.dedup();
         let indexes = self.tile_indexes(&tiles)?;
-        // Per cell: its tile's place in `tiles`, and its chunk.
+        // Each cell's tile (its place in `tiles`) and chunk; the chunks
+        // needed, in order.
         let mut placed = Vec::with_capacity(located.len());
-        let mut needs: Vec<TileNeeds> =
-            tiles.iter().zip(indexes).map(|(&tile, index)| TileNeeds { tile, index, chunks: Vec::new() }).collect();
         for &(tile, row) in &located {
             let slot = tiles.binary_search(&tile).unwrap_or_default();
-            let need = &mut needs[slot];
-            let chunk = need
-                .index
+            let chunk = indexes[slot]
                 .chunk_of_row(row)
                 .ok_or_else(|| self.tile_error(tile, index_error(format!("row {row} is in no chunk of the tile"))))?;
-            need.chunks.push(chunk);
             placed.push((slot, chunk, row));
         }
-        for need in &mut needs {
-            need.chunks.sort_unstable();
-            need.chunks.dedup();
+        let mut wanted: Vec<(usize, usize)> = placed.iter().map(|&(slot, chunk, _)| (slot, chunk)).collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        // The output's rows, sized from the indexes before anything is
+        // decompressed: every entry is written below, so old values may stay.
+        out.n_cols = self.n_genes();
+        out.indptr.clear();
+        out.indptr.reserve(placed.len() + 1);
+        out.indptr.push(0);
+        let mut nnz = 0u64;
+        for &(slot, _, row) in &placed {
+            nnz += indexes[slot].row_nnz(row);
+            out.indptr.push(nnz);
         }
-        let planes = self.chunk_planes(&needs)?;
-        // Each cell's planes: the chunks of `needs`, in order.
-        let starts: Vec<usize> = needs
-            .iter()
-            .scan(0, |at, n| {
-                let s = *at;
-                *at += n.chunks.len();
-                Some(s)
-            })
-            .collect();
-        let rows: Vec<(&ChunkPlanes, u64)> = placed
-            .iter()
-            .map(|&(slot, chunk, row)| {
-                let k = needs[slot].chunks.binary_search(&chunk).unwrap_or_default();
-                (&*planes[starts[slot] + k], row)
-            })
-            .collect();
-        write_rows(&rows, self.n_genes(), out);
-        give_back(planes, self);
+        out.indices.resize(nnz as usize, 0);
+        out.data.resize(nnz as usize, 0);
+        // Each cell's slices of the output, taken by the window of chunks
+        // that holds its chunk.
+        let mut slices: Vec<Option<(&mut [u32], &mut [u32])>> = Vec::with_capacity(placed.len());
+        let (mut rest_i, mut rest_d) = (out.indices.as_mut_slice(), out.data.as_mut_slice());
+        for w in out.indptr.windows(2) {
+            let n = (w[1] - w[0]) as usize;
+            let (i, ri) = std::mem::take(&mut rest_i).split_at_mut(n);
+            let (d, rd) = std::mem::take(&mut rest_d).split_at_mut(n);
+            (rest_i, rest_d) = (ri, rd);
+            slices.push(Some((i, d)));
+        }
+        let mut cells_of: Vec<Vec<usize>> = vec![Vec::new(); wanted.len()];
+        for (cell, &(slot, chunk, _)) in placed.iter().enumerate() {
+            let k = wanted.binary_search(&(slot, chunk)).unwrap_or_default();
+            cells_of[k].push(cell);
+        }
+        // Windows of chunks, each decompressed whole (at most
+        // WINDOW_BYTES of planes at once, the cache's aside), then their
+        // cells written: memory stays bounded whatever the batch touches.
+        let mut start = 0;
+        while start < wanted.len() {
+            let mut end = start;
+            let mut bytes = 0u64;
+            while end < wanted.len() && (end == start || bytes < WINDOW_BYTES) {
+                let (slot, chunk) = wanted[end];
+                bytes += 4 * indexes[slot].chunk_nnz(chunk);
+                end += 1;
+            }
+            let planes = self.chunk_planes(&tiles, &indexes, &wanted[start..end])?;
+            let mut jobs: Vec<(&ChunkPlanes, u64, &mut [u32], &mut [u32])> = Vec::new();
+            for (k, chunk) in (start..end).zip(&planes) {
+                for &cell in &cells_of[k] {
+                    let (slot, c, row) = placed[cell];
+                    let Some((i, d)) = slices[cell].take() else { continue };
+                    // Planes and index come from the same bytes; a tile
+                    // replaced between them is refused, never written from.
+                    if !chunk.cells().contains(&row) || chunk.row_nnz(row) != i.len() {
+                        let reason =
+                            format!("chunk {c}: row {row} disagrees with the tile's index (the tile changed?)");
+                        return Err(self.tile_error(tiles[slot], index_error(reason)));
+                    }
+                    jobs.push((&**chunk, row, i, d));
+                }
+            }
+            write_rows(jobs);
+            give_back(planes, self);
+            start = end;
+        }
         Ok(())
     }
 
@@ -194,37 +230,44 @@ impl Dataset {
         }
     }
 
-    /// The planes of every chunk of `needs`, in order: kept ones from the
-    /// cache; the others read (every tile's at once), decompressed and
-    /// checked in parallel, and put in the cache.
-    fn chunk_planes(&self, needs: &[TileNeeds]) -> Result<Vec<Arc<ChunkPlanes>>, DatasetError> {
-        let mut planes: Vec<Option<Arc<ChunkPlanes>>> = Vec::new();
+    /// The planes of the chunks `wanted` ((place in `tiles`, chunk),
+    /// sorted), in order: kept ones from the cache; the others read (every
+    /// tile's at once), decompressed and checked in parallel, and put in the
+    /// cache.
+    fn chunk_planes(
+        &self,
+        tiles: &[usize],
+        indexes: &[Arc<TileIndex>],
+        wanted: &[(usize, usize)],
+    ) -> Result<Vec<Arc<ChunkPlanes>>, DatasetError> {
+        let mut planes: Vec<Option<Arc<ChunkPlanes>>> =
+            wanted.iter().map(|&(slot, c)| self.cache.chunk(tiles[slot], c)).collect();
+        // Per tile: the chunks to read (with their places), and the byte ranges holding them.
         let mut reads: Vec<ChunkReads> = Vec::new();
-        for (slot, need) in needs.iter().enumerate() {
-            let mut missing = Vec::new();
-            for &c in &need.chunks {
-                let kept = self.cache.chunk(need.tile, c);
-                if kept.is_none() {
-                    missing.push((planes.len(), c));
-                }
-                planes.push(kept);
+        for (at, &(slot, c)) in wanted.iter().enumerate() {
+            if planes[at].is_some() {
+                continue;
             }
-            if !missing.is_empty() {
-                let spans = missing
-                    .iter()
-                    .map(|&(_, c)| need.index.chunk_span(c))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| self.tile_error(need.tile, e))?;
-                reads.push((slot, missing, merged(spans)));
+            match reads.last_mut() {
+                Some((s, missing, _)) if *s == slot => missing.push((at, c)),
+                _ => reads.push((slot, vec![(at, c)], Vec::new())),
             }
         }
+        for (slot, missing, ranges) in &mut reads {
+            let spans = missing
+                .iter()
+                .map(|&(_, c)| indexes[*slot].chunk_span(c))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| self.tile_error(tiles[*slot], e))?;
+            *ranges = merged(spans);
+        }
         let requests: Vec<(String, Vec<Range<u64>>)> =
-            reads.iter().map(|(slot, _, ranges)| (format::tile_key(needs[*slot].tile), ranges.clone())).collect();
+            reads.iter().map(|(slot, _, ranges)| (format::tile_key(tiles[*slot]), ranges.clone())).collect();
         let answers = self.storage.get_ranges_many(&requests);
         let mut jobs = Vec::new();
         for ((slot, missing, ranges), answer) in reads.iter().zip(answers) {
             // (shared by the tile's chunks: one count, not one copy, each)
-            let parts = Arc::new(self.answer(needs[*slot].tile, answer)?);
+            let parts = Arc::new(self.answer(tiles[*slot], answer)?);
             for &(at, c) in missing {
                 jobs.push((*slot, at, c, ranges, parts.clone()));
             }
@@ -232,20 +275,20 @@ impl Dataset {
         let decoded: Vec<(usize, Arc<ChunkPlanes>)> = jobs
             .into_par_iter()
             .map(|(slot, at, c, ranges, parts)| {
-                let need = &needs[slot];
-                let err = |e| self.tile_error(need.tile, e);
-                let span = need.index.chunk_span(c).map_err(err)?;
+                let (tile, index) = (tiles[slot], &indexes[slot]);
+                let err = |e| self.tile_error(tile, e);
+                let span = index.chunk_span(c).map_err(err)?;
                 // The piece that holds the chunk: the last to start at or
                 // before it (merged() keeps each span whole in one).
                 let k = ranges.partition_point(|r| r.start <= span.start).saturating_sub(1);
                 let Some((range, bytes)) = ranges.get(k).zip(parts.get(k)) else {
                     return Err(err(index_error(format!("chunk {c}: no bytes were read for it"))));
                 };
-                let parsed = ParsedTile::of_chunk(&need.index, c, bytes, range.start).map_err(err)?;
+                let parsed = ParsedTile::of_chunk(index, c, bytes, range.start).map_err(err)?;
                 let mut chunk = self.planes.take();
                 parsed.decode_planes(c, &mut chunk).map_err(err)?;
                 let chunk = Arc::new(chunk);
-                self.cache.put_chunk(need.tile, c, chunk.clone());
+                self.cache.put_chunk(tile, c, chunk.clone());
                 Ok((at, chunk))
             })
             .collect::<Result<_, DatasetError>>()?;
@@ -276,31 +319,9 @@ fn index_error(reason: String) -> format::TileError {
     format::TileError::Layout { reason }
 }
 
-/// Writes `rows` (a chunk's planes and a tile row in it, one per cell, in
-/// order) into `out`, each cell straight into its place, in parallel.
-fn write_rows(rows: &[(&ChunkPlanes, u64)], n_genes: u32, out: &mut CsrMatrix) {
-    out.n_cols = n_genes;
-    out.indptr.clear();
-    out.indptr.reserve(rows.len() + 1);
-    out.indptr.push(0);
-    let mut nnz = 0u64;
-    for &(planes, row) in rows {
-        nnz += planes.row_nnz(row) as u64;
-        out.indptr.push(nnz);
-    }
-    // Every entry is written below, so old values may stay.
-    out.indices.resize(nnz as usize, 0);
-    out.data.resize(nnz as usize, 0);
-    let mut jobs = Vec::with_capacity(rows.len());
-    let (mut rest_i, mut rest_d) = (out.indices.as_mut_slice(), out.data.as_mut_slice());
-    for &(planes, row) in rows {
-        let n = planes.row_nnz(row);
-        let (i, ri) = std::mem::take(&mut rest_i).split_at_mut(n);
-        let (d, rd) = std::mem::take(&mut rest_d).split_at_mut(n);
-        (rest_i, rest_d) = (ri, rd);
-        jobs.push((planes, row, i, d));
-    }
-    // Rows in groups, so that each thread writes a stretch of the output.
+/// Writes each cell (a chunk's planes, a tile row in it, and the cell's
+/// slices of the output) in parallel, each thread a run of cells.
+fn write_rows(mut jobs: Vec<(&ChunkPlanes, u64, &mut [u32], &mut [u32])>) {
     let group = (jobs.len() / (4 * rayon::current_num_threads().max(1))).max(16);
     jobs.par_chunks_mut(group).for_each(|g| {
         for (planes, row, i, d) in g.iter_mut() {

@@ -144,6 +144,15 @@ impl TileIndex {
         (c < self.chunks.len()).then_some(c)
     }
 
+    /// The nonzeros of tile row `row` (0 past the last row).
+    pub fn row_nnz(&self, row: u64) -> u64 {
+        let r = row as usize;
+        match (self.indptr.get(r), self.indptr.get(r + 1)) {
+            (Some(a), Some(b)) => b - a,
+            _ => 0,
+        }
+    }
+
     /// The nonzeros of chunk `c`.
     pub fn chunk_nnz(&self, c: usize) -> u64 {
         self.chunks.get(c).map_or(0, ChunkEntry::n)
