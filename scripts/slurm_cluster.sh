@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A one-node Slurm cluster on this machine, for the tests of the docs' Slurm
-# recipe (tests/cli/clusters.rs): Debian's slurm-wlm and munge packages
-# (`apt-get install slurm-wlm munge`, as root), everything else in DIR.
+# recipe (tests/cli/slurm.rs) and of the Snakemake workflow's Slurm executor:
+# Debian's slurm-wlm and munge packages (`apt-get install slurm-wlm munge`, as
+# root), everything else in DIR.
 #
 #   scripts/slurm_cluster.sh start DIR   # prints SLURM_CONF=DIR/slurm.conf
 #   scripts/slurm_cluster.sh stop DIR    # cancels every job, stops the daemons
@@ -10,13 +11,15 @@
 # slurm.conf naming this host (`hostname -s`, at 127.0.0.1) as the controller
 # and as the one node, with the CPUs and memory `slurmd -C` finds, on two free
 # ports; then starts slurmctld and slurmd as daemons and waits until the node
-# takes jobs. Nothing is read from or written to /etc, /run or /var: state,
-# spool, pid files, logs and the socket are in DIR, so that a system's own
-# munge or Slurm, if any, is not touched. Clients find the cluster through
-# $SLURM_CONF. stop cancels the jobs, waits for them to end, stops the three
-# daemons by the pids in DIR and fails if one of them, or a job step
-# (slurmstepd), is still running afterwards. Needs root (slurmd runs jobs as
-# their users); a failed start stops what it started and prints the logs.
+# takes jobs. Nothing is written to /etc, /run or /var: state, spool, pid
+# files, logs and the socket are in DIR, so that a system's own munge or
+# Slurm, if any, is not touched (slurmd's jobs see DIR/etc at /etc/slurm, in
+# a mount namespace that only slurmd and its jobs share). Clients find the
+# cluster through $SLURM_CONF. stop cancels the jobs, waits for them to end,
+# stops the three daemons by the pids in DIR and fails if one of them, or a
+# job step (slurmstepd), is still running afterwards. Needs root (slurmd runs
+# jobs as their users); a failed start stops what it started and prints the
+# logs.
 set -euo pipefail
 # Debian puts the daemons in /usr/sbin, which a user's PATH may lack.
 export PATH="$PATH:/usr/sbin:/sbin"
@@ -170,7 +173,22 @@ $node State=UNKNOWN
 PartitionName=local Nodes=$host Default=YES MaxTime=INFINITE State=UP
 EOF
   slurmctld -f "$conf" || fail_start "slurmctld did not start"
-  slurmd -f "$conf" || fail_start "slurmd did not start"
+  # The jobs find the cluster through $SLURM_CONF, which sbatch passes on;
+  # but tools that start job steps with a cleaned environment (Snakemake's
+  # Slurm executor runs srun without SLURM_* variables) look for the default
+  # /etc/slurm/slurm.conf, as on a real cluster. Where it can, slurmd runs in
+  # a mount namespace of its own in which DIR/etc is mounted on /etc/slurm:
+  # its jobs see this cluster's slurm.conf there, and nothing else does.
+  mkdir -p "$dir/etc"
+  cp "$conf" "$dir/etc/slurm.conf"
+  if [ -d /etc/slurm ] && unshare --mount --propagation private true 2>/dev/null; then
+    unshare --mount --propagation private sh -c \
+      'mount --bind "$1/etc" /etc/slurm && exec slurmd -f "$2"' sh "$dir" "$conf" ||
+      fail_start "slurmd did not start (in a mount namespace)"
+  else
+    echo "slurm_cluster: no mount namespace here; jobs find the cluster through \$SLURM_CONF only" >&2
+    slurmd -f "$conf" || fail_start "slurmd did not start"
+  fi
   for _ in $(seq 1 100); do
     if [ "$(SLURM_CONF="$conf" sinfo --noheader --nodes="$host" --format=%t 2>/dev/null)" = "idle" ]; then
       echo "SLURM_CONF=$conf"

@@ -3,8 +3,8 @@
 //! taken from the page, started once per index with the variables those
 //! systems set (one worker killed mid-run and replaced by another of the
 //! same index, as both systems retry), then finalized and compared byte for
-//! byte with one `convert`. The Slurm script is in slurm.rs, which uses the
-//! page helpers here.
+//! byte with one `convert`. The Slurm script is in slurm.rs, the Snakemake
+//! workflow in snakemake.rs; both use the page helpers here.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};

@@ -21,4 +21,5 @@ mod remote;
 mod sharded;
 mod shuffle;
 mod slurm;
+mod snakemake;
 mod util;

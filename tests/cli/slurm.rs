@@ -17,9 +17,9 @@ use crate::util::{binary_dir, find_program, listing, skip, TestDir};
 
 /// A cluster started by scripts/slurm_cluster.sh, stopped when dropped (and
 /// so when the test fails) if the test has not stopped it.
-struct SlurmCluster {
+pub(crate) struct SlurmCluster {
     dir: PathBuf,
-    conf: PathBuf,
+    pub(crate) conf: PathBuf,
     stopped: bool,
 }
 
@@ -27,12 +27,12 @@ fn script(action: &str, dir: &Path) -> Output {
     Command::new("bash").arg(repo().join("scripts/slurm_cluster.sh")).arg(action).arg(dir).output().unwrap()
 }
 
-fn text(output: &Output) -> String {
+pub(crate) fn text(output: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
 }
 
 impl SlurmCluster {
-    fn start(dir: PathBuf) -> Self {
+    pub(crate) fn start(dir: PathBuf) -> Self {
         let started = Instant::now();
         let output = script("start", &dir);
         assert!(output.status.success(), "the Slurm cluster did not start:\n{}", text(&output));
@@ -42,7 +42,7 @@ impl SlurmCluster {
     }
 
     /// A Slurm client command (sbatch, scontrol, squeue) of this cluster.
-    fn command(&self, program: &str, cwd: &Path) -> Command {
+    pub(crate) fn command(&self, program: &str, cwd: &Path) -> Command {
         let mut c = Command::new(program);
         c.env("SLURM_CONF", &self.conf).current_dir(cwd);
         c
@@ -50,7 +50,7 @@ impl SlurmCluster {
 
     /// Everything that tells why a job did not finish: the queue, the
     /// daemons' logs and the jobs' output.
-    fn explain(&self, cwd: &Path) -> String {
+    pub(crate) fn explain(&self, cwd: &Path) -> String {
         let queue = self.command("squeue", cwd).arg("--states=all").output().map(|o| text(&o)).unwrap_or_default();
         let mut out = format!("--- squeue\n{queue}");
         for dir in [self.dir.join("log"), cwd.to_path_buf()] {
@@ -68,7 +68,7 @@ impl SlurmCluster {
         out
     }
 
-    fn stop(&mut self) -> Output {
+    pub(crate) fn stop(&mut self) -> Output {
         self.stopped = true;
         script("stop", &self.dir)
     }
@@ -84,7 +84,7 @@ impl Drop for SlurmCluster {
 }
 
 /// Whether this machine can run the cluster; notes the skip otherwise.
-fn slurm_here() -> bool {
+pub(crate) fn slurm_here() -> bool {
     let missing: Vec<&str> = ["sbatch", "scontrol", "squeue", "slurmctld", "slurmd", "munged", "mungekey"]
         .into_iter()
         .filter(|p| find_program(p).is_none())
