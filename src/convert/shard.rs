@@ -116,6 +116,10 @@ pub(crate) fn shard_in(
         spill_dir: options.spill_dir.as_deref(),
         reach: &reach,
     };
+    #[cfg(feature = "fault-injection")]
+    let stall = StallOnce { inner: progress, label: format!("{k}/{n}") };
+    #[cfg(feature = "fault-injection")]
+    let progress: &dyn ConvertProgress = &stall;
     let written = if tiles.is_empty() { None } else { Some(write_tiles(&job, &mut writer, progress)?) };
     let cleaned = written.as_ref().map(|w| w.cleaned).unwrap_or_default();
     let shards = written.and_then(|w| w.obs_shards).unwrap_or_default();
@@ -139,4 +143,46 @@ pub(crate) fn shard_in(
     text.push(b'\n');
     out.put(&result_key(k, n), Bytes::from(text))?;
     Ok(result)
+}
+
+/// The tests of a shard killed by a cluster mid-run (a Slurm job requeued)
+/// need a shard that is certainly mid-run: with $DELTACELLS_TEST_STALL_SHARD
+/// naming a file that does not exist yet, the first shard to write a tile
+/// creates that file (holding `K/N`) and then waits until it is killed, with
+/// a tile written and its result not. Every other run, the killed shard's
+/// rerun among them, finds the file and goes on. Only in builds with the
+/// test-only feature `fault-injection`.
+#[cfg(feature = "fault-injection")]
+struct StallOnce<'a> {
+    inner: &'a dyn ConvertProgress,
+    label: String,
+}
+
+#[cfg(feature = "fault-injection")]
+impl ConvertProgress for StallOnce<'_> {
+    fn note(&self, message: &str) {
+        self.inner.note(message)
+    }
+    fn phase(&self, name: &str, total_cells: u64) {
+        self.inner.phase(name, total_cells)
+    }
+    fn file(&self, path: &std::path::Path) {
+        self.inner.file(path)
+    }
+    fn advance(&self, cells: u64) {
+        self.inner.advance(cells)
+    }
+    fn tile_done(&self, index: usize, cells: u64, nnz: u64) {
+        self.inner.tile_done(index, cells, nnz);
+        let Some(marker) = std::env::var_os("DELTACELLS_TEST_STALL_SHARD") else { return };
+        let created = std::fs::OpenOptions::new().write(true).create_new(true).open(marker);
+        if let Ok(mut file) = created {
+            use std::io::Write;
+            let _ = writeln!(file, "{}", self.label);
+            drop(file);
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+        }
+    }
 }

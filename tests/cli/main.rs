@@ -3,6 +3,7 @@
 //! ../shared/golden (skipped, with a note, where ../shared is absent).
 
 mod append;
+mod clusters;
 mod collection;
 mod convert;
 mod dataset;
@@ -19,4 +20,6 @@ mod real_world;
 mod remote;
 mod sharded;
 mod shuffle;
+mod slurm;
+mod snakemake;
 mod util;

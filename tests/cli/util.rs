@@ -217,3 +217,19 @@ pub fn pbmc() -> Option<(PathBuf, PathBuf)> {
         None
     }
 }
+
+/// The path of PROGRAM on $PATH, or in /usr/sbin or /sbin (where Debian puts
+/// daemons such as slurmctld, and which a user's PATH may lack).
+pub fn find_program(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/sbin")])
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+}
+
+/// The folder holding the `deltacells` binary under test, to put first on
+/// the PATH of what runs it by name (a Slurm job, a Snakemake rule).
+pub fn binary_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_deltacells")).parent().expect("the binary's folder").to_path_buf()
+}
