@@ -33,6 +33,7 @@ _LoaderBatch = tuple[
 
 __version__: str
 __all__ = [
+    "DEFAULT_CACHE_BYTES",
     "RawBatches",
     "RawCollection",
     "RawDataset",

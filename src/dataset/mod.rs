@@ -1,9 +1,9 @@
 //! Reading a dataset: the manifest, then cells by tile, by range or by list.
 //!
 //! This file owns the open dataset and its tiles' bytes; the ways of reading
-//! cells have files of their own: [`ranges`] (consecutive cells), [`gather`]
+//! cells have files of their own: `ranges` (consecutive cells), `gather`
 //! (cells in any order, reading only the chunks they are in) with the caches
-//! it keeps in [`cache`], and [`files`] (the manifest and the gene files).
+//! it keeps in `cache`, and `files` (the manifest and the gene files).
 //! It knows nothing of the loader, which streams whole tiles.
 
 mod cache;
