@@ -201,10 +201,7 @@ impl ParsedTile<'_> {
     /// does for that chunk. On error, `out` holds no rows.
     pub fn decode_chunk_into(&self, c: usize, out: &mut DecodedChunk) -> Result<(), TileError> {
         let layout = &self.layout;
-        let chunk = layout.chunks.get(c).ok_or_else(|| TileError::ChunkTable {
-            chunk: c as u64,
-            reason: format!("no such chunk: the tile has {}", layout.chunks.len()),
-        })?;
+        let chunk = layout.chunk(c)?;
         let n = chunk.n() as usize;
         out.cells = chunk.cell_lo..chunk.cell_lo;
         // Every entry is overwritten by the decoder, so stale values may stay.

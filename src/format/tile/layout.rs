@@ -122,16 +122,6 @@ impl TileIndex {
         Ok(IndexParse::Ready(TileIndex::checked(prefix, header, expect)?))
     }
 
-    /// The cells of the tile.
-    pub fn n_cells(&self) -> u64 {
-        self.header.n_cells
-    }
-
-    /// The tile's chunks.
-    pub fn n_chunks(&self) -> usize {
-        self.chunks.len()
-    }
-
     /// The tile rows of chunk `c`.
     pub fn chunk_rows(&self, c: usize) -> Range<u64> {
         self.chunks.get(c).map_or(0..0, |k| k.cell_lo..k.cell_hi)
@@ -161,15 +151,21 @@ impl TileIndex {
     /// The bytes from the first of chunk `c`'s streams to the end of its last
     /// (its gaps, vals and exception frames: adjacent, as writers lay them out).
     pub fn chunk_span(&self, c: usize) -> Result<Range<u64>, TileError> {
-        let chunk = self.chunks.get(c).ok_or_else(|| TileError::ChunkTable {
-            chunk: c as u64,
-            reason: format!("no such chunk: the tile has {}", self.chunks.len()),
-        })?;
+        let chunk = self.chunk(c)?;
         let streams = [chunk.gaps, chunk.vals, chunk.vexc, chunk.gexc];
         let placed = streams.iter().filter(|r| r.len > 0);
         let start = placed.clone().map(|r| r.off).min().unwrap_or(0);
         let end = placed.map(|r| r.off + r.len).max().unwrap_or(0);
         Ok(start..end.max(start))
+    }
+
+    /// Chunk `c`'s table entry, or the error that names a chunk the tile
+    /// does not have.
+    pub(super) fn chunk(&self, c: usize) -> Result<&ChunkEntry, TileError> {
+        self.chunks.get(c).ok_or_else(|| TileError::ChunkTable {
+            chunk: c as u64,
+            reason: format!("no such chunk: the tile has {}", self.chunks.len()),
+        })
     }
 
     /// Memory held, in bytes (for a cache's budget).

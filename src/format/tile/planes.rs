@@ -58,10 +58,7 @@ impl ParsedTile<'_> {
     /// writes, in the same pass.
     pub fn decompress_planes(&self, c: usize, planes: &mut ChunkPlanes) -> Result<(), TileError> {
         let layout = self.layout();
-        let chunk = layout.chunks.get(c).ok_or_else(|| TileError::ChunkTable {
-            chunk: c as u64,
-            reason: format!("no such chunk: the tile has {}", layout.chunks.len()),
-        })?;
+        let chunk = layout.chunk(c)?;
         let n = chunk.n() as usize;
         let cu = c as u64;
         // Empty until it is whole, so that a failure leaves no rows to write.
