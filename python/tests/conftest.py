@@ -58,6 +58,28 @@ def torch():
     return torch
 
 
+@pytest.fixture(scope="session")
+def lightning():
+    """lightning.pytorch, which scripts/setup.sh installs for the tests of
+    deltacells.lightning (it is not a dependency of deltacells)."""
+    try:
+        import lightning.pytorch
+    except ImportError:
+        _missing("lightning is not installed (bash scripts/setup.sh installs it into .venv)")
+    return lightning.pytorch
+
+
+@pytest.fixture(scope="session")
+def scvi():
+    """scvi-tools, which scripts/setup.sh installs for the tests of
+    deltacells.scvi (it is not a dependency of deltacells)."""
+    try:
+        import scvi
+    except ImportError:
+        _missing("scvi-tools is not installed (bash scripts/setup.sh installs it into .venv)")
+    return scvi
+
+
 def run(binary: Path, *args: str | Path) -> subprocess.CompletedProcess:
     """Runs the deltacells binary; fails the test with its stderr if it fails."""
     env = dict(os.environ, HDF5_USE_FILE_LOCKING="FALSE")
