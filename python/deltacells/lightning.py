@@ -32,9 +32,10 @@ import torch.utils.data
 
 from ._args import integer
 from ._collection import Collection
-from ._dataset import Cells, Dataset, open_dataset
+from ._dataset import Cells, Dataset
 from ._errors import ArgumentTypeError, InvalidArgumentError
 from ._loader import CellBatch
+from ._open import open_dataset
 from ._options import DEFAULTS
 from .torch import CellDataset, _distributed
 
