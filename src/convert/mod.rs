@@ -897,17 +897,29 @@ fn assemble(
         None => None,
     };
     drop(obs_parts);
+    // Each part is checked and remapped on its own, in parallel (a tile holds
+    // several parts of at most READ_ROWS rows), then appended in order; the
+    // first part in order that fails names the value.
+    use rayon::prelude::*;
+    let counted: Vec<_> = parts
+        .into_par_iter()
+        .map(|part| {
+            let result = to_counts(&part.rows, n_genes, Some(&part.remap));
+            (part.input, part.first_row, part.remap, result)
+        })
+        .collect();
     let mut dropped = Cleaned::default();
-    for part in parts {
-        origin.push((part.input, part.first_row, block.n_rows() as u64, part.remap.clone()));
-        let (counts, part_dropped) =
-            to_counts(&part.rows, n_genes, Some(&part.remap)).map_err(|bad| TileFailure::BadValue {
-                input: part.input,
-                row: part.first_row + bad.row,
-                gene: bad.gene,
-                problem: bad.problem,
-            })?;
-        drop(part.rows);
+    let nnz: usize = counted.iter().map(|c| c.3.as_ref().map_or(0, |(m, _)| m.nnz())).sum();
+    block.indices.reserve(nnz);
+    block.data.reserve(nnz);
+    for (input, first_row, remap, result) in counted {
+        origin.push((input, first_row, block.n_rows() as u64, remap));
+        let (counts, part_dropped) = result.map_err(|bad| TileFailure::BadValue {
+            input,
+            row: first_row + bad.row,
+            gene: bad.gene,
+            problem: bad.problem,
+        })?;
         dropped += part_dropped;
         block.append(&counts);
     }
