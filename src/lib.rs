@@ -48,6 +48,8 @@ mod commands;
 #[cfg(feature = "convert")]
 pub mod convert;
 pub mod dataset;
+#[cfg(feature = "convert")]
+pub mod export;
 pub mod format;
 #[cfg(feature = "convert")]
 pub mod h5ad;

@@ -9,12 +9,10 @@
 //! HDF5 serializes every call behind one global lock, so reading stays on one
 //! thread; callers parallelize what they do with the rows.
 
-pub mod export;
 pub(crate) mod frame;
 pub mod remote;
 mod source;
 mod strings;
-pub mod write;
 
 pub use source::H5adSource;
 
