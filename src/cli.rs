@@ -228,14 +228,14 @@ pub(crate) struct ReadingArgs {
 
 impl ReadingArgs {
     /// The library's value for these arguments.
-    pub(crate) fn reading(&self) -> anyhow::Result<crate::convert::sources::InputReading> {
-        use crate::convert::sources::InputFormat;
+    pub(crate) fn reading(&self) -> anyhow::Result<crate::inputs::InputReading> {
+        use crate::inputs::InputFormat;
         for (flag, value) in [("--feature-type", &self.feature_type), ("--genome", &self.genome)] {
             if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
                 anyhow::bail!("{flag}: an empty name; give the name as the file spells it");
             }
         }
-        Ok(crate::convert::sources::InputReading {
+        Ok(crate::inputs::InputReading {
             format: self.input_format.map(|f| match f {
                 InputFormatArg::H5ad => InputFormat::H5ad,
                 InputFormatArg::TenxH5 => InputFormat::TenxH5,

@@ -3,7 +3,7 @@
 //! obs column (categoricals with their whole vocabulary) with the cell names
 //! as the index, and the gene table of var.parquet with its index; and the
 //! writer of the file ([`h5ad`]). Reading `.h5ad` files as inputs is
-//! [`crate::h5ad`]'s, not this module's.
+//! [`crate::inputs::h5ad`]'s, not this module's.
 
 pub mod h5ad;
 

@@ -1,5 +1,5 @@
 //! Matrix Market count matrices, as Cell Ranger, STARsolo, DRAGEN, BD Rhapsody
-//! and ScaleBio write them, as an input of conversion ([`crate::convert::input`]).
+//! and ScaleBio write them, as an input of conversion ([`crate::inputs`]).
 //!
 //! An input is a folder holding `matrix.mtx[.gz]`, `features.tsv[.gz]` (or
 //! `genes.tsv[.gz]`) and `barcodes.tsv[.gz]`, or the matrix file itself with
@@ -30,9 +30,9 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::convert::input::{FrameColumn, InputError, InputSource, MemoryTable, RawRows, Table, DROPPED_COLUMN};
-use crate::h5ad::remote::{is_url, RemoteOptions};
-use crate::tenx::GENE_EXPRESSION;
+use crate::inputs::remote::{is_url, RemoteOptions};
+use crate::inputs::tenx::GENE_EXPRESSION;
+use crate::inputs::{FrameColumn, InputError, InputSource, MemoryTable, RawRows, Table, DROPPED_COLUMN};
 
 /// Entries sorted in memory at once before they are written to the
 /// temporary file: 16 bytes each, so 64 MiB.
@@ -71,7 +71,7 @@ impl Place {
             Place::Url(u) => {
                 let base = &u[..u.rfind('/').map_or(0, |i| i + 1)];
                 let other = format!("{base}{name}");
-                crate::storage::ranged::object_version(&other, &remote.store).ok().map(|_| Place::Url(other))
+                crate::inputs::remote::ranged::object_version(&other, &remote.store).ok().map(|_| Place::Url(other))
             }
         }
     }
@@ -86,7 +86,7 @@ impl Place {
                 Ok(format!("{} {:?}", m.len(), modified))
             }
             Place::Url(u) => {
-                let v = crate::storage::ranged::object_version(u, &remote.store)?;
+                let v = crate::inputs::remote::ranged::object_version(u, &remote.store)?;
                 Ok(format!("{} {:?}", v.size, v.etag))
             }
         }
@@ -96,7 +96,7 @@ impl Place {
     fn open(&self, remote: &RemoteOptions) -> Result<Box<dyn BufRead + Send>, String> {
         let raw: Box<dyn Read + Send> = match self {
             Place::File(p) => Box::new(std::fs::File::open(p).map_err(|e| e.to_string())?),
-            Place::Url(u) => match crate::h5ad::remote::downloaded(u, remote)? {
+            Place::Url(u) => match crate::inputs::remote::downloaded(u, remote)? {
                 Some(local) => Box::new(std::fs::File::open(local).map_err(|e| e.to_string())?),
                 None => Box::new(UrlReader::open(u, remote)?),
             },
@@ -113,15 +113,15 @@ impl Place {
 
 /// An object at a URL read from start to end, fetched ahead.
 struct UrlReader {
-    file: Arc<crate::storage::ranged::RangedFile>,
+    file: Arc<crate::inputs::remote::ranged::RangedFile>,
     at: u64,
 }
 
 impl UrlReader {
     fn open(url: &str, remote: &RemoteOptions) -> Result<UrlReader, String> {
-        let file = crate::storage::ranged::RangedFile::open(url, &remote.store)?;
+        let file = crate::inputs::remote::ranged::RangedFile::open(url, &remote.store)?;
         file.set_extents(std::slice::from_ref(&(0..file.size())));
-        crate::storage::ranged::prefetch_whole(&file, &[0]);
+        crate::inputs::remote::ranged::prefetch_whole(&file, &[0]);
         Ok(UrlReader { file, at: 0 })
     }
 }
@@ -132,7 +132,9 @@ impl Read for UrlReader {
         if n == 0 {
             return Ok(0);
         }
-        self.file.read(self.at, &mut buf[..n], crate::storage::ranged::ReadOf::Data).map_err(std::io::Error::other)?;
+        self.file
+            .read(self.at, &mut buf[..n], crate::inputs::remote::ranged::ReadOf::Data)
+            .map_err(std::io::Error::other)?;
         self.at += n as u64;
         Ok(n)
     }
@@ -279,7 +281,7 @@ impl MtxSource {
         };
         if !chosen.contains(&true) && !ids.is_empty() {
             let has = match &types {
-                Some(types) => crate::tenx::tally(types),
+                Some(types) => crate::inputs::tenx::tally(types),
                 None => format!("no feature types (all {} are converted as {GENE_EXPRESSION:?})", ids.len()),
             };
             return Err(invalid(
@@ -287,8 +289,8 @@ impl MtxSource {
                 format!("no {wanted:?} features; this file has {has}: --feature-type chooses"),
             ));
         }
-        let keep = crate::tenx::kept_columns(&chosen);
-        let pick = |values: Vec<String>| crate::tenx::picked(values, &chosen);
+        let keep = crate::inputs::tenx::kept_columns(&chosen);
+        let pick = |values: Vec<String>| crate::inputs::tenx::picked(values, &chosen);
         let mut columns = Vec::new();
         if let Some(names) = names {
             columns.push(("name".to_string(), FrameColumn::String(pick(names).into_iter().map(Some).collect())));

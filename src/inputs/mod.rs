@@ -1,16 +1,34 @@
-//! Where an input is and which format reads it: the one place that knows
-//! the formats (.h5ad, 10x Genomics .h5, Matrix Market) and the facts of
-//! inputs at URLs (their size and entity tag), so that the input types
-//! ([`super::input`]) and the formats that implement them never import each
-//! other.
+//! Every input format behind one seam: what conversion needs of an input,
+//! whatever its format ([`InputSource`], with its row blocks, tables and
+//! errors), and the one place that knows the formats: [`InputFormat`] names
+//! them, [`open`] tells an input's format from its name and content and
+//! opens it with the format's module, and [`input_version`] gives the facts
+//! of an input (at a URL, its size and entity tag) that a sharded conversion
+//! checks.
+//!
+//! Each format is a module implementing [`InputSource`]: [`h5ad`] (AnnData's
+//! HDF5 file, whose HDF5 reading [`tenx`] shares), [`tenx`] (Cell Ranger's
+//! `.h5`), [`mtx`] (Matrix Market) and [`zarr`] (AnnData's zarr store).
+//! Inputs at URLs are read by ranges through [`remote`], which they share.
+//! Nothing here knows conversion (the client) or the tile format.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::input::{InputError, InputSource};
-use crate::h5ad::remote::{is_url, RemoteOptions};
+pub mod h5ad;
+pub mod mtx;
+pub mod remote;
+mod source;
+pub mod tenx;
+pub mod zarr;
+
+use remote::{is_url, RemoteOptions};
+pub use source::{
+    checked_indices, checked_indptr, first_rows_are_counts, made_once, to_counts, BadCount, BadValue, Categories,
+    Cleaned, FrameColumn, InputError, InputSource, MemoryTable, RawRows, Table, COUNTS_PROBE_ROWS, DROPPED_COLUMN,
+};
 
 /// How a conversion's inputs are reached (at URLs: credentials, endpoint, or
 /// downloaded whole first) and read (which format, which features): part of
@@ -62,13 +80,13 @@ impl InputSource for Shared {
     fn n_cols(&self) -> u64 {
         self.0.n_cols()
     }
-    fn read_rows(&self, rows: std::ops::Range<u64>) -> Result<super::input::RawRows, InputError> {
+    fn read_rows(&self, rows: std::ops::Range<u64>) -> Result<RawRows, InputError> {
         self.0.read_rows(rows)
     }
-    fn var(&self) -> Result<Box<dyn super::input::Table + '_>, InputError> {
+    fn var(&self) -> Result<Box<dyn Table + '_>, InputError> {
         self.0.var()
     }
-    fn obs(&self) -> Result<Option<Box<dyn super::input::Table + '_>>, InputError> {
+    fn obs(&self) -> Result<Option<Box<dyn Table + '_>>, InputError> {
         self.0.obs()
     }
     fn counts_elsewhere(&self) -> Option<String> {
@@ -151,14 +169,12 @@ pub fn input_version(path: &Path, options: &InputOptions) -> Option<crate::stora
         return None;
     }
     if is_url(path) {
-        return crate::storage::ranged::object_version(&path.to_string_lossy(), &options.remote.store).ok();
+        return remote::ranged::object_version(&path.to_string_lossy(), &options.remote.store).ok();
     }
     let file = match path.is_dir() {
         // (a zarr store's root metadata: its arrays are not followed)
-        true if crate::zarr::is_zarr(path) => {
-            ["zarr.json", ".zgroup"].iter().map(|n| path.join(n)).find(|p| p.is_file())?
-        }
-        true => crate::mtx::matrix_file(path).ok()?,
+        true if zarr::is_zarr(path) => ["zarr.json", ".zgroup"].iter().map(|n| path.join(n)).find(|p| p.is_file())?,
+        true => mtx::matrix_file(path).ok()?,
         false => path.to_path_buf(),
     };
     std::fs::metadata(file).map(|m| crate::storage::Version { size: m.len(), etag: None }).ok()
@@ -179,7 +195,7 @@ pub(crate) fn describe_version(version: &crate::storage::Version) -> String {
 /// another name, whose content tells.
 fn format_by_name(path: &Path) -> Option<InputFormat> {
     let name = path.file_name().map(|n| n.to_string_lossy().to_lowercase()).unwrap_or_default();
-    if crate::zarr::is_zarr(path) {
+    if zarr::is_zarr(path) {
         Some(InputFormat::Zarr)
     } else if name.ends_with(".mtx") || name.ends_with(".mtx.gz") || (!is_url(path) && path.is_dir()) {
         Some(InputFormat::Mtx)
@@ -200,10 +216,10 @@ pub fn open(path: &Path, matrix: &str, options: &InputOptions) -> Result<Box<dyn
         return Ok(Box::new(Shared(source.clone())));
     }
     let reading = &options.reading;
-    let tenx = |file: crate::h5ad::H5adFile| -> Result<Box<dyn InputSource>, InputError> {
+    let tenx = |file: h5ad::H5adFile| -> Result<Box<dyn InputSource>, InputError> {
         only_x(path, matrix, InputFormat::TenxH5)?;
         let (feature_type, genome) = (reading.feature_type.as_deref(), reading.genome.as_deref());
-        Ok(Box::new(crate::tenx::TenxSource::open(file, feature_type, genome)?))
+        Ok(Box::new(tenx::TenxSource::open(file, feature_type, genome)?))
     };
     match reading.format.or_else(|| format_by_name(path)) {
         Some(InputFormat::Mtx) => {
@@ -217,18 +233,18 @@ pub fn open(path: &Path, matrix: &str, options: &InputOptions) -> Result<Box<dyn
                     ),
                 });
             }
-            Ok(Box::new(crate::mtx::MtxSource::open(path, &options.remote, reading.feature_type.as_deref())?))
+            Ok(Box::new(mtx::MtxSource::open(path, &options.remote, reading.feature_type.as_deref())?))
         }
-        Some(InputFormat::TenxH5) => tenx(crate::h5ad::H5adFile::open_with(path, &options.remote)?),
-        Some(InputFormat::H5ad) => Ok(Box::new(crate::h5ad::H5adSource::open_with(path, matrix, &options.remote)?)),
-        Some(InputFormat::Zarr) => Ok(Box::new(crate::zarr::ZarrSource::open(path, matrix, &options.remote)?)),
+        Some(InputFormat::TenxH5) => tenx(h5ad::H5adFile::open_with(path, &options.remote)?),
+        Some(InputFormat::H5ad) => Ok(Box::new(h5ad::H5adSource::open_with(path, matrix, &options.remote)?)),
+        Some(InputFormat::Zarr) => Ok(Box::new(zarr::ZarrSource::open(path, matrix, &options.remote)?)),
         None => {
             // An HDF5 file: Cell Ranger's layout, or else AnnData's.
-            let file = crate::h5ad::H5adFile::open_with(path, &options.remote)?;
-            if crate::tenx::is_tenx(&file) {
+            let file = h5ad::H5adFile::open_with(path, &options.remote)?;
+            if tenx::is_tenx(&file) {
                 tenx(file)
             } else {
-                Ok(Box::new(crate::h5ad::H5adSource::from_file(file, matrix)?))
+                Ok(Box::new(h5ad::H5adSource::from_file(file, matrix)?))
             }
         }
     }

@@ -10,7 +10,6 @@
 //! thread; callers parallelize what they do with the rows.
 
 pub(crate) mod frame;
-pub mod remote;
 mod source;
 mod strings;
 
@@ -21,7 +20,8 @@ use std::path::{Path, PathBuf};
 
 use hdf5::types::TypeDescriptor;
 
-use crate::convert::input::{checked_indices, checked_indptr, made_once, InputError as H5adError, RawRows};
+use super::remote;
+use crate::inputs::{checked_indices, checked_indptr, made_once, InputError as H5adError, RawRows};
 
 pub(crate) use strings::{read_string_attr, read_strings, read_strings_range};
 
@@ -38,7 +38,7 @@ pub struct H5adFile {
     path: PathBuf,
     file: hdf5::File,
     /// The object's reader, for a file at a URL.
-    ranged: Option<std::sync::Arc<crate::storage::ranged::RangedFile>>,
+    ranged: Option<std::sync::Arc<crate::inputs::remote::ranged::RangedFile>>,
 }
 
 /// A matrix of an open file, read by rows.
@@ -123,7 +123,7 @@ impl H5adFile {
             if matrix.stored_bytes() * 4 >= ranged.size() * 3 {
                 let starts: Vec<u64> =
                     matrix.array_paths().iter().filter_map(|p| remote::header_address(&self.file, p)).collect();
-                crate::storage::ranged::prefetch_whole(ranged, &starts);
+                crate::inputs::remote::ranged::prefetch_whole(ranged, &starts);
             }
         }
     }

@@ -1,5 +1,5 @@
 //! AnnData zarr stores (zarr v2, and v3 with or without sharding, as anndata
-//! writes them) as an input of conversion ([`crate::convert::input`]).
+//! writes them) as an input of conversion ([`crate::inputs`]).
 //!
 //! The arrays are read with the `zarrs` crate, which decodes the codecs
 //! anndata uses (Blosc, Zstandard, gzip, sharding) and reads, of a sharded
@@ -24,10 +24,10 @@ use zarrs::array::{Array, ArraySubset};
 use zarrs::storage::byte_range::{ByteRange, ByteRangeIterator};
 use zarrs::storage::{MaybeBytesIterator, ReadableStorageTraits, StorageError, StoreKey};
 
-use crate::convert::input::{
+use crate::inputs::remote::{is_url, RemoteOptions};
+use crate::inputs::{
     checked_indices, checked_indptr, made_once, Categories, FrameColumn, InputError, InputSource, RawRows, Table,
 };
-use crate::h5ad::remote::{is_url, RemoteOptions};
 
 /// A store's bytes, through deltacells' storage layer.
 struct StoreBytes(Arc<dyn crate::storage::Storage>);
@@ -710,8 +710,7 @@ impl InputSource for ZarrSource {
                 continue;
             }
             let Ok(source) = ZarrSource::open(&self.store.path, other, &RemoteOptions::default()) else { continue };
-            if crate::convert::input::first_rows_are_counts(source.n_rows, source.n_cols, |rows| source.read_rows(rows))
-            {
+            if crate::inputs::first_rows_are_counts(source.n_rows, source.n_cols, |rows| source.read_rows(rows)) {
                 return Some(other.to_string());
             }
         }

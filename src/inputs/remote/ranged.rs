@@ -1,5 +1,5 @@
 //! Objects read by byte ranges through a block cache: what the HDF5 driver
-//! of inputs at URLs ([`crate::h5ad::remote`]) reads through, plain Rust over
+//! of inputs at URLs ([`crate::inputs::remote`]) reads through, plain Rust over
 //! any [`Storage`].
 //!
 //! A file is kept in blocks of [`BLOCK`] bytes. A read fetches the blocks it
@@ -26,7 +26,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use bytes::Bytes;
 
-use super::{IoStats, Storage, StoreOptions};
+use crate::storage::{IoStats, Storage, StoreOptions};
 
 /// Bytes per block of the cache: what a read of HDF5 metadata fetches.
 pub const BLOCK: u64 = 1 << 18;
@@ -81,14 +81,17 @@ pub fn input_stats() -> &'static IoStats {
 }
 
 /// The storage holding the object at `url`, and its key there.
-pub(crate) fn storage_of(url: &str, store: &StoreOptions) -> Result<(Arc<dyn Storage>, String), super::StorageError> {
+pub(crate) fn storage_of(
+    url: &str,
+    store: &StoreOptions,
+) -> Result<(Arc<dyn Storage>, String), crate::storage::StorageError> {
     let (parent, key) = url.rsplit_once('/').unwrap_or(("", url));
-    Ok((super::open_with(parent, store)?, key.to_string()))
+    Ok((crate::storage::open_with(parent, store)?, key.to_string()))
 }
 
 /// The size and entity tag of the object at `url`, or why they cannot be
 /// had: those this process read it by, when it has it open.
-pub fn object_version(url: &str, store: &StoreOptions) -> Result<super::Version, String> {
+pub fn object_version(url: &str, store: &StoreOptions) -> Result<crate::storage::Version, String> {
     let recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, _, file)) = recent.iter().find(|(u, o, _)| u == url && o == store) {
         return Ok(file.version.clone());
@@ -101,7 +104,7 @@ pub fn object_version(url: &str, store: &StoreOptions) -> Result<super::Version,
 pub(crate) fn sized_object(
     url: &str,
     store: &StoreOptions,
-) -> Result<(Arc<dyn Storage>, String, super::Version), String> {
+) -> Result<(Arc<dyn Storage>, String, crate::storage::Version), String> {
     let (store, key) = storage_of(url, store).map_err(|e| e.to_string())?;
     match store.version(&key) {
         Ok(Some(version)) => Ok((store, key, version)),
@@ -187,7 +190,7 @@ pub struct RangedFile {
     key: String,
     /// The version read (its size and entity tag): every range comes from
     /// it as long as the store keeps it.
-    version: super::Version,
+    version: crate::storage::Version,
     cache: Mutex<Cache>,
     arrived: Condvar,
     /// The first failure of a read, for the error message (HDF5 reports only
@@ -244,7 +247,11 @@ impl RangedFile {
 
     /// Object `key` of `storage`, of version `version`, read by ranges
     /// (its first and last blocks fetched now).
-    pub fn over(storage: Arc<dyn Storage>, key: String, version: super::Version) -> Result<Arc<RangedFile>, String> {
+    pub fn over(
+        storage: Arc<dyn Storage>,
+        key: String,
+        version: crate::storage::Version,
+    ) -> Result<Arc<RangedFile>, String> {
         let file = Arc::new(RangedFile {
             storage,
             key,

@@ -1,10 +1,9 @@
-//! The seam between conversion and the input formats: what convert needs of
-//! an input, whatever its format. An input is a count matrix read in row
+//! The contract between conversion and the input formats: what convert needs
+//! of an input, whatever its format. An input is a count matrix read in row
 //! blocks ([`RawRows`], values not yet checked), its gene names, and two
 //! tables, obs (one row per cell) and var (one row per gene), whose columns
-//! come as [`FrameColumn`]s. `.h5ad` (in `crate::h5ad`) is the one format
-//! today; another is a new module implementing [`InputSource`], and a case in
-//! [`super::sources::open`].
+//! come as [`FrameColumn`]s. A format is a module implementing
+//! [`InputSource`], and a case in [`super::open`].
 //!
 //! Turning stored values into counts ([`to_counts`]) is the same for every
 //! format, so it is here too.

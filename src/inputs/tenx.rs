@@ -1,5 +1,5 @@
 //! 10x Genomics feature-barcode matrices in HDF5 (`filtered_feature_bc_matrix.h5`
-//! and `raw_`), as an input of conversion ([`crate::convert::input`]).
+//! and `raw_`), as an input of conversion ([`crate::inputs`]).
 //!
 //! Cell Ranger 3 and later write one group, `matrix`: `data`, `indices`,
 //! `indptr` and `shape` of a features x barcodes matrix stored by barcode
@@ -18,8 +18,8 @@
 use std::ops::Range;
 use std::path::Path;
 
-use crate::convert::input::{FrameColumn, InputError, InputSource, MemoryTable, RawRows, Table, DROPPED_COLUMN};
-use crate::h5ad::{read_strings, read_strings_range, H5adFile, Layout, MatrixReader};
+use crate::inputs::h5ad::{read_strings, read_strings_range, H5adFile, Layout, MatrixReader};
+use crate::inputs::{FrameColumn, InputError, InputSource, MemoryTable, RawRows, Table, DROPPED_COLUMN};
 
 /// The feature type converted when none is named.
 pub const GENE_EXPRESSION: &str = "Gene Expression";

@@ -1,6 +1,6 @@
 //! `.h5ad` inputs in buckets and on HTTP servers: an HDF5 virtual file
 //! driver whose reads go through the storage layer's ranged files
-//! ([`crate::storage::ranged`]: block cache, read-ahead, prefetcher), so
+//! ([`ranged`]: block cache, read-ahead, prefetcher), so
 //! that a worker fetches only the HDF5 metadata and the parts of X and obs
 //! that hold its cells; where each input is reached from ([`RemoteOptions`]);
 //! and the fallback that downloads an input whole first.
@@ -15,8 +15,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use hdf5_sys::h5::{haddr_t, herr_t, hsize_t};
 use hdf5_sys::h5i::hid_t;
 
-use crate::storage::ranged::{self, sized_object, RangedFile, ReadOf};
+pub mod ranged;
+
 use crate::storage::{self, StoreOptions};
+use ranged::{sized_object, RangedFile, ReadOf};
 
 /// Whether `path` names an object in a bucket or on a server rather than a
 /// local file.
