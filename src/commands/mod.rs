@@ -203,7 +203,7 @@ pub(crate) fn report_stats(store: &dyn Storage, args: &StoreArgs, started: Insta
     }
     let (requests, bytes) = store.stats().snapshot();
     let (uploads, bytes_uploaded) = store.stats().uploads();
-    let (input_requests, input_bytes) = crate::inputs::remote::ranged::input_stats().snapshot();
+    let (input_requests, input_bytes) = crate::inputs::remote::input_stats().snapshot();
     let report = IoReport {
         requests,
         bytes,

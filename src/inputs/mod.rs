@@ -13,148 +13,29 @@
 //! Nothing here knows conversion (the client) or the tile format.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
+mod error;
+mod features;
+mod format;
 pub mod h5ad;
 pub mod mtx;
+mod options;
 pub mod remote;
+mod rows;
 mod source;
+mod table;
 pub mod tenx;
 pub mod zarr;
 
-use remote::{is_url, RemoteOptions};
-pub use source::{
-    checked_indices, checked_indptr, first_rows_are_counts, made_once, to_counts, BadCount, BadValue, Categories,
-    Cleaned, FrameColumn, InputError, InputSource, MemoryTable, RawRows, Table, COUNTS_PROBE_ROWS, DROPPED_COLUMN,
-};
-
-/// How a conversion's inputs are reached (at URLs: credentials, endpoint, or
-/// downloaded whole first) and read (which format, which features): part of
-/// each conversion's options.
-#[derive(Clone, Debug, Default)]
-pub struct InputOptions {
-    pub remote: RemoteOptions,
-    pub reading: InputReading,
-    /// Inputs that are not files: sources the caller has opened itself (an
-    /// AnnData object of a Python session), each under the name that stands
-    /// for it among the inputs. [`open`] returns them before looking for a
-    /// file of that name.
-    pub provided: Vec<ProvidedInput>,
-}
-
-/// An input the caller has opened, and the name it goes by among a job's
-/// inputs (in messages and in the manifest's record of the inputs).
-#[derive(Clone)]
-pub struct ProvidedInput {
-    pub name: PathBuf,
-    pub source: Arc<dyn InputSource>,
-}
-
-impl std::fmt::Debug for ProvidedInput {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProvidedInput").field("name", &self.name).finish_non_exhaustive()
-    }
-}
-
-impl InputOptions {
-    fn provided(&self, path: &Path) -> Option<&Arc<dyn InputSource>> {
-        self.provided.iter().find(|p| p.name == path).map(|p| &p.source)
-    }
-}
-
-/// A provided input, opened again: the source is shared, not reopened.
-struct Shared(Arc<dyn InputSource>);
-
-impl InputSource for Shared {
-    fn path(&self) -> &Path {
-        self.0.path()
-    }
-    fn matrix_name(&self) -> &str {
-        self.0.matrix_name()
-    }
-    fn n_rows(&self) -> u64 {
-        self.0.n_rows()
-    }
-    fn n_cols(&self) -> u64 {
-        self.0.n_cols()
-    }
-    fn read_rows(&self, rows: std::ops::Range<u64>) -> Result<RawRows, InputError> {
-        self.0.read_rows(rows)
-    }
-    fn var(&self) -> Result<Box<dyn Table + '_>, InputError> {
-        self.0.var()
-    }
-    fn obs(&self) -> Result<Option<Box<dyn Table + '_>>, InputError> {
-        self.0.obs()
-    }
-    fn counts_elsewhere(&self) -> Option<String> {
-        self.0.counts_elsewhere()
-    }
-    fn will_read_whole(&self) {
-        self.0.will_read_whole()
-    }
-}
-
-/// How the inputs are read, whatever reaches them: recorded in a sharded
-/// conversion's plan, so that every shard reads as the plan did.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InputReading {
-    /// The inputs' format; None: told by each input's name and content.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub format: Option<InputFormat>,
-    /// 10x Genomics inputs: the features converted (their `feature_type`);
-    /// None: `Gene Expression`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub feature_type: Option<String>,
-    /// 10x Genomics inputs of several genomes: the one converted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub genome: Option<String>,
-}
-
-impl InputReading {
-    /// Whether this is how inputs are read when nothing is said.
-    pub fn is_default(&self) -> bool {
-        *self == InputReading::default()
-    }
-}
-
-/// The formats conversion reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum InputFormat {
-    /// AnnData's HDF5 file.
-    H5ad,
-    /// Cell Ranger's feature-barcode matrix in HDF5 (`filtered_feature_bc_matrix.h5`).
-    #[serde(rename = "10x-h5")]
-    TenxH5,
-    /// Matrix Market: `matrix.mtx[.gz]` with its features (or genes) and
-    /// barcodes files, or the folder that holds them.
-    Mtx,
-    /// AnnData's zarr store (v2, or v3 sharded or not).
-    Zarr,
-}
-
-impl InputFormat {
-    /// Every format, in the order the help lists them.
-    pub const ALL: [InputFormat; 4] = [InputFormat::H5ad, InputFormat::TenxH5, InputFormat::Mtx, InputFormat::Zarr];
-
-    /// The format of name `name` (as [`InputFormat::as_str`] spells it).
-    pub fn from_name(name: &str) -> Option<InputFormat> {
-        InputFormat::ALL.into_iter().find(|f| f.as_str() == name)
-    }
-
-    /// The name users give it (`--input-format`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            InputFormat::H5ad => "h5ad",
-            InputFormat::TenxH5 => "10x-h5",
-            InputFormat::Mtx => "mtx",
-            InputFormat::Zarr => "zarr",
-        }
-    }
-}
+pub use error::{BadCount, InputError};
+use format::format_by_name;
+pub use format::InputFormat;
+use options::Shared;
+pub use options::{InputOptions, InputReading, ProvidedInput};
+use remote::is_url;
+pub use rows::{checked_indices, checked_indptr, made_once, to_counts, BadValue, Cleaned, RawRows, DROPPED_COLUMN};
+pub use source::{first_rows_are_counts, InputSource, COUNTS_PROBE_ROWS};
+pub use table::{Categories, FrameColumn, MemoryTable, Table};
 
 /// The size of an input in bytes (of the object, for a URL), if it can be had.
 pub fn input_size(path: &Path, options: &InputOptions) -> Option<u64> {
@@ -169,7 +50,7 @@ pub fn input_version(path: &Path, options: &InputOptions) -> Option<crate::stora
         return None;
     }
     if is_url(path) {
-        return remote::ranged::object_version(&path.to_string_lossy(), &options.remote.store).ok();
+        return remote::object_version(&path.to_string_lossy(), &options.remote.store).ok();
     }
     let file = match path.is_dir() {
         // (a zarr store's root metadata: its arrays are not followed)
@@ -186,23 +67,6 @@ pub(crate) fn describe_version(version: &crate::storage::Version) -> String {
     match &version.etag {
         Some(tag) => format!("{} bytes, ETag {tag}", version.size),
         None => format!("{} bytes", version.size),
-    }
-}
-
-/// The format of `path` when its name tells: a `.zarr` folder or one with a
-/// zarr group's metadata is AnnData's zarr, another folder or a `.mtx[.gz]`
-/// file is Matrix Market, `.h5ad` is AnnData; None for an HDF5 file of
-/// another name, whose content tells.
-fn format_by_name(path: &Path) -> Option<InputFormat> {
-    let name = path.file_name().map(|n| n.to_string_lossy().to_lowercase()).unwrap_or_default();
-    if zarr::is_zarr(path) {
-        Some(InputFormat::Zarr)
-    } else if name.ends_with(".mtx") || name.ends_with(".mtx.gz") || (!is_url(path) && path.is_dir()) {
-        Some(InputFormat::Mtx)
-    } else if name.ends_with(".h5ad") {
-        Some(InputFormat::H5ad)
-    } else {
-        None
     }
 }
 
