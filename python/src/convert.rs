@@ -74,7 +74,7 @@ impl RawReaching {
             None => None,
             Some(name) => Some(
                 InputFormat::from_name(name)
-                    .ok_or_else(|| value(format!("input_format={name:?}: expected h5ad, 10x-h5, mtx or zarr")))?,
+                    .ok_or_else(|| value(format!("input_format={name:?}: expected {}", InputFormat::names_listed())))?,
             ),
         };
         let mut options = InputOptions {

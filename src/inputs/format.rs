@@ -1,5 +1,6 @@
-//! The input formats by name: what `--input-format` and the Python
-//! package's `input_format` accept, and the format an input's name tells.
+//! The input formats by name: the one list of them, whose names and help
+//! the command line's `--input-format` and the Python package's
+//! `input_format` take from here, and the format an input's name tells.
 
 use std::path::Path;
 
@@ -32,7 +33,8 @@ impl InputFormat {
         InputFormat::ALL.into_iter().find(|f| f.as_str() == name)
     }
 
-    /// The name users give it (`--input-format`).
+    /// The name users give it (`--input-format`, `input_format=`, and a
+    /// plan's record of it).
     pub fn as_str(self) -> &'static str {
         match self {
             InputFormat::H5ad => "h5ad",
@@ -40,6 +42,24 @@ impl InputFormat {
             InputFormat::Mtx => "mtx",
             InputFormat::Zarr => "zarr",
         }
+    }
+
+    /// What it is, in a line: its help under `--input-format`.
+    pub fn description(self) -> &'static str {
+        match self {
+            InputFormat::H5ad => "AnnData .h5ad",
+            InputFormat::TenxH5 => "Cell Ranger's feature-barcode matrix .h5",
+            InputFormat::Mtx => {
+                "Matrix Market: matrix.mtx[.gz] with features (or genes) and barcodes files, or their folder"
+            }
+            InputFormat::Zarr => "AnnData zarr store (v2, or v3 sharded or not)",
+        }
+    }
+
+    /// Every name, as a message lists them: `h5ad, 10x-h5, mtx or zarr`.
+    pub fn names_listed() -> String {
+        let [others @ .., last] = InputFormat::ALL.map(InputFormat::as_str);
+        format!("{} or {last}", others.join(", "))
     }
 }
 
@@ -57,5 +77,22 @@ pub(super) fn format_by_name(path: &Path) -> Option<InputFormat> {
         Some(InputFormat::H5ad)
     } else {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_format_has_one_name_everywhere() {
+        assert_eq!(InputFormat::names_listed(), "h5ad, 10x-h5, mtx or zarr");
+        for format in InputFormat::ALL {
+            // a plan records the format by the name users give it
+            let json = serde_json::to_string(&format).unwrap();
+            assert_eq!(json, format!("{:?}", format.as_str()));
+            assert_eq!(serde_json::from_str::<InputFormat>(&json).unwrap(), format);
+            assert_eq!(InputFormat::from_name(format.as_str()), Some(format));
+        }
     }
 }
