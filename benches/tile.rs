@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use deltacells::convert::gene_order_from_totals;
-use deltacells::convert::input::to_counts;
 use deltacells::format::tile::stream_frames;
 use deltacells::format::{decode_tile, decode_tile_into, CsrMatrix, TileEncoder};
-use deltacells::h5ad::H5adFile;
+use deltacells::inputs::h5ad::H5adFile;
+use deltacells::inputs::to_counts;
 
 const TILE_CELLS: u64 = 10_000;
 const LEVEL: i32 = 19;

@@ -15,9 +15,9 @@
 use std::time::Instant;
 
 use deltacells::convert::gene_order_from_totals;
-use deltacells::convert::input::to_counts;
 use deltacells::format::{decode_tile_into, CsrMatrix, TileEncoder};
-use deltacells::h5ad::H5adFile;
+use deltacells::inputs::h5ad::H5adFile;
+use deltacells::inputs::to_counts;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde_json::json;

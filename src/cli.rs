@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::convert::GeneSet;
+use crate::inputs::InputFormat;
 
 /// `--genes`: which genes to store when the inputs' genes differ.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -193,18 +194,16 @@ pub(crate) struct DownloadArgs {
     pub download_dir: Option<PathBuf>,
 }
 
-/// `--input-format`.
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub(crate) enum InputFormatArg {
-    /// AnnData .h5ad.
-    H5ad,
-    /// Cell Ranger's feature-barcode matrix .h5.
-    #[value(name = "10x-h5")]
-    TenxH5,
-    /// Matrix Market: matrix.mtx[.gz] with features (or genes) and barcodes files, or their folder.
-    Mtx,
-    /// AnnData zarr store (v2, or v3 sharded or not).
-    Zarr,
+/// `--input-format`: the library's formats, by the names and help it gives
+/// them (which the Python package takes too).
+impl ValueEnum for InputFormat {
+    fn value_variants<'a>() -> &'a [Self] {
+        &InputFormat::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.as_str()).help(self.description()))
+    }
 }
 
 /// How inputs are read: their format and which of their features.
@@ -215,7 +214,7 @@ pub(crate) struct ReadingArgs {
     /// .mtx or .mtx.gz is Matrix Market; an HDF5 file is 10x when laid out as
     /// Cell Ranger writes it, else AnnData].
     #[arg(long, value_name = "FORMAT", help_heading = "Input formats")]
-    pub input_format: Option<InputFormatArg>,
+    pub input_format: Option<InputFormat>,
     /// 10x and Matrix Market inputs: convert the features of this type (the
     /// feature_type of features.tsv or of the .h5 file) [default: Gene Expression].
     #[arg(long, value_name = "TYPE", help_heading = "Input formats")]
@@ -228,20 +227,14 @@ pub(crate) struct ReadingArgs {
 
 impl ReadingArgs {
     /// The library's value for these arguments.
-    pub(crate) fn reading(&self) -> anyhow::Result<crate::convert::sources::InputReading> {
-        use crate::convert::sources::InputFormat;
+    pub(crate) fn reading(&self) -> anyhow::Result<crate::inputs::InputReading> {
         for (flag, value) in [("--feature-type", &self.feature_type), ("--genome", &self.genome)] {
             if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
                 anyhow::bail!("{flag}: an empty name; give the name as the file spells it");
             }
         }
-        Ok(crate::convert::sources::InputReading {
-            format: self.input_format.map(|f| match f {
-                InputFormatArg::H5ad => InputFormat::H5ad,
-                InputFormatArg::TenxH5 => InputFormat::TenxH5,
-                InputFormatArg::Mtx => InputFormat::Mtx,
-                InputFormatArg::Zarr => InputFormat::Zarr,
-            }),
+        Ok(crate::inputs::InputReading {
+            format: self.input_format,
             feature_type: self.feature_type.clone(),
             genome: self.genome.clone(),
         })

@@ -26,8 +26,8 @@
 //! it builds without HDF5, a command-line parser or progress bars.
 //! - `convert`: reading `.h5ad` and 10x Genomics `.h5` files (HDF5, built
 //!   from source and linked statically), Matrix Market files and AnnData
-//!   zarr stores, and turning them into datasets: `convert`, `h5ad`, `tenx`,
-//!   `mtx`, `zarr`.
+//!   zarr stores (`inputs`), turning them into datasets (`convert`), and
+//!   writing datasets back as `.h5ad` files (`export`).
 //! - `cli` (default): the command line ([`run_command_line`]), which the
 //!   `deltacells` binary and the Python package's `deltacells` console script
 //!   run; implies `convert`.
@@ -48,23 +48,19 @@ mod commands;
 #[cfg(feature = "convert")]
 pub mod convert;
 pub mod dataset;
+#[cfg(feature = "convert")]
+pub mod export;
 pub mod format;
-#[cfg(feature = "convert")]
-pub mod h5ad;
 pub mod info;
-pub mod loader;
 #[cfg(feature = "convert")]
-pub mod mtx;
+pub mod inputs;
+pub mod loader;
 pub mod obs;
 pub mod planned;
 pub mod storage;
-#[cfg(feature = "convert")]
-pub mod tenx;
 pub mod verify;
 pub mod vocabulary;
 pub mod writer;
-#[cfg(feature = "convert")]
-pub mod zarr;
 
 #[cfg(feature = "cli")]
 pub use commands::main as run_command_line;

@@ -133,7 +133,8 @@ class _ConvertOptions(TypedDict):
     spill_dir: str | None
 
 
-_INPUT_FORMATS = ("h5ad", "10x-h5", "mtx", "zarr")
+# the library's names of its input formats (InputFormat), in the order of its help
+_INPUT_FORMATS: tuple[str, ...] = _deltacells.INPUT_FORMATS
 _GENE_SETS = ("same", "intersection", "union")
 _MAX_U64 = (1 << 64) - 1
 

@@ -34,6 +34,7 @@ _LoaderBatch = tuple[
 __version__: str
 __all__ = [
     "DEFAULT_CACHE_BYTES",
+    "INPUT_FORMATS",
     "RawBatches",
     "RawCollection",
     "RawDataset",
@@ -199,3 +200,4 @@ def append_files(
 ) -> str: ...
 
 DEFAULT_CACHE_BYTES: int
+INPUT_FORMATS: tuple[str, ...]

@@ -17,12 +17,12 @@ use numpy::{PyReadonlyArray1, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use serde_json::{Map, Value};
 
-use deltacells::convert::input::{
+use deltacells::convert::{self, AppendOptions, ConvertError, ConvertOptions, ConvertProgress, GivenOrder, ObsOptions};
+use deltacells::inputs::{
     checked_indices, checked_indptr, first_rows_are_counts, Categories, FrameColumn, InputError, InputSource,
     MemoryTable, RawRows, Table,
 };
-use deltacells::convert::sources::{InputFormat, InputOptions, InputReading, ProvidedInput};
-use deltacells::convert::{self, AppendOptions, ConvertError, ConvertOptions, ConvertProgress, GivenOrder, ObsOptions};
+use deltacells::inputs::{InputFormat, InputOptions, InputReading, ProvidedInput};
 use deltacells::storage::StoreOptions;
 use deltacells::writer::WriteOptions;
 use deltacells::Dataset;
@@ -74,7 +74,7 @@ impl RawReaching {
             None => None,
             Some(name) => Some(
                 InputFormat::from_name(name)
-                    .ok_or_else(|| value(format!("input_format={name:?}: expected h5ad, 10x-h5, mtx or zarr")))?,
+                    .ok_or_else(|| value(format!("input_format={name:?}: expected {}", InputFormat::names_listed())))?,
             ),
         };
         let mut options = InputOptions {
@@ -316,7 +316,7 @@ fn failure(e: ConvertError) -> Failure {
     let kind = match &e {
         ConvertError::NotEmpty { .. } => Kind::Exists,
         ConvertError::Input(InputError::Open { path, .. })
-            if !deltacells::h5ad::remote::is_url(path) && !path.exists() =>
+            if !deltacells::inputs::remote::is_url(path) && !path.exists() =>
         {
             Kind::InputNotFound
         }

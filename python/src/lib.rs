@@ -11,7 +11,9 @@
 use std::path::Path;
 
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
+use deltacells::inputs::InputFormat;
 use deltacells::obs::localize;
 
 mod arrays;
@@ -51,6 +53,7 @@ fn _deltacells(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(column_path, m)?)?;
     m.add_function(wrap_pyfunction!(loader_defaults, m)?)?;
     m.add("DEFAULT_CACHE_BYTES", deltacells::dataset::DEFAULT_CACHE_BYTES)?;
+    m.add("INPUT_FORMATS", PyTuple::new(m.py(), InputFormat::ALL.map(InputFormat::as_str))?)?;
     m.add_function(wrap_pyfunction!(convert::run_command_line, m)?)?;
     m.add_function(wrap_pyfunction!(convert::convert_files, m)?)?;
     m.add_function(wrap_pyfunction!(convert::convert_anndata, m)?)?;

@@ -3,9 +3,9 @@
 //! met from Python never tells its reader to type a flag.
 
 use crate::convert::genes::GeneError;
-use crate::convert::input::InputError;
 use crate::convert::obs_merge::ObsMergeError;
 use crate::convert::{AppendError, ConvertError};
+use crate::inputs::InputError;
 use crate::DatasetError;
 
 /// The command an error happened in, when the advice depends on it: given

@@ -5,9 +5,9 @@ use anyhow::{bail, Context};
 use indicatif::{HumanCount, ProgressBar, ProgressStyle};
 
 use crate::convert::shuffle::{Origin, Scatter, MAX_BUCKETS};
+use crate::export;
+use crate::export::h5ad::{H5adWriter, Table};
 use crate::format::CsrMatrix;
-use crate::h5ad::export;
-use crate::h5ad::write::{H5adWriter, Table};
 use crate::Dataset;
 
 use crate::cli::ExportArgs;

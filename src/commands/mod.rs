@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::convert::sources::InputOptions;
+use crate::inputs::InputOptions;
 use crate::storage::{self, Storage};
 
 use crate::cli::{Cli, Command, StoreArgs};
@@ -99,7 +99,7 @@ pub(crate) fn input_options(
     up_to: bool,
 ) -> anyhow::Result<(InputOptions, Option<tempfile::TempDir>)> {
     let mut options = InputOptions {
-        remote: crate::h5ad::remote::RemoteOptions { store: store.options(), download_dir: None },
+        remote: crate::inputs::remote::RemoteOptions { store: store.options(), download_dir: None },
         reading: reading.reading()?,
         provided: Vec::new(),
     };
@@ -113,8 +113,8 @@ pub(crate) fn input_options(
             (temp.path().to_path_buf(), Some(temp))
         }
     };
-    let urls: Vec<&std::path::PathBuf> = urls.iter().filter(|p| crate::h5ad::remote::is_url(p)).collect();
-    let bytes: u64 = urls.iter().filter_map(|p| crate::convert::sources::input_size(p, &options)).sum();
+    let urls: Vec<&std::path::PathBuf> = urls.iter().filter(|p| crate::inputs::remote::is_url(p)).collect();
+    let bytes: u64 = urls.iter().filter_map(|p| crate::inputs::input_size(p, &options)).sum();
     eprintln!(
         "deltacells: note: --download-inputs: {} inputs at URLs are downloaded whole into {} before they are read: {}{} of free disk needed there",
         urls.len(),
@@ -203,7 +203,7 @@ pub(crate) fn report_stats(store: &dyn Storage, args: &StoreArgs, started: Insta
     }
     let (requests, bytes) = store.stats().snapshot();
     let (uploads, bytes_uploaded) = store.stats().uploads();
-    let (input_requests, input_bytes) = crate::storage::ranged::input_stats().snapshot();
+    let (input_requests, input_bytes) = crate::inputs::remote::input_stats().snapshot();
     let report = IoReport {
         requests,
         bytes,

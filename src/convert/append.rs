@@ -57,7 +57,7 @@ pub struct AppendOptions {
     /// temporary folder).
     pub spill_dir: Option<PathBuf>,
     /// How inputs at URLs are reached.
-    pub inputs: super::sources::InputOptions,
+    pub inputs: crate::inputs::InputOptions,
 }
 
 impl Default for AppendOptions {
@@ -67,7 +67,7 @@ impl Default for AppendOptions {
             max_in_flight: super::MAX_IN_FLIGHT,
             shuffle: None,
             spill_dir: None,
-            inputs: super::sources::InputOptions::default(),
+            inputs: crate::inputs::InputOptions::default(),
         }
     }
 }
@@ -186,7 +186,7 @@ fn settle(
     ds: &dyn Storage,
     inputs: &[PathBuf],
     matrix: Option<&str>,
-    reach: &super::sources::InputOptions,
+    reach: &crate::inputs::InputOptions,
     progress: &dyn ConvertProgress,
     started: Instant,
 ) -> Result<Settled> {
@@ -398,7 +398,7 @@ fn plan_staged(
             // Said, not silently dropped: a convert of these inputs would store them.
             let mut with_obs = Vec::new();
             for input in &scanned {
-                if super::sources::open(&input.path, &matrix, &options.inputs)?.obs()?.is_some() {
+                if crate::inputs::open(&input.path, &matrix, &options.inputs)?.obs()?.is_some() {
                     with_obs.push(input.path.display().to_string());
                 }
             }

@@ -6,8 +6,8 @@
 //! command line adds that, keyed by the variant).
 
 use super::genes::GeneError;
-use super::input::InputError;
 use crate::dataset::DatasetError;
+use crate::inputs::InputError;
 use crate::storage::StorageError;
 
 /// Why a conversion job cannot go on.

@@ -42,7 +42,7 @@ impl GeneSet {
 }
 
 /// A column an input has but the dataset does not store (intersection).
-pub use super::input::DROPPED_COLUMN as DROPPED;
+pub use crate::inputs::DROPPED_COLUMN as DROPPED;
 
 /// Why an input's genes cannot be mapped onto the source genes.
 #[derive(Debug, thiserror::Error)]

@@ -80,8 +80,8 @@ pub struct Plan {
     pub shuffle: Option<u64>,
     /// How the inputs are read (their format, features), when not told by
     /// each input: every shard reads them so.
-    #[serde(default, skip_serializing_if = "super::sources::InputReading::is_default")]
-    pub reading: super::sources::InputReading,
+    #[serde(default, skip_serializing_if = "crate::inputs::InputReading::is_default")]
+    pub reading: crate::inputs::InputReading,
 }
 
 /// The part of an append's plan that a conversion's does not have: the

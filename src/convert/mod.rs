@@ -19,9 +19,9 @@ use error::Result;
 use serde_json::{Map, Value};
 
 use crate::format::{self, CsrMatrix, TileEncoder};
+use crate::inputs::{self, to_counts, BadCount, BadValue, Cleaned, InputError, InputSource, RawRows};
 use crate::storage::Storage;
 use crate::writer::{DatasetWriter, WriteOptions};
-use input::{to_counts, BadCount, BadValue, Cleaned, InputError, InputSource, RawRows};
 use obs_merge::ObsPlan;
 use obs_shards::{ShardRecord, ShardWriter};
 
@@ -31,14 +31,12 @@ mod error;
 mod finalize;
 pub mod gene_order;
 pub mod genes;
-pub mod input;
 mod job;
 pub mod obs_merge;
 mod obs_shards;
 mod plan;
 mod shard;
 pub mod shuffle;
-pub mod sources;
 mod staging;
 mod totals;
 mod var_table;
@@ -93,7 +91,7 @@ pub struct ConvertOptions {
     /// (default: the system's temporary folder).
     pub spill_dir: Option<PathBuf>,
     /// How inputs at URLs are reached.
-    pub inputs: sources::InputOptions,
+    pub inputs: inputs::InputOptions,
 }
 
 /// How one process runs a shard of a plan (not part of the plan: any shard
@@ -106,12 +104,12 @@ pub struct ShardOptions {
     /// temporary folder); it needs the shard's cells once, compressed.
     pub spill_dir: Option<PathBuf>,
     /// How inputs at URLs are reached.
-    pub inputs: sources::InputOptions,
+    pub inputs: inputs::InputOptions,
 }
 
 impl Default for ShardOptions {
     fn default() -> Self {
-        ShardOptions { max_in_flight: MAX_IN_FLIGHT, spill_dir: None, inputs: sources::InputOptions::default() }
+        ShardOptions { max_in_flight: MAX_IN_FLIGHT, spill_dir: None, inputs: inputs::InputOptions::default() }
     }
 }
 
@@ -130,7 +128,7 @@ impl Default for ConvertOptions {
             max_in_flight: MAX_IN_FLIGHT,
             shuffle: None,
             spill_dir: None,
-            inputs: sources::InputOptions::default(),
+            inputs: inputs::InputOptions::default(),
         }
     }
 }
@@ -379,19 +377,20 @@ pub(crate) fn scan_inputs(
     matrix: &str,
     genes: GeneSet,
     read_whole: &[usize],
-    reach: &sources::InputOptions,
+    reach: &inputs::InputOptions,
     progress: &dyn ConvertProgress,
 ) -> Result<(Vec<Input>, Vec<String>)> {
     progress.phase("scanning", 0);
-    let urls: Vec<&str> = inputs.iter().filter(|p| crate::h5ad::remote::is_url(p)).filter_map(|p| p.to_str()).collect();
+    let urls: Vec<&str> =
+        inputs.iter().filter(|p| crate::inputs::remote::is_url(p)).filter_map(|p| p.to_str()).collect();
     if !urls.is_empty() {
-        crate::h5ad::remote::open_ahead(&urls, &reach.remote);
+        crate::inputs::remote::open_ahead(&urls, &reach.remote);
     }
     let mut scanned = Vec::with_capacity(inputs.len());
     let mut source_genes: Option<genes::SourceGenes> = None;
     for (i, path) in inputs.iter().enumerate() {
         progress.file(path);
-        let source = sources::open(path, matrix, reach)?;
+        let source = inputs::open(path, matrix, reach)?;
         if read_whole.contains(&i) {
             source.will_read_whole();
         }
@@ -406,7 +405,7 @@ pub(crate) fn scan_inputs(
             None => source_genes = Some(genes::SourceGenes::new(genes, path, names)),
             Some(s) => s.add(path, &names)?,
         }
-        let version = sources::input_version(path, reach);
+        let version = inputs::input_version(path, reach);
         scanned.push(Input {
             path: path.clone(),
             n_rows: source.n_rows(),
@@ -467,7 +466,7 @@ pub(crate) fn gene_totals(
     sampled: &[usize],
     matrix: &str,
     source_genes: &[String],
-    reach: &sources::InputOptions,
+    reach: &inputs::InputOptions,
     progress: &dyn ConvertProgress,
 ) -> Result<Vec<u64>> {
     let n_genes = source_genes.len() as u32;
@@ -477,7 +476,7 @@ pub(crate) fn gene_totals(
     for &i in sampled {
         let input = &scanned[i];
         progress.file(&input.path);
-        let source = sources::open(&input.path, matrix, reach)?;
+        let source = inputs::open(&input.path, matrix, reach)?;
         source.will_read_whole();
         // The input's column -> source gene (None: the same by position).
         let map = input_columns(input, source.as_ref(), (source_genes, &source_digest))?;
@@ -549,7 +548,7 @@ pub(crate) struct TileJob<'a> {
     /// temporary folder).
     pub spill_dir: Option<&'a Path>,
     /// How inputs at URLs are reached.
-    pub reach: &'a sources::InputOptions,
+    pub reach: &'a inputs::InputOptions,
 }
 
 /// What [`write_tiles`] wrote besides the tiles.
@@ -660,7 +659,7 @@ pub(crate) fn write_tiles(
         // A failure of the writer comes first: it is why the reader stopped.
         Err((_, TileFailure::Other(e))) => Err(e),
         Err((_, TileFailure::BadValue { input, row, gene, problem })) => {
-            let source = sources::open(&inputs[input].path, matrix, job.reach)?;
+            let source = inputs::open(&inputs[input].path, matrix, job.reach)?;
             Err(describe_bad_value(source.as_ref(), row, &BadValue { row, gene, problem }).into())
         }
     }
@@ -772,10 +771,10 @@ pub(crate) fn source_code(inputs: &[Input], plan: &ObsPlan, i: usize) -> usize {
 pub(crate) fn open_unchanged(
     input: &Input,
     matrix: &str,
-    reach: &sources::InputOptions,
+    reach: &inputs::InputOptions,
 ) -> Result<Box<dyn InputSource>> {
     // (a file that cannot be read at all fails in open, below)
-    if let Some(now) = sources::input_version(&input.path, reach) {
+    if let Some(now) = inputs::input_version(&input.path, reach) {
         let was = crate::storage::Version { size: input.bytes, etag: input.etag.clone() };
         // (tags are compared when both sides have one: a plan made before
         // they were recorded has none)
@@ -783,13 +782,13 @@ pub(crate) fn open_unchanged(
         if now.size != was.size || retagged {
             return Err(InputError::Changed {
                 path: input.path.clone(),
-                was: sources::describe_version(&was),
-                now: sources::describe_version(&now),
+                was: inputs::describe_version(&was),
+                now: inputs::describe_version(&now),
             }
             .into());
         }
     }
-    Ok(sources::open(&input.path, matrix, reach)?)
+    Ok(inputs::open(&input.path, matrix, reach)?)
 }
 
 /// An input's obs table, when the plan stores obs.
@@ -797,7 +796,7 @@ pub(crate) fn input_obs_table<'s>(
     input: &Input,
     source: &'s dyn InputSource,
     obs_plan: Option<&ObsPlan>,
-) -> Result<Option<Box<dyn input::Table + 's>>> {
+) -> Result<Option<Box<dyn inputs::Table + 's>>> {
     match obs_plan {
         Some(_) => Ok(Some(source.obs()?.ok_or_else(|| {
             ConvertError::invalid(input.path.display().to_string(), "has no obs table, but the plan has obs")
@@ -930,7 +929,7 @@ fn assemble(
 /// name), gene (index and name), the value, and a hint when another matrix of
 /// the file holds counts.
 fn describe_bad_value(source: &dyn InputSource, row: u64, bad: &BadValue) -> InputError {
-    let name_of = |table: Option<Box<dyn input::Table + '_>>, at: u64| {
+    let name_of = |table: Option<Box<dyn inputs::Table + '_>>, at: u64| {
         table
             .and_then(|t| t.index(Some(at as usize..at as usize + 1)).ok())
             .and_then(|names| names.into_iter().next())

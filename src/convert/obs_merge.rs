@@ -21,9 +21,9 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use serde_json::Value;
 
-use super::input::{Categories, FrameColumn, InputError, Table};
-use super::sources;
 use crate::format::obs_schema::{ObsColumn, ObsKind, ObsSchema, SCHEMA_FORMAT, SCHEMA_VERSION};
+use crate::inputs;
+use crate::inputs::{Categories, FrameColumn, InputError, Table};
 use crate::obs::{arrow_type_from_name, arrow_type_name};
 
 /// What convert stores of obs.
@@ -245,7 +245,7 @@ impl ObsPlan {
         inputs: &[&Path],
         matrix: &str,
         options: &ObsOptions,
-        reach: &sources::InputOptions,
+        reach: &inputs::InputOptions,
     ) -> Result<Option<ObsPlan>> {
         merge(None, inputs, matrix, options, reach)
     }
@@ -261,7 +261,7 @@ impl ObsPlan {
         inputs: &[&Path],
         matrix: &str,
         options: &ObsOptions,
-        reach: &sources::InputOptions,
+        reach: &inputs::InputOptions,
     ) -> Result<(ObsPlan, Vec<Restated>)> {
         // The columns that say where each cell was read are not the inputs':
         // merged without them, then added back, the new inputs' paths at the
@@ -540,7 +540,7 @@ fn merge(
     inputs: &[&Path],
     matrix: &str,
     options: &ObsOptions,
-    reach: &sources::InputOptions,
+    reach: &inputs::InputOptions,
 ) -> Result<Option<ObsPlan>> {
     // Who defines the columns (for messages): the dataset, else the first
     // input with obs.
@@ -572,7 +572,7 @@ fn merge(
     // One pass, each file opened once: which inputs have obs, and the
     // columns and shapes of those that do.
     for (i, path) in inputs.iter().enumerate() {
-        let source = sources::open(path, matrix, reach)?;
+        let source = inputs::open(path, matrix, reach)?;
         let Some(obs) = source.obs()? else {
             first_without.get_or_insert(i);
             continue;

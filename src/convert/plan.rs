@@ -109,7 +109,7 @@ pub(crate) fn plan_then(
     }
     out.put(format::VAR_NAMES_KEY, Bytes::from(names_text))?;
     if options.write_var {
-        let first = super::sources::open(&scanned[0].path, &options.matrix, &options.inputs)?;
+        let first = crate::inputs::open(&scanned[0].path, &options.matrix, &options.inputs)?;
         let first_genes = first.gene_names()?;
         // The first input's row of each stored gene (none for genes only later inputs have).
         let first_rows: Vec<Option<u32>> = match super::genes::column_map(&scanned[0].path, &first_genes, &var_names)? {

@@ -98,7 +98,7 @@ pub(crate) fn shard_in(
     };
     let mut writer = DatasetWriter::starting_at(out, plan.write_options(), plan.n_genes as u32, tiles.start);
     // (the inputs are read as the plan read them)
-    let reach = super::sources::InputOptions { reading: plan.reading.clone(), ..options.inputs.clone() };
+    let reach = crate::inputs::InputOptions { reading: plan.reading.clone(), ..options.inputs.clone() };
     let job = TileJob {
         inputs: &plan.inputs,
         first_cell: plan.first_cell(),

@@ -22,12 +22,12 @@ use std::path::{Path, PathBuf};
 use arrow_array::{RecordBatch, UInt32Array};
 use arrow_schema::SchemaRef;
 
-use super::input::{to_counts, BadValue, Cleaned, RawRows};
 use super::{
     describe_bad_value, input_obs_table, input_remap, open_unchanged, source_code, Dispatch, TileCells, TileJob,
 };
 use super::{ConvertProgress, SCAN_ROWS};
 use crate::format::CsrMatrix;
+use crate::inputs::{to_counts, BadValue, Cleaned, RawRows};
 
 /// Rounds of the Feistel network.
 const ROUNDS: usize = 8;

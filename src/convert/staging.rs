@@ -56,8 +56,8 @@ pub(crate) struct AppendRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) shuffle: Option<u64>,
     /// How the inputs are read, when not told by each input.
-    #[serde(default, skip_serializing_if = "super::sources::InputReading::is_default")]
-    pub(crate) reading: super::sources::InputReading,
+    #[serde(default, skip_serializing_if = "crate::inputs::InputReading::is_default")]
+    pub(crate) reading: crate::inputs::InputReading,
 }
 
 /// The inputs that are files (not the dataset's own last tile).
@@ -68,9 +68,9 @@ pub(crate) fn new_inputs(inputs: &[Input]) -> impl Iterator<Item = &Input> {
 impl AppendRecord {
     /// Whether `inputs` (the same files, by their sizes too) and `matrix`
     /// are this append's.
-    pub(crate) fn is_of(&self, inputs: &[PathBuf], matrix: Option<&str>, reach: &super::sources::InputOptions) -> bool {
+    pub(crate) fn is_of(&self, inputs: &[PathBuf], matrix: Option<&str>, reach: &crate::inputs::InputOptions) -> bool {
         let file = |p: &PathBuf| {
-            if crate::h5ad::remote::is_url(p) {
+            if crate::inputs::remote::is_url(p) {
                 p.clone()
             } else {
                 std::fs::canonicalize(p).unwrap_or_else(|_| p.clone())
@@ -78,7 +78,7 @@ impl AppendRecord {
         };
         let files: Vec<(PathBuf, u64)> = new_inputs(&self.inputs).map(|i| (file(&i.path), i.bytes)).collect();
         let asked: Vec<(PathBuf, u64)> =
-            inputs.iter().map(|p| (file(p), super::sources::input_size(p, reach).unwrap_or(0))).collect();
+            inputs.iter().map(|p| (file(p), crate::inputs::input_size(p, reach).unwrap_or(0))).collect();
         files == asked && matrix.is_none_or(|m| m == self.matrix)
     }
 

@@ -15,7 +15,7 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use serde_json::{json, Value};
 
-use super::input::{Categories, FrameColumn, InputError, Table};
+use crate::inputs::{Categories, FrameColumn, InputError, Table};
 
 /// The name pyarrow gives an unnamed pandas index.
 const UNNAMED_INDEX: &str = "__index_level_0__";

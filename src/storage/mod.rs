@@ -10,8 +10,6 @@ pub mod conformance;
 pub mod lease;
 mod local;
 mod object;
-#[cfg(feature = "convert")]
-pub mod ranged;
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};

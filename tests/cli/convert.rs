@@ -383,7 +383,7 @@ fn export_gives_back_the_source_counts() {
     t.run(&["export", "-q", "--source-gene-order", "ds", "back.h5ad"]).expect_code(0);
     let back = read_h5ad_rows(&t.join("back.h5ad"));
     assert_eq!(back, expected(&rows));
-    let file = deltacells::h5ad::H5adFile::open(&t.join("back.h5ad")).unwrap();
+    let file = deltacells::inputs::h5ad::H5adFile::open(&t.join("back.h5ad")).unwrap();
     assert_eq!(file.dataframe_index("var").unwrap(), h5::genes(50));
     assert_eq!(file.dataframe_index("obs").unwrap(), h5::cells(23, "c"));
     // a range, in stored gene order
@@ -391,7 +391,7 @@ fn export_gives_back_the_source_counts() {
     let ds = Dataset::open(s(&t.join("ds"))).unwrap();
     let m = ds.read_cells(5..14).unwrap();
     let part = read_h5ad_rows(&t.join("part.h5ad"));
-    let names = deltacells::h5ad::H5adFile::open(&t.join("part.h5ad")).unwrap().dataframe_index("obs").unwrap();
+    let names = deltacells::inputs::h5ad::H5adFile::open(&t.join("part.h5ad")).unwrap().dataframe_index("obs").unwrap();
     assert_eq!(names, h5::cells(23, "c")[5..14].to_vec());
     let want: Vec<Vec<(u32, u32)>> =
         (0..m.n_rows()).map(|r| m.row(r).0.iter().copied().zip(m.row(r).1.iter().copied()).collect()).collect();
@@ -403,9 +403,9 @@ fn export_gives_back_the_source_counts() {
 
 /// An .h5ad file's X, read with our reader, as sorted rows of counts.
 pub fn read_h5ad_rows(path: &Path) -> Vec<Vec<(u32, u32)>> {
-    let file = deltacells::h5ad::H5adFile::open(path).unwrap();
+    let file = deltacells::inputs::h5ad::H5adFile::open(path).unwrap();
     let x = file.matrix("X").unwrap();
     let raw = x.read_rows(0..x.n_rows()).unwrap();
-    let (m, _) = deltacells::convert::input::to_counts(&raw, x.n_cols() as u32, None).unwrap();
+    let (m, _) = deltacells::inputs::to_counts(&raw, x.n_cols() as u32, None).unwrap();
     (0..m.n_rows()).map(|r| m.row(r).0.iter().copied().zip(m.row(r).1.iter().copied()).collect()).collect()
 }

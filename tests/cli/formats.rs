@@ -564,7 +564,7 @@ pub fn pbmc_forms(t: &TestDir) -> Option<(PathBuf, PathBuf, PathBuf)> {
     let (ctrl, _) = crate::util::pbmc()?;
     let counts = crate::convert::read_h5ad_rows(&ctrl);
     let rows: Rows = counts.iter().map(|r| r.iter().map(|&(g, c)| (g, f64::from(c))).collect()).collect();
-    let file = deltacells::h5ad::H5adFile::open(&ctrl).unwrap();
+    let file = deltacells::inputs::h5ad::H5adFile::open(&ctrl).unwrap();
     let names = file.dataframe_index("var").unwrap();
     let barcodes = file.dataframe_index("obs").unwrap();
     let features: Vec<Feature> = names

@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use deltacells::convert::input::InputError;
 use deltacells::convert::{self, AppendError, AppendOptions, ConvertError, ConvertOptions, NoProgress, ShardOptions};
+use deltacells::inputs::InputError;
 use deltacells::storage::{LocalStorage, Storage};
 use deltacells::DatasetError;
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use deltacells::h5ad::remote::RemoteOptions;
+use deltacells::inputs::remote::RemoteOptions;
 use deltacells::storage::{LocalStorage, ObjectStorage, RootLock, Storage};
 use deltacells::Dataset;
 use serde_json::Value;
@@ -947,7 +947,8 @@ fn two_conversions_in_one_process_reach_their_inputs_each_its_own_way() {
     // downloads its input whole into a folder, the next in the same process
     // reads the same URL by ranges, and a third reaches a store that needs
     // an endpoint; all write the same dataset.
-    use deltacells::convert::{convert, sources::InputOptions, ConvertOptions, NoProgress};
+    use deltacells::convert::{convert, ConvertOptions, NoProgress};
+    use deltacells::inputs::InputOptions;
     use deltacells::storage::StoreOptions;
     let t = TestDir::new();
     let example = example();

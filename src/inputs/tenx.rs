@@ -1,5 +1,5 @@
 //! 10x Genomics feature-barcode matrices in HDF5 (`filtered_feature_bc_matrix.h5`
-//! and `raw_`), as an input of conversion ([`crate::convert::input`]).
+//! and `raw_`), as an input of conversion ([`crate::inputs`]).
 //!
 //! Cell Ranger 3 and later write one group, `matrix`: `data`, `indices`,
 //! `indptr` and `shape` of a features x barcodes matrix stored by barcode
@@ -18,11 +18,13 @@
 use std::ops::Range;
 use std::path::Path;
 
-use crate::convert::input::{FrameColumn, InputError, InputSource, MemoryTable, RawRows, Table, DROPPED_COLUMN};
-use crate::h5ad::{read_strings, read_strings_range, H5adFile, Layout, MatrixReader};
-
-/// The feature type converted when none is named.
-pub const GENE_EXPRESSION: &str = "Gene Expression";
+use crate::inputs::error::InputError;
+pub use crate::inputs::features::GENE_EXPRESSION;
+use crate::inputs::features::{kept_columns, picked, tally};
+use crate::inputs::h5ad::{read_strings, read_strings_range, H5adFile, Layout, MatrixReader};
+use crate::inputs::rows::{RawRows, DROPPED_COLUMN};
+use crate::inputs::source::InputSource;
+use crate::inputs::table::{FrameColumn, MemoryTable, Table};
 
 /// Whether `file` is laid out as Cell Ranger writes its matrices (and not as
 /// anndata writes an .h5ad file).
@@ -187,41 +189,6 @@ impl TenxSource {
         };
         Ok(TenxSource { file, group, matrix, keep, var })
     }
-}
-
-/// Each feature's column among the `chosen` ones, or [`DROPPED_COLUMN`];
-/// None when every feature is chosen (the columns are the features).
-pub(crate) fn kept_columns(chosen: &[bool]) -> Option<Vec<u32>> {
-    if chosen.iter().all(|&c| c) {
-        return None;
-    }
-    let mut next = 0u32;
-    let columns = chosen.iter().map(|&c| {
-        if c {
-            next += 1;
-            next - 1
-        } else {
-            DROPPED_COLUMN
-        }
-    });
-    Some(columns.collect())
-}
-
-/// The `values` of the `chosen` features, in order.
-pub(crate) fn picked<T>(values: Vec<T>, chosen: &[bool]) -> Vec<T> {
-    values.into_iter().zip(chosen).filter(|(_, &c)| c).map(|(v, _)| v).collect()
-}
-
-/// `Gene Expression (33538), Antibody Capture (17)`.
-pub(crate) fn tally(values: &[String]) -> String {
-    let mut counts: Vec<(&str, usize)> = Vec::new();
-    for v in values {
-        match counts.iter_mut().find(|(n, _)| *n == v) {
-            Some(c) => c.1 += 1,
-            None => counts.push((v, 1)),
-        }
-    }
-    counts.iter().map(|(n, c)| format!("{n:?} ({c})")).collect::<Vec<_>>().join(", ")
 }
 
 fn join(values: &[&String]) -> String {

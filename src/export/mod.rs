@@ -1,7 +1,11 @@
-//! The obs and var of a dataset as the tables of an .h5ad file, so that
-//! `export` gives back what was converted: every obs column (categoricals with
-//! their whole vocabulary) with the cell names as the index, and the gene
-//! table of var.parquet with its index.
+//! Exporting a dataset as an AnnData `.h5ad` file: its obs and var as the
+//! tables of the file, so that `export` gives back what was converted: every
+//! obs column (categoricals with their whole vocabulary) with the cell names
+//! as the index, and the gene table of var.parquet with its index; and the
+//! writer of the file ([`h5ad`]). Reading `.h5ad` files as inputs is
+//! [`crate::inputs::h5ad`]'s, not this module's.
+
+pub mod h5ad;
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -15,10 +19,10 @@ use arrow_schema::DataType;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::Value;
 
-use super::write::{Table, TableColumn};
 use crate::format::obs_schema::ObsKind;
 use crate::obs::localize::{ObsError, ObsSource};
 use crate::{format, Dataset, DatasetError};
+use h5ad::{Table, TableColumn};
 
 /// Why a dataset's obs or var could not be made into tables.
 #[derive(Debug, thiserror::Error)]

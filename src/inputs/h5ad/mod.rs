@@ -9,12 +9,10 @@
 //! HDF5 serializes every call behind one global lock, so reading stays on one
 //! thread; callers parallelize what they do with the rows.
 
-pub mod export;
+mod driver;
 pub(crate) mod frame;
-pub mod remote;
 mod source;
 mod strings;
-pub mod write;
 
 pub use source::H5adSource;
 
@@ -23,7 +21,9 @@ use std::path::{Path, PathBuf};
 
 use hdf5::types::TypeDescriptor;
 
-use crate::convert::input::{checked_indices, checked_indptr, made_once, InputError as H5adError, RawRows};
+use super::remote;
+use crate::inputs::error::InputError as H5adError;
+use crate::inputs::rows::{checked_indices, checked_indptr, made_once, RawRows};
 
 pub(crate) use strings::{read_string_attr, read_strings, read_strings_range};
 
@@ -40,7 +40,7 @@ pub struct H5adFile {
     path: PathBuf,
     file: hdf5::File,
     /// The object's reader, for a file at a URL.
-    ranged: Option<std::sync::Arc<crate::storage::ranged::RangedFile>>,
+    ranged: Option<std::sync::Arc<remote::RangedFile>>,
 }
 
 /// A matrix of an open file, read by rows.
@@ -79,7 +79,7 @@ impl H5adFile {
                 })?;
                 return Ok(H5adFile { path: path.to_path_buf(), file, ranged: None });
             }
-            let (file, ranged) = remote::open_hdf5(&url, &options.store).map_err(|message| H5adError::Open {
+            let (file, ranged) = driver::open_hdf5(&url, &options.store).map_err(|message| H5adError::Open {
                 format: "HDF5",
                 path: path.to_path_buf(),
                 message,
@@ -124,8 +124,8 @@ impl H5adFile {
             ranged.set_extents(&matrix.byte_extents());
             if matrix.stored_bytes() * 4 >= ranged.size() * 3 {
                 let starts: Vec<u64> =
-                    matrix.array_paths().iter().filter_map(|p| remote::header_address(&self.file, p)).collect();
-                crate::storage::ranged::prefetch_whole(ranged, &starts);
+                    matrix.array_paths().iter().filter_map(|p| driver::header_address(&self.file, p)).collect();
+                remote::prefetch_whole(ranged, &starts);
             }
         }
     }

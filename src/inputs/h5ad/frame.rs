@@ -11,7 +11,7 @@ use arrow_array::{
 use hdf5::types::{FloatSize, IntSize, TypeDescriptor};
 
 use super::{check_filters, read_string_attr, read_strings, read_strings_range, H5adError, H5adFile};
-pub use crate::convert::input::{Categories, FrameColumn};
+use crate::inputs::table::{Categories, FrameColumn};
 
 /// Rows to read: all of them, or a range.
 type Rows<'a> = Option<&'a Range<usize>>;

@@ -1,80 +1,21 @@
-//! `.h5ad` inputs in buckets and on HTTP servers: an HDF5 virtual file
-//! driver whose reads go through the storage layer's ranged files
-//! ([`crate::storage::ranged`]: block cache, read-ahead, prefetcher), so
+//! `.h5ad` (and 10x `.h5`) inputs in buckets and on HTTP servers: an HDF5
+//! virtual file driver whose reads go through the ranged files of inputs at
+//! URLs ([`crate::inputs::remote`]: block cache, read-ahead, prefetcher), so
 //! that a worker fetches only the HDF5 metadata and the parts of X and obs
-//! that hold its cells; where each input is reached from ([`RemoteOptions`]);
-//! and the fallback that downloads an input whole first.
+//! that hold its cells. Its structs follow H5FDdevelop.h of the HDF5 that
+//! hdf5-metno-src builds (2.x): the crate's own bindings of them are older.
 //!
 //! HDF5 serializes every call behind one lock, so the driver's callbacks run
 //! one at a time; the background fetches only fill the block cache.
 
 use std::ffi::{c_char, c_int, c_uint, c_ulong, c_void, CString};
-use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use hdf5_sys::h5::{haddr_t, herr_t, hsize_t};
 use hdf5_sys::h5i::hid_t;
 
-use crate::storage::ranged::{self, sized_object, RangedFile, ReadOf};
-use crate::storage::{self, StoreOptions};
-
-/// Whether `path` names an object in a bucket or on a server rather than a
-/// local file.
-pub fn is_url(path: &Path) -> bool {
-    path.to_str().is_some_and(|s| s.contains("://") && !s.starts_with("file://"))
-}
-
-/// How inputs at URLs are reached: a value each conversion carries (two in
-/// one process may differ), not a setting of the process.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RemoteOptions {
-    /// The stores' options: credentials, endpoint.
-    pub store: StoreOptions,
-    /// Download each input whole into this folder before reading it (a
-    /// fallback for servers that do not answer ranged reads), instead of
-    /// reading the ranges it needs.
-    pub download_dir: Option<std::path::PathBuf>,
-}
-
-/// The local copy of the object at `url` when inputs are downloaded: made on
-/// first use (in pieces of 64 MiB, under a temporary name), then reused.
-pub(crate) fn downloaded(url: &str, options: &RemoteOptions) -> Result<Option<std::path::PathBuf>, String> {
-    let Some(dir) = options.download_dir.clone() else { return Ok(None) };
-    let name = url.rsplit('/').next().unwrap_or("input.h5ad");
-    let digest = crate::format::fingerprint::sha256_hex(url.as_bytes());
-    let path = dir.join(format!("{}-{name}", &digest[..12]));
-    if path.is_file() {
-        return Ok(Some(path));
-    }
-    let (store, key, storage::Version { size, etag }) = sized_object(url, &options.store)?;
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut tmp = crate::storage::temp_file_in(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    const PIECE: u64 = 64 << 20;
-    let mut at = 0;
-    while at < size {
-        let range = at..(at + PIECE).min(size);
-        let bytes = match store.get_ranges_of(&key, std::slice::from_ref(&range), etag.as_deref()) {
-            Ok(Some(mut parts)) => parts.remove(0),
-            Ok(None) => return Err("vanished while being downloaded".into()),
-            Err(e) => return Err(crate::error_chain(&e)),
-        };
-        ranged::input_stats().record(bytes.len() as u64);
-        std::io::Write::write_all(&mut tmp, &bytes).map_err(|e| format!("{}: {e}", dir.display()))?;
-        at = range.end;
-    }
-    tmp.persist(&path).map_err(|e| format!("{}: {}", path.display(), e.error))?;
-    Ok(Some(path))
-}
-
-/// Opens the objects at `urls` at once (their sizes and first blocks), so
-/// that reading them one after another does not wait a round trip per
-/// file; failures are left for the opening that needs the file.
-pub fn open_ahead(urls: &[&str], options: &RemoteOptions) {
-    if options.download_dir.is_some() {
-        return; // they are downloaded whole instead
-    }
-    ranged::open_all(urls, &options.store);
-}
+use crate::inputs::remote::{RangedFile, ReadOf};
+use crate::storage::StoreOptions;
 
 /// `H5L_info2_t`, with its union as plain bytes (the crate keeps the token private).
 #[repr(C)]

@@ -1,4 +1,4 @@
-//! An .h5ad file as an input of conversion ([`crate::convert::input`]): its
+//! An .h5ad file as an input of conversion ([`crate::inputs`]): its
 //! matrix, its var table (the one that goes with the matrix) and its obs.
 
 use std::ops::Range;
@@ -6,7 +6,11 @@ use std::path::Path;
 
 use super::frame::{check_rows, column_names, read_column};
 use super::{H5adFile, MatrixReader};
-use crate::convert::input::{first_rows_are_counts, FrameColumn, InputError, InputSource, RawRows, Table};
+use crate::inputs::error::InputError;
+use crate::inputs::remote::RemoteOptions;
+use crate::inputs::rows::RawRows;
+use crate::inputs::source::{first_rows_are_counts, InputSource};
+use crate::inputs::table::{FrameColumn, Table};
 
 /// An open .h5ad file and the matrix being converted.
 pub struct H5adSource {
@@ -18,15 +22,11 @@ pub struct H5adSource {
 impl H5adSource {
     /// Opens `path` and its matrix `matrix` (`X`, `raw/X`, `layers/NAME`).
     pub fn open(path: &Path, matrix: &str) -> Result<H5adSource, InputError> {
-        Self::open_with(path, matrix, &super::remote::RemoteOptions::default())
+        Self::open_with(path, matrix, &RemoteOptions::default())
     }
 
     /// [`H5adSource::open`], reaching a file at a URL as `remote` says.
-    pub fn open_with(
-        path: &Path,
-        matrix: &str,
-        remote: &super::remote::RemoteOptions,
-    ) -> Result<H5adSource, InputError> {
+    pub fn open_with(path: &Path, matrix: &str, remote: &RemoteOptions) -> Result<H5adSource, InputError> {
         Self::from_file(H5adFile::open_with(path, remote)?, matrix)
     }
 

@@ -1,0 +1,132 @@
+//! The files of a Matrix Market input, local or at a URL, gzip-compressed or
+//! not, read as streams of text.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::inputs::remote::{self, RangedFile, ReadOf, RemoteOptions};
+
+/// A file of an input: a local path or an object at a URL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Place {
+    File(PathBuf),
+    Url(String),
+}
+
+impl Place {
+    /// Its name, for messages.
+    pub(super) fn name(&self) -> String {
+        match self {
+            Place::File(p) => p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into()),
+            Place::Url(u) => u.rsplit('/').next().unwrap_or(u).to_string(),
+        }
+    }
+
+    /// The file named `name` beside this one, if it exists.
+    pub(super) fn sibling(&self, name: &str, remote: &RemoteOptions) -> Option<Place> {
+        match self {
+            Place::File(p) => {
+                let other = p.with_file_name(name);
+                other.is_file().then_some(Place::File(other))
+            }
+            Place::Url(u) => {
+                let base = &u[..u.rfind('/').map_or(0, |i| i + 1)];
+                let other = format!("{base}{name}");
+                remote::object_version(&other, &remote.store).ok().map(|_| Place::Url(other))
+            }
+        }
+    }
+
+    /// What identifies this version of the file: its size and modification
+    /// time, or its size and entity tag.
+    pub(super) fn version(&self, remote: &RemoteOptions) -> Result<String, String> {
+        match self {
+            Place::File(p) => {
+                let m = std::fs::metadata(p).map_err(|e| e.to_string())?;
+                let modified = m.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+                Ok(format!("{} {:?}", m.len(), modified))
+            }
+            Place::Url(u) => {
+                let v = remote::object_version(u, &remote.store)?;
+                Ok(format!("{} {:?}", v.size, v.etag))
+            }
+        }
+    }
+
+    /// Its bytes, as a stream (decompressed when they are gzip).
+    pub(super) fn open(&self, remote: &RemoteOptions) -> Result<Box<dyn BufRead + Send>, String> {
+        let raw: Box<dyn Read + Send> = match self {
+            Place::File(p) => Box::new(std::fs::File::open(p).map_err(|e| e.to_string())?),
+            Place::Url(u) => match remote::downloaded(u, remote)? {
+                Some(local) => Box::new(std::fs::File::open(local).map_err(|e| e.to_string())?),
+                None => Box::new(UrlReader::open(u, remote)?),
+            },
+        };
+        let mut buffered = BufReader::with_capacity(1 << 20, raw);
+        let head = buffered.fill_buf().map_err(|e| e.to_string())?;
+        if head.starts_with(&[0x1f, 0x8b]) {
+            Ok(Box::new(BufReader::with_capacity(1 << 20, flate2::bufread::MultiGzDecoder::new(buffered))))
+        } else {
+            Ok(Box::new(buffered))
+        }
+    }
+}
+
+/// An object at a URL read from start to end, fetched ahead.
+struct UrlReader {
+    file: Arc<RangedFile>,
+    at: u64,
+}
+
+impl UrlReader {
+    pub(super) fn open(url: &str, remote: &RemoteOptions) -> Result<UrlReader, String> {
+        let file = RangedFile::open(url, &remote.store)?;
+        file.set_extents(std::slice::from_ref(&(0..file.size())));
+        remote::prefetch_whole(&file, &[0]);
+        Ok(UrlReader { file, at: 0 })
+    }
+}
+
+impl Read for UrlReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = (self.file.size().saturating_sub(self.at)).min(buf.len() as u64) as usize;
+        if n == 0 {
+            return Ok(0);
+        }
+        self.file.read(self.at, &mut buf[..n], ReadOf::Data).map_err(std::io::Error::other)?;
+        self.at += n as u64;
+        Ok(n)
+    }
+}
+
+/// A failure at a line of a file (0: not at a line).
+pub(super) type LineError = (u64, String);
+
+/// Says what a failed read of text means: a gzip stream that ends early or
+/// does not decode, or the read's own failure.
+pub(super) fn read_failure(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => "the gzip stream ends early (a truncated file)".into(),
+        std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData => {
+            format!("the gzip stream is corrupt ({e})")
+        }
+        _ => format!("cannot be read: {e}"),
+    }
+}
+
+/// The lines of a tab-separated text file, each split into its fields.
+pub(super) fn read_tsv(place: &Place, remote: &RemoteOptions) -> Result<Vec<Vec<String>>, LineError> {
+    let stream = place.open(remote).map_err(|m| (0, m))?;
+    let mut rows = Vec::new();
+    for (n, line) in stream.split(b'\n').enumerate() {
+        let line = line.map_err(|e| (n as u64 + 1, read_failure(&e)))?;
+        let text = std::str::from_utf8(&line).map_err(|_| (n as u64 + 1, "is not UTF-8 text".to_string()))?;
+        let text = text.strip_suffix('\r').unwrap_or(text);
+        if text.is_empty() {
+            continue;
+        }
+        rows.push(text.split('\t').map(str::to_string).collect());
+    }
+    Ok(rows)
+}

@@ -1,0 +1,285 @@
+//! A matrix's rows as an input stores them ([`RawRows`]: CSR, values of any
+//! numeric type as f64, not yet checked), the checks every format makes of a
+//! sparse matrix's arrays, and the turning of stored values into counts
+//! ([`to_counts`]), which is the same for every format.
+
+use std::ops::Range;
+
+use crate::format::{CsrMatrix, MAX_COUNT};
+
+/// Rows of a matrix as stored, before they are checked as counts: CSR with
+/// indptr relative to the first row and values of any numeric type as f64.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RawRows {
+    pub indptr: Vec<u64>,
+    pub indices: Vec<u32>,
+    pub values: Vec<f64>,
+}
+
+impl RawRows {
+    /// Rows `rows` of a matrix held whole as one block (the caller checked
+    /// that they are rows of it).
+    pub fn rows(&self, rows: Range<u64>) -> RawRows {
+        let (first, last) = (rows.start as usize, rows.end as usize);
+        let (lo, hi) = (self.indptr[first] as usize, self.indptr[last] as usize);
+        RawRows {
+            indptr: self.indptr[first..=last].iter().map(|&p| p - lo as u64).collect(),
+            indices: self.indices[lo..hi].to_vec(),
+            values: self.values[lo..hi].to_vec(),
+        }
+    }
+
+    /// The rows of a dense block, each an iterator of its values; zeros are
+    /// left out.
+    pub fn from_dense_rows<'a, R: IntoIterator<Item = &'a f64>>(rows: impl Iterator<Item = R>) -> RawRows {
+        let mut out = RawRows { indptr: vec![0], ..Default::default() };
+        for row in rows {
+            for (j, &v) in row.into_iter().enumerate() {
+                if v != 0.0 {
+                    out.indices.push(j as u32);
+                    out.values.push(v);
+                }
+            }
+            out.indptr.push(out.indices.len() as u64);
+        }
+        out
+    }
+
+    /// A matrix stored by column (CSC: `colptr` over the columns, each
+    /// entry's row in `rows_of`, checked to be below `n_rows`) as rows.
+    pub fn from_columns(colptr: &[u64], rows_of: &[u32], values: &[f64], n_rows: u64) -> RawRows {
+        let mut starts = vec![0u64; n_rows as usize + 1];
+        for &r in rows_of {
+            starts[r as usize + 1] += 1;
+        }
+        for i in 1..starts.len() {
+            starts[i] += starts[i - 1];
+        }
+        let indptr = starts.clone();
+        let mut indices = vec![0u32; rows_of.len()];
+        let mut out = vec![0f64; rows_of.len()];
+        for (col, w) in colptr.windows(2).enumerate() {
+            for k in w[0] as usize..w[1] as usize {
+                let r = rows_of[k] as usize;
+                let at = starts[r] as usize;
+                indices[at] = col as u32;
+                out[at] = values[k];
+                starts[r] += 1;
+            }
+        }
+        RawRows { indptr, indices, values: out }
+    }
+}
+
+/// The rows in `cell`, made by `make` on first use: a matrix that is read
+/// whole once (CSC, which cannot be read by rows).
+pub fn made_once<E>(
+    cell: &std::sync::OnceLock<RawRows>,
+    make: impl FnOnce() -> Result<RawRows, E>,
+) -> Result<&RawRows, E> {
+    if let Some(made) = cell.get() {
+        return Ok(made);
+    }
+    let made = make()?;
+    Ok(cell.get_or_init(|| made))
+}
+
+/// Checks entries `first..` of a sparse matrix's indptr as stored: never
+/// decreasing, each within the `n_entries` stored entries. On failure, the
+/// entry's position and what is wrong with it.
+pub fn checked_indptr(raw: Vec<i64>, first: u64, n_entries: i64) -> Result<Vec<u64>, (u64, String)> {
+    for (k, w) in raw.windows(2).enumerate() {
+        if w[1] < w[0] {
+            return Err((first + k as u64 + 1, format!("{} is below the previous entry {}", w[1], w[0])));
+        }
+    }
+    if let Some((k, &v)) = raw.iter().enumerate().find(|(_, &v)| v < 0 || v > n_entries) {
+        return Err((first + k as u64, format!("{v} points outside the {n_entries} stored entries")));
+    }
+    Ok(raw.into_iter().map(|v| v as u64).collect())
+}
+
+/// Checks entries `first..` of a sparse matrix's indices as stored: each
+/// below `minor` (the columns of CSR, the rows of CSC). On failure, the
+/// entry's position and what is wrong with it.
+pub fn checked_indices(raw: Vec<i64>, first: u64, minor: u64) -> Result<Vec<u32>, (u64, String)> {
+    if let Some((k, &v)) = raw.iter().enumerate().find(|(_, &v)| v < 0 || v as u64 >= minor) {
+        return Err((first + k as u64, format!("index {v} outside 0..{minor}")));
+    }
+    Ok(raw.into_iter().map(|v| v as u32).collect())
+}
+
+/// A value that is not a count, found by [`to_counts`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct BadValue {
+    /// Row within the block.
+    pub row: u64,
+    pub gene: u64,
+    pub problem: String,
+}
+
+/// What [`to_counts`] left out or merged, counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cleaned {
+    /// Nonzeros of genes the dataset does not store.
+    pub dropped: u64,
+    /// Entries of a cell and gene that another entry of the same cell and
+    /// gene came before: summed into it.
+    pub summed: u64,
+}
+
+impl std::ops::AddAssign for Cleaned {
+    fn add_assign(&mut self, other: Cleaned) {
+        self.dropped += other.dropped;
+        self.summed += other.summed;
+    }
+}
+
+/// A column that [`to_counts`] leaves out (a gene the dataset does not store).
+pub const DROPPED_COLUMN: u32 = u32::MAX;
+
+/// Turns stored rows into counts: every value must be a whole number in
+/// 0..2^31-1; zeros are dropped, column indices are mapped through `remap`
+/// (source column -> output column) when given, sorted within each row, and
+/// duplicates summed. Columns that `remap` maps to [`DROPPED_COLUMN`] are left
+/// out (after their values were checked); the second value counts their
+/// nonzeros and the duplicates summed.
+pub fn to_counts(raw: &RawRows, n_cols: u32, remap: Option<&[u32]>) -> Result<(CsrMatrix, Cleaned), BadValue> {
+    let mut cleaned = Cleaned::default();
+    let mut out = CsrMatrix::empty(n_cols);
+    out.indices.reserve(raw.indices.len());
+    out.data.reserve(raw.values.len());
+    let mut row_buf: Vec<(u32, u32)> = Vec::new();
+    for (r, w) in raw.indptr.windows(2).enumerate() {
+        row_buf.clear();
+        let mut sorted = true;
+        let mut previous: Option<u32> = None;
+        for k in w[0] as usize..w[1] as usize {
+            let source = raw.indices[k];
+            let v = raw.values[k];
+            if !(v >= 0.0 && v <= f64::from(MAX_COUNT) && v.fract() == 0.0) {
+                let problem = if v.is_nan() {
+                    "value NaN is not a count".to_string()
+                } else if v < 0.0 {
+                    format!("value {v} is negative")
+                } else if v > f64::from(MAX_COUNT) {
+                    format!("value {v} is above the largest count 2^31-1")
+                } else {
+                    format!("value {v} is not an integer count")
+                };
+                return Err(BadValue { row: r as u64, gene: source.into(), problem });
+            }
+            if v == 0.0 {
+                continue;
+            }
+            let column = remap.map_or(source, |m| m[source as usize]);
+            if column == DROPPED_COLUMN {
+                cleaned.dropped += 1;
+                continue;
+            }
+            if previous.is_some_and(|p| column <= p) {
+                sorted = false;
+            }
+            previous = Some(column);
+            row_buf.push((column, v as u32));
+        }
+        if !sorted {
+            row_buf.sort_unstable_by_key(|&(c, _)| c);
+            let mut merged: Vec<(u32, u32)> = Vec::with_capacity(row_buf.len());
+            for &(c, v) in &row_buf {
+                match merged.last_mut() {
+                    Some(last) if last.0 == c => {
+                        let sum = u64::from(last.1) + u64::from(v);
+                        if sum > u64::from(MAX_COUNT) {
+                            let gene = raw.indices[w[0] as usize..w[1] as usize]
+                                .iter()
+                                .copied()
+                                .find(|&s| remap.map_or(s, |m| m[s as usize]) == c)
+                                .unwrap_or(c);
+                            return Err(BadValue {
+                                row: r as u64,
+                                gene: gene.into(),
+                                problem: format!("duplicate entries sum to {sum}, above the largest count 2^31-1"),
+                            });
+                        }
+                        last.1 = sum as u32;
+                        cleaned.summed += 1;
+                    }
+                    _ => merged.push((c, v)),
+                }
+            }
+            row_buf = merged;
+        }
+        for &(c, v) in &row_buf {
+            out.indices.push(c);
+            out.data.push(v);
+        }
+        out.indptr.push(out.indices.len() as u64);
+    }
+    Ok((out, cleaned))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(rows: &[&[(u32, f64)]]) -> RawRows {
+        let mut r = RawRows { indptr: vec![0], ..Default::default() };
+        for row in rows {
+            for &(i, v) in *row {
+                r.indices.push(i);
+                r.values.push(v);
+            }
+            r.indptr.push(r.indices.len() as u64);
+        }
+        r
+    }
+
+    #[test]
+    fn counts_are_cleaned() {
+        // explicit zero dropped, unsorted sorted, duplicates summed
+        let (m, cleaned) = to_counts(&raw(&[&[(3, 2.0), (1, 0.0), (0, 1.0), (3, 5.0)], &[]]), 5, None).unwrap();
+        assert_eq!(cleaned, Cleaned { dropped: 0, summed: 1 });
+        assert_eq!(m.indptr, vec![0, 2, 2]);
+        assert_eq!(m.indices, vec![0, 3]);
+        assert_eq!(m.data, vec![1, 7]);
+        // remapped columns are sorted in output order
+        let (m, cleaned) = to_counts(&raw(&[&[(0, 1.0), (1, 2.0), (2, 3.0)]]), 3, Some(&[2, 0, 1])).unwrap();
+        assert_eq!((m.indices, m.data, cleaned), (vec![0, 1, 2], vec![2, 3, 1], Cleaned::default()));
+        // columns mapped to DROPPED_COLUMN are left out and counted
+        let (m, cleaned) =
+            to_counts(&raw(&[&[(0, 1.0), (1, 2.0), (2, 3.0)], &[(1, 4.0)]]), 2, Some(&[1, DROPPED_COLUMN, 0])).unwrap();
+        assert_eq!((m.indptr, m.indices, m.data, cleaned.dropped), (vec![0, 2, 2], vec![0, 1], vec![3, 1], 2));
+    }
+
+    #[test]
+    fn columns_dense_rows_and_slices_give_the_same_rows() {
+        // rows: [(0, 1), (2, 5)], [], [(1, 2)]
+        let want = raw(&[&[(0, 1.0), (2, 5.0)], &[], &[(1, 2.0)]]);
+        let by_column = RawRows::from_columns(&[0, 1, 2, 3], &[0, 2, 0], &[1.0, 2.0, 5.0], 3);
+        assert_eq!(by_column, want);
+        let dense = [1.0, 0.0, 5.0, 0.0, 0.0, 0.0, 0.0, 2.0, 0.0];
+        assert_eq!(RawRows::from_dense_rows(dense.chunks(3)), want);
+        assert_eq!(want.rows(1..3), raw(&[&[], &[(1, 2.0)]]));
+        assert_eq!(want.rows(2..2), raw(&[]));
+        assert_eq!(checked_indptr(vec![0, 2, 2, 3], 5, 3), Ok(vec![0, 2, 2, 3]));
+        assert_eq!(checked_indptr(vec![0, 2, 1], 5, 3).unwrap_err().0, 7);
+        assert!(checked_indptr(vec![0, 4], 0, 3).unwrap_err().1.contains("outside the 3 stored entries"));
+        assert_eq!(checked_indices(vec![0, 3, 1], 10, 3).unwrap_err(), (11, "index 3 outside 0..3".into()));
+        assert_eq!(checked_indices(vec![-1], 0, 3).unwrap_err().0, 0);
+    }
+
+    #[test]
+    fn non_counts_are_named() {
+        let bad = |v: f64| to_counts(&raw(&[&[], &[(0, 1.0), (4, v)]]), 5, None).unwrap_err();
+        let e = bad(2.5);
+        assert_eq!((e.row, e.gene), (1, 4));
+        assert!(e.problem.contains("2.5 is not an integer"), "{}", e.problem);
+        assert!(bad(-1.0).problem.contains("negative"));
+        assert!(bad(f64::NAN).problem.contains("NaN"));
+        assert!(bad(2147483648.0).problem.contains("above"));
+        assert!(to_counts(&raw(&[&[(0, 2147483647.0)]]), 5, None).is_ok());
+        let e = to_counts(&raw(&[&[(1, 2147483647.0), (1, 1.0)]]), 5, None).unwrap_err();
+        assert!(e.problem.contains("duplicate"), "{}", e.problem);
+    }
+}
