@@ -102,11 +102,11 @@ pub fn checked_indptr(raw: Vec<i64>, first: u64, n_entries: i64) -> Result<Vec<u
 /// Checks entries `first..` of a sparse matrix's indices as stored: each
 /// below `minor` (the columns of CSR, the rows of CSC). On failure, the
 /// entry's position and what is wrong with it.
-pub fn checked_indices(raw: Vec<i64>, first: u64, minor: u64) -> Result<Vec<u32>, (u64, String)> {
-    if let Some((k, &v)) = raw.iter().enumerate().find(|(_, &v)| v < 0 || v as u64 >= minor) {
+pub fn checked_indices<T: Copy + Into<i64>>(raw: &[T], first: u64, minor: u64) -> Result<Vec<u32>, (u64, String)> {
+    if let Some((k, v)) = raw.iter().map(|&v| v.into()).enumerate().find(|&(_, v)| v < 0 || v as u64 >= minor) {
         return Err((first + k as u64, format!("index {v} outside 0..{minor}")));
     }
-    Ok(raw.into_iter().map(|v| v as u32).collect())
+    Ok(raw.iter().map(|&v| v.into() as u32).collect())
 }
 
 /// A value that is not a count, found by [`to_counts`].
@@ -147,29 +147,25 @@ pub const DROPPED_COLUMN: u32 = u32::MAX;
 pub fn to_counts(raw: &RawRows, n_cols: u32, remap: Option<&[u32]>) -> Result<(CsrMatrix, Cleaned), BadValue> {
     let mut cleaned = Cleaned::default();
     let mut out = CsrMatrix::empty(n_cols);
+    out.indptr.reserve(raw.indptr.len().saturating_sub(1));
     out.indices.reserve(raw.indices.len());
     out.data.reserve(raw.values.len());
-    let mut row_buf: Vec<(u32, u32)> = Vec::new();
+    // A row whose columns come out of order (a gene order, or an input's own
+    // order) is sorted as (column << 32 | count) keys, so that one integer
+    // sort orders it and duplicates sit side by side.
+    let mut keys: Vec<u64> = Vec::new();
     for (r, w) in raw.indptr.windows(2).enumerate() {
-        row_buf.clear();
+        let (first, end) = (w[0] as usize, w[1] as usize);
+        let start = out.indices.len();
         let mut sorted = true;
-        let mut previous: Option<u32> = None;
-        for k in w[0] as usize..w[1] as usize {
-            let source = raw.indices[k];
-            let v = raw.values[k];
-            if !(v >= 0.0 && v <= f64::from(MAX_COUNT) && v.fract() == 0.0) {
-                let problem = if v.is_nan() {
-                    "value NaN is not a count".to_string()
-                } else if v < 0.0 {
-                    format!("value {v} is negative")
-                } else if v > f64::from(MAX_COUNT) {
-                    format!("value {v} is above the largest count 2^31-1")
-                } else {
-                    format!("value {v} is not an integer count")
-                };
-                return Err(BadValue { row: r as u64, gene: source.into(), problem });
+        let mut previous: i64 = -1;
+        for (&source, &v) in raw.indices[first..end].iter().zip(&raw.values[first..end]) {
+            // A count is a whole number in 0..=MAX_COUNT; NaN fails the range.
+            let count = v as u32;
+            if !(v >= 0.0 && v <= f64::from(MAX_COUNT)) || f64::from(count) != v {
+                return Err(BadValue { row: r as u64, gene: source.into(), problem: not_a_count(v) });
             }
-            if v == 0.0 {
+            if count == 0 {
                 continue;
             }
             let column = remap.map_or(source, |m| m[source as usize]);
@@ -177,46 +173,60 @@ pub fn to_counts(raw: &RawRows, n_cols: u32, remap: Option<&[u32]>) -> Result<(C
                 cleaned.dropped += 1;
                 continue;
             }
-            if previous.is_some_and(|p| column <= p) {
-                sorted = false;
-            }
-            previous = Some(column);
-            row_buf.push((column, v as u32));
+            sorted &= i64::from(column) > previous;
+            previous = i64::from(column);
+            out.indices.push(column);
+            out.data.push(count);
         }
         if !sorted {
-            row_buf.sort_unstable_by_key(|&(c, _)| c);
-            let mut merged: Vec<(u32, u32)> = Vec::with_capacity(row_buf.len());
-            for &(c, v) in &row_buf {
-                match merged.last_mut() {
-                    Some(last) if last.0 == c => {
-                        let sum = u64::from(last.1) + u64::from(v);
-                        if sum > u64::from(MAX_COUNT) {
-                            let gene = raw.indices[w[0] as usize..w[1] as usize]
-                                .iter()
-                                .copied()
-                                .find(|&s| remap.map_or(s, |m| m[s as usize]) == c)
-                                .unwrap_or(c);
-                            return Err(BadValue {
-                                row: r as u64,
-                                gene: gene.into(),
-                                problem: format!("duplicate entries sum to {sum}, above the largest count 2^31-1"),
-                            });
-                        }
-                        last.1 = sum as u32;
-                        cleaned.summed += 1;
+            keys.clear();
+            keys.extend(
+                out.indices[start..].iter().zip(&out.data[start..]).map(|(&c, &v)| u64::from(c) << 32 | u64::from(v)),
+            );
+            keys.sort_unstable();
+            out.indices.truncate(start);
+            out.data.truncate(start);
+            for &key in &keys {
+                let (c, v) = ((key >> 32) as u32, key as u32);
+                let duplicate = out.indices.len() > start && out.indices.last() == Some(&c);
+                if let (true, Some(last)) = (duplicate, out.data.last_mut()) {
+                    let sum = u64::from(*last) + u64::from(v);
+                    if sum > u64::from(MAX_COUNT) {
+                        let gene = raw.indices[first..end]
+                            .iter()
+                            .copied()
+                            .find(|&s| remap.map_or(s, |m| m[s as usize]) == c)
+                            .unwrap_or(c);
+                        return Err(BadValue {
+                            row: r as u64,
+                            gene: gene.into(),
+                            problem: format!("duplicate entries sum to {sum}, above the largest count 2^31-1"),
+                        });
                     }
-                    _ => merged.push((c, v)),
+                    *last = sum as u32;
+                    cleaned.summed += 1;
+                } else {
+                    out.indices.push(c);
+                    out.data.push(v);
                 }
             }
-            row_buf = merged;
-        }
-        for &(c, v) in &row_buf {
-            out.indices.push(c);
-            out.data.push(v);
         }
         out.indptr.push(out.indices.len() as u64);
     }
     Ok((out, cleaned))
+}
+
+/// Why a stored value is not a count.
+fn not_a_count(v: f64) -> String {
+    if v.is_nan() {
+        "value NaN is not a count".to_string()
+    } else if v < 0.0 {
+        format!("value {v} is negative")
+    } else if v > f64::from(MAX_COUNT) {
+        format!("value {v} is above the largest count 2^31-1")
+    } else {
+        format!("value {v} is not an integer count")
+    }
 }
 
 #[cfg(test)]
@@ -265,8 +275,8 @@ mod tests {
         assert_eq!(checked_indptr(vec![0, 2, 2, 3], 5, 3), Ok(vec![0, 2, 2, 3]));
         assert_eq!(checked_indptr(vec![0, 2, 1], 5, 3).unwrap_err().0, 7);
         assert!(checked_indptr(vec![0, 4], 0, 3).unwrap_err().1.contains("outside the 3 stored entries"));
-        assert_eq!(checked_indices(vec![0, 3, 1], 10, 3).unwrap_err(), (11, "index 3 outside 0..3".into()));
-        assert_eq!(checked_indices(vec![-1], 0, 3).unwrap_err().0, 0);
+        assert_eq!(checked_indices(&[0i64, 3, 1], 10, 3).unwrap_err(), (11, "index 3 outside 0..3".into()));
+        assert_eq!(checked_indices(&[-1i32], 0, 3).unwrap_err().0, 0);
     }
 
     #[test]

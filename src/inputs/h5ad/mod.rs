@@ -19,7 +19,7 @@ pub use source::H5adSource;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use hdf5::types::TypeDescriptor;
+use hdf5::types::{FloatSize, IntSize, TypeDescriptor};
 
 use super::remote;
 use crate::inputs::error::InputError as H5adError;
@@ -513,16 +513,35 @@ impl MatrixReader {
     fn read_entries(&self, range: Range<u64>, minor: u64) -> Result<(Vec<u32>, Vec<f64>), H5adError> {
         let (a, b) = (range.start as usize, range.end as usize);
         let object = self.object("indices");
-        let raw_indices: Vec<i64> = self.datasets[1]
-            .read_slice_1d::<i64, _>(a..b)
-            .map_err(|e| self.invalid(&object, first_line(&h5err(e))))?
-            .to_vec();
-        let indices = checked_indices(raw_indices, range.start, minor)
-            .map_err(|(at, message)| self.invalid(&format!("{object}[{at}]"), message))?;
-        let values: Vec<f64> = self.datasets[0]
-            .read_slice_1d::<f64, _>(a..b)
-            .map_err(|e| self.invalid(&self.object("data"), first_line(&h5err(e))))?
-            .to_vec();
+        let failed = |e: hdf5::Error| self.invalid(&object, first_line(&h5err(e)));
+        // Read in the type the file stores where it is a common one, so that
+        // HDF5 copies instead of converting each element (most of a
+        // conversion's reading time when it asked for i64 and f64).
+        let indices = match stored_type(&self.datasets[1]) {
+            Some(TypeDescriptor::Integer(IntSize::U4)) => {
+                let raw = self.datasets[1].read_slice_1d::<i32, _>(a..b).map_err(failed).map(owned)?;
+                checked_indices(&raw, range.start, minor)
+            }
+            _ => {
+                let raw = self.datasets[1].read_slice_1d::<i64, _>(a..b).map_err(failed).map(owned)?;
+                checked_indices(&raw, range.start, minor)
+            }
+        }
+        .map_err(|(at, message)| self.invalid(&format!("{object}[{at}]"), message))?;
+        let data = &self.datasets[0];
+        let failed = |e: hdf5::Error| self.invalid(&self.object("data"), first_line(&h5err(e)));
+        let values: Vec<f64> = match stored_type(data) {
+            Some(TypeDescriptor::Float(FloatSize::U4)) => {
+                data.read_slice_1d::<f32, _>(a..b).map_err(failed)?.iter().map(|&v| f64::from(v)).collect()
+            }
+            Some(TypeDescriptor::Integer(IntSize::U4)) => {
+                data.read_slice_1d::<i32, _>(a..b).map_err(failed)?.iter().map(|&v| f64::from(v)).collect()
+            }
+            Some(TypeDescriptor::Unsigned(IntSize::U4)) => {
+                data.read_slice_1d::<u32, _>(a..b).map_err(failed)?.iter().map(|&v| f64::from(v)).collect()
+            }
+            _ => data.read_slice_1d::<f64, _>(a..b).map_err(failed).map(owned)?,
+        };
         Ok((indices, values))
     }
 
@@ -544,5 +563,28 @@ impl MatrixReader {
         let colptr = self.read_indptr(0..self.n_cols)?;
         let (rows_of, values) = self.read_entries(0..colptr.last().copied().unwrap_or(0), self.n_rows)?;
         Ok(RawRows::from_columns(&colptr, &rows_of, &values, self.n_rows))
+    }
+}
+
+/// The element type a dataset stores, when HDF5 can say.
+fn stored_type(ds: &hdf5::Dataset) -> Option<TypeDescriptor> {
+    ds.dtype().and_then(|t| t.to_descriptor()).ok()
+}
+
+/// An array HDF5 read, as a vector: its own buffer when that holds exactly
+/// its elements in order (a fresh read does), else a copy.
+fn owned<T: Clone>(array: ndarray::Array1<T>) -> Vec<T> {
+    let len = array.len();
+    if !array.is_standard_layout() {
+        return array.to_vec();
+    }
+    let (mut v, offset) = array.into_raw_vec_and_offset();
+    match offset.unwrap_or(0) {
+        0 if v.len() == len => v,
+        start => {
+            v.truncate(start + len);
+            v.drain(..start);
+            v
+        }
     }
 }

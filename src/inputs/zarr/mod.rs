@@ -134,7 +134,7 @@ impl ZarrSource {
     fn read_entries(&self, range: Range<u64>, minor: u64) -> Result<(Vec<u32>, Vec<f64>), InputError> {
         let object = format!("{}/indices", self.matrix_name);
         let raw = self.arrays[1].read_i64(&self.store, range.clone())?;
-        let indices = checked_indices(raw, range.start, minor)
+        let indices = checked_indices(&raw, range.start, minor)
             .map_err(|(at, message)| self.store.invalid(&format!("{object}[{at}]"), message))?;
         let values = self.arrays[0].read(&self.store, &[range])?.to_f64();
         Ok((indices, values))
