@@ -43,7 +43,11 @@ fn candidates(quick: bool) -> Vec<Candidate> {
     all.push(with("btultra2, search 1", 19, vec![CParameter::SearchLog(1)]));
     all.push(with("btultra2, search 2, chain 16", 19, vec![CParameter::SearchLog(2), CParameter::ChainLog(16)]));
     all.push(with("btultra2, target 16", 19, vec![CParameter::TargetLength(16)]));
-    all.push(with("btultra, search 1", 17, vec![CParameter::Strategy(Strategy::ZSTD_btultra), CParameter::SearchLog(1)]));
+    all.push(with(
+        "btultra, search 1",
+        17,
+        vec![CParameter::Strategy(Strategy::ZSTD_btultra), CParameter::SearchLog(1)],
+    ));
     all.push(with("btopt, min match 4", 15, vec![CParameter::MinMatch(4)]));
     all.push(with("btlazy2, min match 3", 12, vec![CParameter::MinMatch(3)]));
     all.push(with("lazy2, min match 3", 7, vec![CParameter::MinMatch(3)]));

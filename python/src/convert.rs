@@ -574,7 +574,7 @@ impl AnnDataSource {
         let indptr: Vec<i64> = indptr.into_iter().map(|p| p - first).collect();
         let indptr = checked_indptr(indptr, rows.start, n_entries)
             .map_err(|(at, message)| self.invalid(format!("row pointer {at}: {message}")))?;
-        let indices = checked_indices(indices, 0, n_cols)
+        let indices = checked_indices(&indices, 0, n_cols)
             .map_err(|(at, message)| self.invalid(format!("entry {at} of rows {rows:?}: {message}")))?;
         Ok(RawRows { indptr, indices, values })
     }
