@@ -90,6 +90,15 @@ pub(crate) enum Command {
     /// --resume DATASET`, completes an interrupted one to the same bytes.
     /// Set SOURCE_DATE_EPOCH to fix the time it records.
     Append(AppendArgs),
+    /// Encode a dataset's tiles again at a higher zstd level (smaller, decodes
+    /// as fast), after a fast conversion.
+    ///
+    /// Cells, obs and genes stay as they are; the tiles become byte for byte
+    /// those `convert --level N` writes. As safe as append: the new tiles and
+    /// manifest are staged under DATASET/.append/ and moved into place last, so
+    /// that a kill leaves the old dataset or the new one. Running it again
+    /// keeps the tiles already staged and completes an interrupted commit.
+    Compact(CompactArgs),
     /// Sharded conversion, step 1 of 3: plan a conversion for many workers.
     ///
     /// Takes the same inputs and options as convert. Reads every input's shape,
@@ -427,6 +436,26 @@ pub(crate) struct AppendArgs {
     pub download: DownloadArgs,
     #[command(flatten)]
     pub reading: ReadingArgs,
+    /// Worker threads (default: all cores). The output is the same for any value.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// No progress bar and no summary line.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CompactArgs {
+    /// The dataset: a local folder, or an s3:// or gs:// prefix.
+    pub dataset: String,
+    /// The zstd level to encode the tiles at (1-22).
+    #[arg(long, default_value_t = crate::writer::ARCHIVE_LEVEL, value_parser = clap::value_parser!(i32).range(1..=22))]
+    pub level: i32,
     /// Worker threads (default: all cores). The output is the same for any value.
     #[arg(long)]
     pub threads: Option<usize>,

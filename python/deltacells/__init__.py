@@ -11,6 +11,7 @@ the GIL released); this package gives it NumPy, SciPy and pandas types.
 """
 
 from ._collection import Collection, CollectionObs, Member
+from ._compact import CompactSummary, compact
 from ._convert import AppendSummary, ConvertSummary, append, convert, write_anndata
 from ._dataset import Batch, Dataset
 from ._errors import (
@@ -34,9 +35,11 @@ from ._vocabulary import Vocabulary, VocabularyReport, VocabularyWarning
 __all__ = [
     "convert",
     "append",
+    "compact",
     "write_anndata",
     "ConvertSummary",
     "AppendSummary",
+    "CompactSummary",
     "open_dataset",
     "open_collection",
     "Dataset",

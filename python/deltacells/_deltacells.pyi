@@ -33,7 +33,9 @@ _LoaderBatch = tuple[
 
 __version__: str
 __all__ = [
+    "ARCHIVE_LEVEL",
     "DEFAULT_CACHE_BYTES",
+    "FAST_LEVEL",
     "INPUT_FORMATS",
     "RawBatches",
     "RawCollection",
@@ -41,6 +43,7 @@ __all__ = [
     "RawGeneMap",
     "__version__",
     "append_files",
+    "compact_dataset",
     "cache_root",
     "collection_file",
     "column_path",
@@ -199,5 +202,9 @@ def append_files(
     dataset: str, inputs: list[str], options: dict[str, Any], reaching: _Reaching, progress: object | None
 ) -> str: ...
 
+def compact_dataset(dataset: str, level: int, reaching: _Reaching, progress: object | None) -> str: ...
+
 DEFAULT_CACHE_BYTES: int
+FAST_LEVEL: int
+ARCHIVE_LEVEL: int
 INPUT_FORMATS: tuple[str, ...]

@@ -1,4 +1,5 @@
-//! Conversion from Python: files (`convert_files`, `append_files`), an AnnData
+//! Conversion from Python: files (`convert_files`, `append_files`,
+//! `compact_dataset`), an AnnData
 //! object held in memory (`convert_anndata`: the Python layer hands over its
 //! tables and a function that gives row blocks of its matrix), and the command
 //! line that the package's `deltacells` console script runs.
@@ -266,6 +267,23 @@ pub(crate) fn append_files(
             }
             .map_err(failure)
         })?;
+        Ok(serde_json::to_string(&summary).unwrap_or_default())
+    })
+}
+
+/// Encodes the tiles of `dataset` again at zstd `level` (`deltacells.compact`).
+#[pyfunction]
+pub(crate) fn compact_dataset(
+    py: Python<'_>,
+    dataset: String,
+    level: i32,
+    reaching: RawReaching,
+    progress: Option<Py<PyAny>>,
+) -> PyResult<String> {
+    let progress = PyProgress(progress);
+    detached(py, || {
+        let (_, store) = convert::open_output(&dataset, &reaching.store(), "compact").map_err(failure)?;
+        let summary = reaching.pool().install(|| convert::compact(store.clone(), level, &progress).map_err(failure))?;
         Ok(serde_json::to_string(&summary).unwrap_or_default())
     })
 }

@@ -52,12 +52,15 @@ fn _deltacells(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cache_root, m)?)?;
     m.add_function(wrap_pyfunction!(column_path, m)?)?;
     m.add_function(wrap_pyfunction!(loader_defaults, m)?)?;
+    m.add("FAST_LEVEL", deltacells::writer::FAST_LEVEL)?;
+    m.add("ARCHIVE_LEVEL", deltacells::writer::ARCHIVE_LEVEL)?;
     m.add("DEFAULT_CACHE_BYTES", deltacells::dataset::DEFAULT_CACHE_BYTES)?;
     m.add("INPUT_FORMATS", PyTuple::new(m.py(), InputFormat::ALL.map(InputFormat::as_str))?)?;
     m.add_function(wrap_pyfunction!(convert::run_command_line, m)?)?;
     m.add_function(wrap_pyfunction!(convert::convert_files, m)?)?;
     m.add_function(wrap_pyfunction!(convert::convert_anndata, m)?)?;
     m.add_function(wrap_pyfunction!(convert::append_files, m)?)?;
+    m.add_function(wrap_pyfunction!(convert::compact_dataset, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

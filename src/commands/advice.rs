@@ -14,12 +14,14 @@ use crate::DatasetError;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Step {
     Append,
+    Compact,
 }
 
 impl std::fmt::Display for Step {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Step::Append => f.write_str("append"),
+            Step::Compact => f.write_str("compact"),
         }
     }
 }
@@ -103,6 +105,9 @@ fn append(e: &AppendError) -> Option<String> {
         }
         AppendError::NoSourceColumns { .. } => {
             Some("append without --shuffle, or convert every input again with --shuffle, the new ones with them".into())
+        }
+        AppendError::Unfinished { location, .. } => {
+            Some(format!("complete it with `deltacells append --resume {location}` first"))
         }
         AppendError::Busy { .. } => None,
         AppendError::Planned { location, .. } => Some(format!(

@@ -15,6 +15,7 @@ use advice::advice;
 
 mod advice;
 mod append;
+mod compact;
 mod convert;
 mod export;
 mod info;
@@ -63,6 +64,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Convert(args) => convert::run(&args),
         Command::Append(args) => append::run(&args),
+        Command::Compact(args) => compact::run(&args),
         Command::Plan(args) => convert::run_plan(&args),
         Command::Shard(args) => shard::run(&args),
         Command::Finalize(args) => shard::run_finalize(&args),

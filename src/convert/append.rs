@@ -192,6 +192,16 @@ fn settle(
 ) -> Result<Settled> {
     Ok(match leftover(ds)? {
         Leftover::Clean => Settled::Proceed(None),
+        // A compaction's files are all staged: completing it costs renames.
+        Leftover::Committing(record, staged) | Leftover::Staged(record, staged) if record.compact.is_some() => {
+            commit_staged(ds, &staged)?;
+            Settled::Proceed(None)
+        }
+        Leftover::Staging(record) if record.compact.is_some() => {
+            progress.note("discarding an unfinished compaction (the dataset is as it was before it)");
+            clean_up(ds)?;
+            Settled::Proceed(None)
+        }
         Leftover::Committing(record, staged) => {
             if !record.is_of(inputs, matrix, reach) {
                 return Err(AppendError::Interrupted { location: ds.location(""), inputs: record.input_list() }.into());
@@ -290,6 +300,10 @@ pub fn resume(ds: Arc<dyn Storage>, options: &AppendOptions, progress: &dyn Conv
                 )),
             }
         }
+        Leftover::Staging(record) if record.compact.is_some() => Err(ConvertError::state(
+            ds.location(""),
+            format!("the interrupted change is {}: run `deltacells compact` again", record.input_list()),
+        )),
         Leftover::Staging(record) => {
             let inputs: Vec<PathBuf> = new_inputs(&record.inputs).map(|i| i.path.clone()).collect();
             let mut options =
@@ -335,7 +349,7 @@ fn summary_of(record: &AppendRecord, after: &Manifest, outcome: &str, started: I
 
 /// The time an append records: now, or `SOURCE_DATE_EPOCH` when set (the
 /// convention of reproducible builds; tests use it).
-fn now() -> String {
+pub(crate) fn now() -> String {
     let at = std::env::var("SOURCE_DATE_EPOCH")
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
@@ -450,6 +464,8 @@ fn plan_staged(
         sharded: then == Then::Nothing,
         shuffle: options.shuffle,
         reading: options.inputs.reading.clone(),
+        compact: None,
+        compact_from: None,
     };
     let mut text = serde_json::to_vec_pretty(&record)?;
     text.push(b'\n');

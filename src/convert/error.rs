@@ -166,7 +166,7 @@ pub enum AppendError {
     )]
     NoSourceColumns { location: String },
     #[error(
-        "{location}: another append or finalize is running on this dataset ({}); try again once it has ended",
+        "{location}: another append, compact or finalize is running on this dataset ({}); try again once it has ended",
         holder.as_deref().map_or_else(|| "it holds the folder's lock".to_string(), |h| format!("it holds the dataset's lease: {h}"))
     )]
     Busy { location: String, holder: Option<Box<str>> },
@@ -177,6 +177,9 @@ pub enum AppendError {
          it must be completed first"
     )]
     Interrupted { location: String, inputs: String },
+    /// Another change of the dataset was staged and not committed.
+    #[error("{location}: an append of {inputs} into it is unfinished (its files are staged under .append/)")]
+    Unfinished { location: String, inputs: String },
 }
 
 /// A conversion step's result.

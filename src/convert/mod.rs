@@ -27,6 +27,7 @@ use obs_shards::{ShardRecord, ShardWriter};
 
 pub mod append;
 mod base;
+pub mod compact;
 mod error;
 mod finalize;
 pub mod gene_order;
@@ -42,6 +43,7 @@ mod totals;
 mod var_table;
 
 pub use append::{append, plan_append, resume, AppendOptions, AppendSummary, Planned};
+pub use compact::{compact, CompactSummary};
 pub use error::ConvertError;
 pub use finalize::finalize;
 pub use gene_order::{GeneOrderError, GivenOrder};

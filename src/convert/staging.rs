@@ -58,6 +58,12 @@ pub(crate) struct AppendRecord {
     /// How the inputs are read, when not told by each input.
     #[serde(default, skip_serializing_if = "crate::inputs::InputReading::is_default")]
     pub(crate) reading: crate::inputs::InputReading,
+    /// A compaction (`compact.rs`), not an append: the zstd level the tiles
+    /// are encoded at again, and the one they were at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) compact: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) compact_from: Option<i64>,
 }
 
 /// The inputs that are files (not the dataset's own last tile).
@@ -83,6 +89,9 @@ impl AppendRecord {
     }
 
     pub(crate) fn input_list(&self) -> String {
+        if let Some(compaction) = super::compact::describe(self) {
+            return compaction;
+        }
         let names: Vec<String> = new_inputs(&self.inputs).map(|i| i.path.display().to_string()).collect();
         names.join(", ")
     }

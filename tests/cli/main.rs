@@ -5,6 +5,7 @@
 mod append;
 mod clusters;
 mod collection;
+mod compact;
 mod convert;
 mod dataset;
 mod formats;

@@ -19,13 +19,13 @@ use serde_json::Value;
 use crate::util::TestDir;
 
 /// A server process; killed when dropped.
-struct Server {
+pub(crate) struct Server {
     child: Child,
     port: u16,
 }
 
 impl Server {
-    fn start(kind: &str, args: &[&str]) -> Option<Server> {
+    pub(crate) fn start(kind: &str, args: &[&str]) -> Option<Server> {
         let Some(python) = std::env::var_os("DELTACELLS_PYTHON") else {
             crate::util::skip(&format!("DELTACELLS_PYTHON not set; {kind} server tests skipped"));
             return None;
@@ -49,7 +49,7 @@ impl Server {
         Some(Server { child, port })
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 }
@@ -71,10 +71,10 @@ impl Drop for Server {
 }
 
 /// Dummy keys for moto, so that no real credential source is consulted.
-const S3_ENV: [(&str, &str); 3] =
+pub(crate) const S3_ENV: [(&str, &str); 3] =
     [("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"), ("AWS_REGION", "us-east-1")];
 
-fn s3_storage(endpoint: &str, prefix: &str) -> ObjectStorage {
+pub(crate) fn s3_storage(endpoint: &str, prefix: &str) -> ObjectStorage {
     let store = object_store::aws::AmazonS3Builder::new()
         .with_bucket_name("test")
         .with_endpoint(endpoint)
@@ -97,7 +97,7 @@ fn gcs_storage(endpoint: &str, prefix: &str) -> ObjectStorage {
     ObjectStorage::new(Arc::new(store), prefix, &format!("gs://test/{prefix}"))
 }
 
-fn example() -> String {
+pub(crate) fn example() -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/pbmc_1k.h5ad").display().to_string()
 }
 
@@ -132,7 +132,7 @@ fn io_stats(stderr: &str) -> (u64, u64) {
     (io["requests"].as_u64().unwrap(), io["bytes"].as_u64().unwrap())
 }
 
-fn same_objects(remote: &dyn Storage, local: &dyn Storage) {
+pub(crate) fn same_objects(remote: &dyn Storage, local: &dyn Storage) {
     let local_keys = local.list_sizes("").unwrap();
     assert_eq!(remote.list_sizes("").unwrap(), local_keys);
     for (key, _) in &local_keys {
