@@ -30,7 +30,7 @@ pub struct WriteOptions {
 
 impl Default for WriteOptions {
     fn default() -> Self {
-        WriteOptions { tile_size: 10_000, n_chunks: 8, zstd_level: 19 }
+        WriteOptions { tile_size: 10_000, n_chunks: 8, zstd_level: FAST_LEVEL }
     }
 }
 
