@@ -157,7 +157,7 @@ def measure(name: str, inputs: list[str], levels: list[int], runs: int, work: Pa
         lines.append(f"| {what} | {s:.2f} | {s / floor_s:.2f} | {vs_annbatch} | "
                      f"{'-' if peak is None else f'{peak / 1024:.0f}'} | {'-' if bpn is None else f'{bpn:.4f}'} |")
     lines += ["", *[f"- {n}" for n in notes], ""]
-    for level, (_, dataset) in converted.items():
+    for _, dataset in converted.values():
         shutil.rmtree(dataset, ignore_errors=True)
     shutil.rmtree(copy, ignore_errors=True)
     return lines
