@@ -35,8 +35,8 @@ use super::obs_shards::{ShardRecord, ShardWriter};
 use super::plan::Then;
 use super::shard::shard_in;
 use super::staging::{
-    clean_up, commit, commit_staged, leftover, lock, new_inputs, AppendError, AppendRecord, Leftover, APPEND_PREFIX,
-    RECORD_FORMAT, RECORD_KEY,
+    clean_up, commit, commit_staged, leftover, lock, new_inputs, now, AppendError, AppendRecord, Leftover,
+    APPEND_PREFIX, RECORD_FORMAT, RECORD_KEY,
 };
 use super::{scan_inputs, ConvertProgress, GeneSet, GivenOrder, Input};
 use crate::dataset::{read_manifest, Dataset};
@@ -345,16 +345,6 @@ fn summary_of(record: &AppendRecord, after: &Manifest, outcome: &str, started: I
         summed_duplicates: 0,
         seconds: started.elapsed().as_secs_f64(),
     }
-}
-
-/// The time an append records: now, or `SOURCE_DATE_EPOCH` when set (the
-/// convention of reproducible builds; tests use it).
-pub(crate) fn now() -> String {
-    let at = std::env::var("SOURCE_DATE_EPOCH")
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .map_or_else(std::time::SystemTime::now, |s| std::time::UNIX_EPOCH + std::time::Duration::from_secs(s));
-    humantime::format_rfc3339_seconds(at).to_string()
 }
 
 /// Checks the dataset and the inputs, and writes the plan of the append under

@@ -19,7 +19,7 @@ use serde_json::json;
 
 use super::error::{ConvertError, Result};
 use super::staging::{
-    clean_up, commit_staged, leftover, lock, AppendError, AppendRecord, Leftover, APPEND_PREFIX, RECORD_FORMAT,
+    clean_up, commit_staged, leftover, lock, now, AppendError, AppendRecord, Leftover, APPEND_PREFIX, RECORD_FORMAT,
     RECORD_KEY, STAGED_MANIFEST,
 };
 use super::ConvertProgress;
@@ -97,7 +97,7 @@ pub fn compact(ds: Arc<dyn Storage>, level: i32, progress: &dyn ConvertProgress)
             base: dataset.manifest_sha256().to_string(),
             inputs: Vec::new(),
             matrix: String::new(),
-            time: super::append::now(),
+            time: now(),
             sharded: false,
             shuffle: None,
             reading: Default::default(),
@@ -111,7 +111,7 @@ pub fn compact(ds: Arc<dyn Storage>, level: i32, progress: &dyn ConvertProgress)
         let mut after = manifest.clone();
         after.tile_bytes = tile_bytes;
         after.zstd_level = level.into();
-        let note = json!({ "zstd_level": level, "from_zstd_level": manifest.zstd_level, "time": super::append::now() });
+        let note = json!({ "zstd_level": level, "from_zstd_level": manifest.zstd_level, "time": now() });
         after.metadata.insert("compacted".into(), note);
         let staged = Bytes::from(after.to_json());
         staging.put(STAGED_MANIFEST, staged.clone())?;
@@ -212,8 +212,3 @@ fn abort_for_tests(encoded: usize) {
 
 #[cfg(not(feature = "fault-injection"))]
 fn abort_for_tests(_encoded: usize) {}
-
-/// The record's fields of a compaction, for [`AppendRecord`]'s readers.
-pub(crate) fn describe(record: &AppendRecord) -> Option<String> {
-    record.compact.map(|level| format!("a compaction to zstd level {level}"))
-}

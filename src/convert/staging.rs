@@ -89,12 +89,22 @@ impl AppendRecord {
     }
 
     pub(crate) fn input_list(&self) -> String {
-        if let Some(compaction) = super::compact::describe(self) {
-            return compaction;
+        if let Some(level) = self.compact {
+            return format!("a compaction to zstd level {level}");
         }
         let names: Vec<String> = new_inputs(&self.inputs).map(|i| i.path.display().to_string()).collect();
         names.join(", ")
     }
+}
+
+/// The time an append or compaction records: now, or `SOURCE_DATE_EPOCH`
+/// when set (the convention of reproducible builds; tests use it).
+pub(crate) fn now() -> String {
+    let at = std::env::var("SOURCE_DATE_EPOCH")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .map_or_else(std::time::SystemTime::now, |s| std::time::UNIX_EPOCH + std::time::Duration::from_secs(s));
+    humantime::format_rfc3339_seconds(at).to_string()
 }
 
 /// An append's leftovers in a dataset, and what they mean.
