@@ -18,6 +18,7 @@ mod obs;
 mod pbmc;
 mod real_world;
 mod remote;
+mod servers;
 mod sharded;
 mod shuffle;
 mod slurm;
