@@ -79,15 +79,23 @@ def per_nonzero(dataset: Path) -> float:
 
 def inputs_of(name: str, work: Path, atlas_cells: int) -> list[str]:
     if name == "pbmc":
-        files = [REPO / "data" / "pbmc" / f"pbmc_{n}.h5ad" for n in ("ctrl", "stim")]
-        missing = [str(f) for f in files if not f.exists()]
+        import anndata
+
+        originals = [REPO / "data" / "pbmc" / f"pbmc_{n}.h5ad" for n in ("ctrl", "stim")]
+        missing = [str(f) for f in originals if not f.exists()]
         if missing:
             raise SystemExit(f"missing {missing}: run ../shared/data/fetch-pbmc.sh data/pbmc")
+        # Written again by anndata: annbatch's anndata cannot read the
+        # originals' obs; the cells are the same.
+        files = [work / f.name for f in originals]
+        for original, copy in zip(originals, files, strict=True):
+            if not copy.exists():
+                anndata.read_h5ad(original).write_h5ad(copy)
         return [str(f) for _ in range(8) for f in files]
     folder = work / f"atlas{atlas_cells}"
     subprocess.run([sys.executable, str(HERE / "make_atlas.py"), "--cells", str(atlas_cells), "--out", str(folder)],
                    check=True, stdout=subprocess.DEVNULL)
-    return sorted(str(p) for p in folder.glob("atlas_*.h5ad"))
+    return sorted(str(p) for p in folder.rglob("atlas_*.h5ad"))
 
 
 def annbatch_python(work: Path) -> tuple[str | None, str]:

@@ -36,7 +36,8 @@
 //!
 //! Every error names the file or object and the place in it, and leaves its
 //! cause to [`std::error::Error::source`]; [`error_chain`] prints the whole
-//! chain on one line. No function panics on bad bytes.
+//! chain on one line. No function panics on bad bytes. No message carries a
+//! credential: [`redact`] masks those of URLs wherever one becomes text.
 
 pub mod batch;
 pub mod buffers;
@@ -57,6 +58,7 @@ pub mod inputs;
 pub mod loader;
 pub mod obs;
 pub mod planned;
+pub mod redact;
 pub mod storage;
 pub mod verify;
 pub mod vocabulary;
@@ -68,7 +70,8 @@ pub use dataset::{Dataset, DatasetError, ReadOptions};
 pub use format::CsrMatrix;
 
 /// An error and its causes on one line, `outer: inner: innermost`, each printed
-/// once (the library's errors leave their cause to `source()`).
+/// once (the library's errors leave their cause to `source()`), with any
+/// credential a URL in it carries [`redact`](redact::redact)ed.
 pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut cause = error.source();
@@ -77,5 +80,5 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
         text.push_str(&e.to_string());
         cause = e.source();
     }
-    text
+    redact::redact(&text).into_owned()
 }

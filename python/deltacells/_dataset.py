@@ -621,7 +621,7 @@ class Dataset:
 
     def __repr__(self) -> str:
         return (
-            f"<deltacells.Dataset {self.root!r}: {self.n_cells:,} cells x {self.n_genes:,} genes "
+            f"<deltacells.Dataset {_deltacells.redact(self.root)!r}: {self.n_cells:,} cells x {self.n_genes:,} genes "
             f"in {self.n_tiles:,} {'tile' if self.n_tiles == 1 else 'tiles'}>"
         )
 

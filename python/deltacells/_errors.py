@@ -5,9 +5,18 @@ messages are the library's: the file or object, and the place in it."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from ._deltacells import redact
+
 
 class DeltacellsError(Exception):
-    """Base class of every error deltacells raises."""
+    """Base class of every error deltacells raises. Its message never holds
+    a credential: the userinfo and signed query parameters of any URL in it
+    are masked (by the library's one redaction, :func:`redact`)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class DatasetNotFoundError(DeltacellsError, FileNotFoundError):

@@ -33,6 +33,7 @@ import torch.utils.data
 from ._args import integer
 from ._collection import Collection
 from ._dataset import Cells, Dataset
+from ._deltacells import redact
 from ._errors import ArgumentTypeError, InvalidArgumentError
 from ._loader import CellBatch
 from ._open import open_dataset
@@ -397,6 +398,6 @@ class DataModule(pl.LightningDataModule):
 
     def __repr__(self) -> str:
         root = self.source.root
-        return (f"<deltacells.lightning.DataModule {root!r}: {len(self.train_cells):,} train, "
+        return (f"<deltacells.lightning.DataModule {redact(root)!r}: {len(self.train_cells):,} train, "
                 f"{len(self.val_cells):,} validation, {len(self.test_cells):,} test cells, batches of "
                 f"{self.batch_size}>")

@@ -29,6 +29,7 @@ import torch
 from ._args import column_names, integer
 from ._collection import Collection
 from ._dataset import Cells, Dataset
+from ._deltacells import redact
 from ._errors import InvalidArgumentError
 from ._loader import CellBatch
 from .lightning import DataModule as _LightningDataModule
@@ -476,7 +477,7 @@ class DataModule(_LightningDataModule):
     def __repr__(self) -> str:
         keys = ", ".join(f"{k}={getattr(self, k)!r}" for k in ("batch_key", "labels_key", "sample_key")
                          if getattr(self, k) is not None)
-        return (f"<deltacells.scvi.DataModule {self.source.root!r}: {self.n_train:,} train, {self.n_val:,} "
+        return (f"<deltacells.scvi.DataModule {redact(self.source.root)!r}: {self.n_train:,} train, {self.n_val:,} "
                 f"validation cells x {self.n_vars:,} genes{', ' + keys if keys else ''}>")
 
 

@@ -45,6 +45,7 @@ import torch.utils.data
 from ._args import column_names, integer, location, thread_count
 from ._collection import Collection
 from ._dataset import _INHERITED, Cells, Dataset
+from ._deltacells import redact
 from ._errors import ArgumentTypeError, InvalidArgumentError
 from ._loader import CellBatch
 from ._open import open_dataset
@@ -531,4 +532,4 @@ class CellMapDataset(torch.utils.data.Dataset):
 
     def __repr__(self) -> str:
         root = self.root.root if isinstance(self.root, Collection) else self.root
-        return f"<deltacells.torch.CellMapDataset {root!r}: {self.n_cells:,} cells x {self.n_genes:,} genes>"
+        return f"<deltacells.torch.CellMapDataset {redact(root)!r}: {self.n_cells:,} cells x {self.n_genes:,} genes>"

@@ -313,7 +313,7 @@ impl ConvertProgress for PyProgress {
     }
     fn file(&self, path: &Path) {
         let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-        self.call("file", (name,));
+        self.call("file", (deltacells::redact::redact(&name).into_owned(),));
     }
     fn advance(&self, cells: u64) {
         self.call("advance", (cells,));
@@ -333,6 +333,12 @@ fn value(message: String) -> Failure {
 fn failure(e: ConvertError) -> Failure {
     let kind = match &e {
         ConvertError::NotEmpty { .. } => Kind::Exists,
+        // An input its store did not serve: not there, or a failure of the
+        // store (refused, denied), not of the input.
+        ConvertError::Input(InputError::Store(s)) => match s.request_failure() {
+            Some(deltacells::storage::RequestFailure::NotFound { .. }) => Kind::InputNotFound,
+            _ => Kind::Other,
+        },
         ConvertError::Input(InputError::Open { path, .. })
             if !deltacells::inputs::remote::is_url(path) && !path.exists() =>
         {

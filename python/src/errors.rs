@@ -122,8 +122,10 @@ impl Failure {
             Kind::Other => "DeltacellsError",
         };
         let class = py.import("deltacells._errors").and_then(|m| m.getattr(name));
+        // Every library error reaches Python here: none carries a credential.
+        let message = deltacells::redact::redact(&self.message).into_owned();
         match class {
-            Ok(class) => match class.call1((self.message.clone(),)) {
+            Ok(class) => match class.call1((message,)) {
                 Ok(instance) => PyErr::from_value(instance),
                 Err(e) => e,
             },

@@ -42,6 +42,14 @@ fn column_path(root: String, fingerprint: String, column: String) -> String {
     localize::column_path(Path::new(&root), &fingerprint, &column).display().to_string()
 }
 
+/// `text` with the credentials of the URLs in it (userinfo, signed query
+/// parameters) masked: the library's one redaction, for the messages and
+/// reprs the Python layer makes.
+#[pyfunction]
+fn redact(text: &str) -> String {
+    deltacells::redact::redact(text).into_owned()
+}
+
 #[pymodule]
 fn _deltacells(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RawDataset>()?;
@@ -51,6 +59,7 @@ fn _deltacells(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<vocabulary::RawGeneMap>()?;
     m.add_function(wrap_pyfunction!(cache_root, m)?)?;
     m.add_function(wrap_pyfunction!(column_path, m)?)?;
+    m.add_function(wrap_pyfunction!(redact, m)?)?;
     m.add_function(wrap_pyfunction!(loader_defaults, m)?)?;
     m.add("FAST_LEVEL", deltacells::writer::FAST_LEVEL)?;
     m.add("ARCHIVE_LEVEL", deltacells::writer::ARCHIVE_LEVEL)?;

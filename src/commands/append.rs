@@ -34,7 +34,7 @@ pub(crate) fn run(args: &AppendArgs) -> anyhow::Result<u8> {
     if args.json {
         super::print_json(&summary)?;
     } else if !args.quiet {
-        let ds = &args.dataset;
+        let ds = crate::redact::Redacted(&args.dataset);
         match summary.outcome.as_str() {
             "appended" => {
                 let rewritten = match summary.tile_rewritten {

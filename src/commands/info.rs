@@ -136,8 +136,9 @@ fn collection(path: &std::path::Path, args: &InfoArgs) -> anyhow::Result<u8> {
             .members()
             .enumerate()
             .map(|(i, m)| MemberInfo {
-                name: m.name.clone(),
-                root: m.root.clone(),
+                // A member named by its root, or a root with credentials in it.
+                name: crate::redact::redact(&m.name).into_owned(),
+                root: crate::redact::redact(&m.root).into_owned(),
                 n_cells: m.n_cells,
                 n_genes: m.n_genes,
                 n_tiles: m.tile_cells.len(),

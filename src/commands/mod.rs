@@ -51,10 +51,13 @@ where
             }) {
                 return 0;
             }
-            match advice(&err) {
-                Some(advice) => eprintln!("deltacells: {err:#}; {advice}"),
-                None => eprintln!("deltacells: {err:#}"),
-            }
+            // The one way out of every error: no credential of a URL in it
+            // (inputs, outputs and stores quote theirs) is printed.
+            let message = match advice(&err) {
+                Some(advice) => format!("{err:#}; {advice}"),
+                None => format!("{err:#}"),
+            };
+            eprintln!("deltacells: {}", crate::redact::redact(&message));
             2
         }
     }

@@ -36,7 +36,8 @@ impl ConvertProgress for Bar {
     }
     fn file(&self, path: &Path) {
         let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-        self.bar.set_message(name);
+        // The name of an input at a pre-signed URL ends with its signature.
+        self.bar.set_message(crate::redact::redact(&name).into_owned());
     }
     fn advance(&self, cells: u64) {
         self.bar.inc(cells);

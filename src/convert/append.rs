@@ -79,6 +79,8 @@ pub struct AppendSummary {
     /// "already appended" (these inputs were the last append, which had
     /// finished).
     pub outcome: String,
+    /// Printed (`--json`) with their credentials redacted.
+    #[serde(serialize_with = "crate::redact::serialize_paths")]
     pub inputs: Vec<PathBuf>,
     pub cells_before: u64,
     pub cells_added: u64,
@@ -495,7 +497,7 @@ fn plan_staged(
     // The manifest's metadata: the dataset's, and a record of this append.
     let mut metadata = manifest.metadata.clone();
     let mut entry = Map::new();
-    entry.insert("inputs".into(), json!(scanned.iter().map(|i| i.path.display().to_string()).collect::<Vec<_>>()));
+    entry.insert("inputs".into(), json!(scanned.iter().map(|i| crate::redact::path(&i.path)).collect::<Vec<_>>()));
     entry.insert("matrix".into(), json!(matrix));
     entry.insert("cells".into(), json!(scanned.iter().map(|i| i.n_rows).sum::<u64>()));
     entry.insert("time".into(), json!(record.time));

@@ -321,7 +321,7 @@ pub fn open_output(
             return Err(error::ConvertError::invalid(path.display().to_string(), "is a file, not a folder"))
         }
         crate::storage::Location::Local(path) => path.display().to_string(),
-        _ => out.to_string(),
+        _ => crate::redact::redact(out).into_owned(),
     };
     Ok((name, crate::storage::open_with(out, options)?))
 }

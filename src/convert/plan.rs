@@ -137,10 +137,10 @@ pub(crate) fn plan_then(
     metadata.insert(
         "convert".into(),
         json!({
-            "inputs": scanned.iter().map(|i| i.path.display().to_string()).collect::<Vec<_>>(),
+            "inputs": scanned.iter().map(|i| crate::redact::path(&i.path)).collect::<Vec<_>>(),
             "matrix": options.matrix,
             "genes": options.genes.as_str(),
-            "gene_order_files": sampled.iter().map(|&i| scanned[i].path.display().to_string()).collect::<Vec<_>>(),
+            "gene_order_files": sampled.iter().map(|&i| crate::redact::path(&scanned[i].path)).collect::<Vec<_>>(),
             "tile_size": options.write.tile_size,
             "n_chunks": options.write.n_chunks,
             "zstd_level": options.write.zstd_level,
@@ -159,7 +159,7 @@ pub(crate) fn plan_then(
         record.insert("reading".into(), json!(options.inputs.reading));
     }
     if let (Some(given), Some(Value::Object(record))) = (&options.gene_order, metadata.get_mut("convert")) {
-        record.insert("gene_order_from".into(), json!(given.source()));
+        record.insert("gene_order_from".into(), json!(crate::redact::redact(given.source())));
     }
     // What an append needs to merge more inputs' obs as this plan did.
     if let (Some(o), Some(p), Some(Value::Object(record))) = (&options.obs, &obs_plan, metadata.get_mut("convert")) {

@@ -20,6 +20,11 @@ pub enum InputError {
     BadCount(Box<BadCount>),
     #[error("{path}: the file changed since it was planned ({was} then, {now} now); plan again", path = path.display())]
     Changed { path: PathBuf, was: String, now: String },
+    /// An input at a URL that its store did not serve (refused, timed out,
+    /// denied, not there): a failure of the store, not of the format. The
+    /// storage error names the object.
+    #[error(transparent)]
+    Store(#[from] crate::storage::StorageError),
 }
 
 /// A value that is not a count, with everything needed to find it.

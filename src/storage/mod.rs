@@ -21,6 +21,8 @@ pub(crate) use local::temp_file_in;
 pub use local::LocalStorage;
 pub use object::{anonymous_gcs, ObjectStorage, StoreOptions};
 
+use crate::redact::redact;
+
 /// A failure to reach or read stored bytes (not a missing object).
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
@@ -40,6 +42,120 @@ pub enum StorageError {
     /// The object is no longer the version being read (its entity tag changed).
     #[error("{location}: the object changed while it was being read (it is no longer ETag {etag})")]
     Changed { location: String, etag: String },
+    /// A request the store did not serve, for a reason of its own: the
+    /// connection refused or timed out, access denied, nothing there. Says
+    /// which, and what to check.
+    #[error("{location}: {failure}")]
+    Request { location: String, failure: RequestFailure },
+}
+
+impl StorageError {
+    /// The store's failure to serve a request, if that is what this is
+    /// (rather than a problem of the bytes it sent).
+    pub fn request_failure(&self) -> Option<&RequestFailure> {
+        match self {
+            StorageError::Request { failure, .. } => Some(failure),
+            _ => None,
+        }
+    }
+}
+
+/// Which kind of store a location is in, for the advice of a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreKind {
+    S3,
+    Gcs,
+    Http,
+    /// Any other (an in-memory store, a test's).
+    Other,
+}
+
+impl StoreKind {
+    /// The kind of store a URL names.
+    pub fn of(url: &str) -> StoreKind {
+        let scheme = url.split_once("://").map_or("", |(s, _)| s).to_ascii_lowercase();
+        match scheme.as_str() {
+            "s3" | "s3a" => StoreKind::S3,
+            "gs" => StoreKind::Gcs,
+            "http" | "https" => StoreKind::Http,
+            _ => StoreKind::Other,
+        }
+    }
+
+    /// Where the address of such a store is set.
+    fn address(self) -> &'static str {
+        match self {
+            StoreKind::S3 => "the endpoint (--endpoint, AWS_ENDPOINT_URL)",
+            StoreKind::Gcs => "the endpoint (--endpoint, STORAGE_EMULATOR_HOST)",
+            _ => "the URL's host and port",
+        }
+    }
+
+    /// Where the credentials of such a store come from.
+    fn credentials(self) -> &'static str {
+        match self {
+            StoreKind::S3 => {
+                "check the credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, or AWS_PROFILE's in ~/.aws/credentials) and that they may read this bucket; --anonymous for a public bucket"
+            }
+            StoreKind::Gcs => {
+                "check the credentials (GOOGLE_APPLICATION_CREDENTIALS) and that they may read this bucket; --anonymous for a public bucket"
+            }
+            _ => "check the URL's credentials, or whether its signature has expired (ask for a new pre-signed URL)",
+        }
+    }
+
+    fn missing(self) -> &'static str {
+        match self {
+            StoreKind::S3 | StoreKind::Gcs => "check the bucket's name and the path",
+            _ => "check the URL's path",
+        }
+    }
+}
+
+/// Why a store did not serve a request, and what to check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RequestFailure {
+    /// The server refused the connection: nothing listens at the address.
+    Refused { kind: StoreKind, server: Option<String> },
+    /// No connection, or no answer, in the time allowed.
+    TimedOut { kind: StoreKind, server: Option<String> },
+    /// No connection for another reason (`cause`: the host's name did not
+    /// resolve, the network is unreachable, TLS failed).
+    Unreachable { kind: StoreKind, server: Option<String>, cause: String },
+    /// The store refused access (HTTP 401 or 403; `code`: the store's own
+    /// name for why, as S3's `InvalidAccessKeyId`).
+    Denied { kind: StoreKind, status: u16, code: Option<String> },
+    /// Nothing at this location (HTTP 404): the object, or its bucket.
+    NotFound { kind: StoreKind },
+}
+
+impl std::fmt::Display for RequestFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let at = |server: &Option<String>| server.as_ref().map(|s| format!(" {s}")).unwrap_or_default();
+        match self {
+            RequestFailure::Refused { kind, server } => write!(
+                f,
+                "connection refused{}: nothing is listening there; check {} and that the server is running",
+                server.as_ref().map(|s| format!(" by {s}")).unwrap_or_default(),
+                kind.address()
+            ),
+            RequestFailure::TimedOut { kind, server } => write!(
+                f,
+                "no answer from{} in time (timed out): check the network (a proxy, a firewall), {} and that the server is up",
+                at(server),
+                kind.address()
+            ),
+            RequestFailure::Unreachable { kind, server, cause } => {
+                write!(f, "cannot connect to{} ({cause}): check {} and the network", at(server), kind.address())
+            }
+            RequestFailure::Denied { kind, status, code } => {
+                let what = if *status == 401 { "not authenticated" } else { "access denied" };
+                let code = code.as_ref().map(|c| format!(", {c}")).unwrap_or_default();
+                write!(f, "{what} (HTTP {status}{code}): {}", kind.credentials())
+            }
+            RequestFailure::NotFound { kind } => write!(f, "not found (HTTP 404): {}", kind.missing()),
+        }
+    }
 }
 
 /// Requests and bytes a storage backend has served, for `--stats`.
@@ -288,7 +404,7 @@ impl Location {
         if !root.contains("://") {
             return Ok(Location::Local(root.into()));
         }
-        let fail = |message: String| StorageError::Unsupported { location: root.to_string(), message };
+        let fail = |message: String| StorageError::Unsupported { location: redact(root).into_owned(), message };
         let unsupported = || {
             fail(format!(
                 "{} is not a supported dataset location (use a local path, file://, s3://, gs://, http:// or https://)",

@@ -15,7 +15,8 @@ use futures::TryStreamExt;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 
-use super::{IoStats, Location, Storage, StorageError};
+use super::{IoStats, Location, RequestFailure, Storage, StorageError, StoreKind};
+use crate::redact::redact;
 
 /// Objects larger than this are uploaded in parts.
 pub const MULTIPART_THRESHOLD: usize = 64 << 20;
@@ -58,8 +59,12 @@ fn runtime() -> Arc<tokio::runtime::Runtime> {
 pub struct ObjectStorage {
     store: Arc<dyn ObjectStore>,
     prefix: StorePath,
-    /// The root as the user wrote it, without a trailing `/`, for messages.
+    /// The root as the user wrote it, without a trailing `/` and with its
+    /// credentials redacted: for messages only.
     url: String,
+    kind: StoreKind,
+    /// The server's `host:port`, when it is known (an endpoint, an HTTP URL).
+    server: Option<String>,
     can_list: bool,
     stats: IoStats,
     multipart_threshold: usize,
@@ -68,22 +73,35 @@ pub struct ObjectStorage {
 
 impl std::fmt::Debug for ObjectStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ObjectStorage").field("url", &self.url).field("store", &self.store.to_string()).finish()
+        f.debug_struct("ObjectStorage")
+            .field("url", &self.url)
+            .field("store", &redact(&self.store.to_string()))
+            .finish()
     }
 }
 
 impl ObjectStorage {
-    /// A dataset at `prefix` of `store`; `url` names it in messages.
+    /// A dataset at `prefix` of `store`; `url` names it in messages (with
+    /// its credentials [`redact`]ed).
     pub fn new(store: Arc<dyn ObjectStore>, prefix: &str, url: &str) -> Self {
         ObjectStorage {
             store,
             prefix: join(&StorePath::default(), prefix),
-            url: url.trim_end_matches('/').to_string(),
+            url: redact(url.trim_end_matches('/')).into_owned(),
+            kind: StoreKind::of(url),
+            server: None,
             can_list: true,
             stats: IoStats::default(),
             multipart_threshold: MULTIPART_THRESHOLD,
             part_size: PART_SIZE,
         }
+    }
+
+    /// The server's address, `host:port`, for messages (an endpoint's or an
+    /// HTTP URL's; none for a cloud store's own).
+    fn with_server(mut self, address: Option<&str>) -> Self {
+        self.server = address.and_then(server_of);
+        self
     }
 
     /// These stats instead of new ones (those whose retry counter the
@@ -115,8 +133,14 @@ impl ObjectStorage {
         join(&self.prefix, key)
     }
 
+    /// The store's error as ours: a request it did not serve for a reason
+    /// of its own (refused, timed out, denied, not found) says so and what
+    /// to check; any other keeps the store's words.
     fn err(&self, key: &str, e: object_store::Error) -> StorageError {
-        StorageError::Remote { location: self.location(key), message: describe(&e) }
+        match request_failure(&e, self.kind, &self.server) {
+            Some(failure) => StorageError::Request { location: self.location(key), failure },
+            None => StorageError::Remote { location: self.location(key), message: describe(&e) },
+        }
     }
 }
 
@@ -207,8 +231,9 @@ fn describe(e: &object_store::Error) -> String {
         }
         source = s.source();
     }
-    // One line, without the HTML page some servers send with an error.
-    let mut line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    // One line, without the HTML page some servers send with an error, and
+    // without the credentials of the URL it quotes.
+    let mut line = redact(&text).split_whitespace().collect::<Vec<_>>().join(" ");
     if let Some(at) = line.find(" <!DOCTYPE").or_else(|| line.find(" <html")).or_else(|| line.find(" <?xml")) {
         line.truncate(at);
     }
@@ -218,6 +243,75 @@ fn describe(e: &object_store::Error) -> String {
         line.push_str(" ...");
     }
     line
+}
+
+/// `host:port` of a URL (no userinfo, path or query).
+fn server_of(url: &str) -> Option<String> {
+    let url = url::Url::parse(url).ok()?;
+    let host = url.host_str()?;
+    Some(match url.port_or_known_default() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_string(),
+    })
+}
+
+/// Why the store did not serve a request, when it is one of the failures
+/// a user can act on: the variant object_store gives for an HTTP status,
+/// else the kind of the HTTP client's error down its chain of causes.
+pub(super) fn request_failure(
+    e: &object_store::Error,
+    kind: StoreKind,
+    server: &Option<String>,
+) -> Option<RequestFailure> {
+    use object_store::client::{HttpError, HttpErrorKind};
+    use object_store::Error as E;
+    let code = || error_code(&crate::error_chain(e));
+    match e {
+        E::NotFound { .. } => return Some(RequestFailure::NotFound { kind }),
+        E::PermissionDenied { .. } => return Some(RequestFailure::Denied { kind, status: 403, code: code() }),
+        E::Unauthenticated { .. } => return Some(RequestFailure::Denied { kind, status: 401, code: code() }),
+        _ => {}
+    }
+    let server = server.clone();
+    let mut http = None;
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(h) = s.downcast_ref::<HttpError>() {
+            http = Some(h.kind());
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => return Some(RequestFailure::Refused { kind, server }),
+                std::io::ErrorKind::TimedOut => return Some(RequestFailure::TimedOut { kind, server }),
+                _ => {}
+            }
+        }
+        source = s.source();
+    }
+    match http? {
+        HttpErrorKind::Timeout => Some(RequestFailure::TimedOut { kind, server }),
+        HttpErrorKind::Connect => Some(RequestFailure::Unreachable { kind, server, cause: innermost(e) }),
+        _ => None,
+    }
+}
+
+/// The last cause of `e`'s chain, redacted: what the network said.
+fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut last = e;
+    while let Some(next) = last.source() {
+        last = next;
+    }
+    redact(&last.to_string()).into_owned()
+}
+
+/// The store's own name for an error, from the XML body S3 and GCS send
+/// (`<Code>InvalidAccessKeyId</Code>`).
+fn error_code(text: &str) -> Option<String> {
+    let start = text.find("<Code>")? + "<Code>".len();
+    let len = text[start..].find("</Code>")?;
+    let code = &text[start..start + len];
+    (!code.is_empty() && code.len() <= 64 && code.chars().all(|c| c.is_ascii_alphanumeric() || c == '.'))
+        .then(|| code.to_string())
 }
 
 fn is_not_found(e: &object_store::Error) -> bool {
@@ -253,7 +347,8 @@ impl Storage for ObjectStorage {
         if key.is_empty() {
             self.url.clone()
         } else {
-            format!("{}/{key}", self.url)
+            // A key can hold the query of a URL the root was split from.
+            redact(&format!("{}/{key}", self.url)).into_owned()
         }
     }
 
@@ -486,7 +581,7 @@ impl object_store::client::HttpService for CountingService {
 
 /// Opens the remote `location` (parsed from `url`, which names it in messages).
 pub(super) fn open(url: &str, location: &Location, options: &StoreOptions) -> Result<ObjectStorage, StorageError> {
-    let fail = |message: String| StorageError::Unsupported { location: url.to_string(), message };
+    let fail = |message: String| StorageError::Unsupported { location: redact(url).into_owned(), message };
     let stats = IoStats::default();
     let connector = || CountingConnector(stats.retry_counter());
     match location {
@@ -509,7 +604,8 @@ pub(super) fn open(url: &str, location: &Location, options: &StoreOptions) -> Re
                 builder = builder.with_region(super::aws_profile::region().unwrap_or_else(|| "us-east-1".to_string()));
             }
             let store = builder.build().map_err(|e| fail(describe(&e)))?;
-            Ok(ObjectStorage::new(Arc::new(store), prefix, url).with_stats(stats))
+            let server = endpoint.as_deref().or(env_endpoint.as_deref());
+            Ok(ObjectStorage::new(Arc::new(store), prefix, url).with_server(server).with_stats(stats))
         }
         Location::Gcs { bucket, prefix } => {
             let mut builder = object_store::gcp::GoogleCloudStorageBuilder::from_env()
@@ -525,7 +621,7 @@ pub(super) fn open(url: &str, location: &Location, options: &StoreOptions) -> Re
             }
             builder = builder.with_client_options(client_options(endpoint.as_deref()));
             let store = builder.build().map_err(|e| fail(describe(&e)))?;
-            Ok(ObjectStorage::new(Arc::new(store), prefix, url).with_stats(stats))
+            Ok(ObjectStorage::new(Arc::new(store), prefix, url).with_server(endpoint.as_deref()).with_stats(stats))
         }
         Location::Http { url: http_url } => {
             let store = object_store::http::HttpBuilder::new()
@@ -535,7 +631,10 @@ pub(super) fn open(url: &str, location: &Location, options: &StoreOptions) -> Re
                 .with_client_options(client_options(Some(url)))
                 .build()
                 .map_err(|e| fail(describe(&e)))?;
-            Ok(ObjectStorage::new(Arc::new(store), "", url).without_listing().with_stats(stats))
+            Ok(ObjectStorage::new(Arc::new(store), "", url)
+                .with_server(Some(http_url.as_str()))
+                .without_listing()
+                .with_stats(stats))
         }
         Location::Local(_) => Err(fail("a local folder is not an object store".into())),
     }

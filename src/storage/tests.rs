@@ -117,3 +117,56 @@ fn close_ranges_are_fetched_together() {
     // 0..5, 10..20 and 100..200 are one request; 900000.. another
     assert_eq!(store.stats().snapshot().0 - before, 2);
 }
+
+/// Each failure of the HTTP client a user can act on is told apart, from
+/// object_store's variant or the kind of error down its causes.
+#[test]
+fn request_failures_are_told_apart() {
+    use object_store::client::{HttpError, HttpErrorKind};
+    use std::io::{Error as IoError, ErrorKind};
+    let server = Some("127.0.0.1:9".to_string());
+    let generic = |e: HttpError| object_store::Error::Generic { store: "HTTP", source: Box::new(e) };
+    let classify = |e: &object_store::Error| object::request_failure(e, StoreKind::S3, &server);
+
+    let timed_out = generic(HttpError::new(HttpErrorKind::Timeout, std::fmt::Error));
+    let failure = classify(&timed_out).unwrap();
+    assert_eq!(failure, RequestFailure::TimedOut { kind: StoreKind::S3, server: server.clone() });
+    assert!(failure.to_string().starts_with("no answer from 127.0.0.1:9 in time (timed out): check the network"));
+    let io_timeout = generic(HttpError::new(HttpErrorKind::Unknown, IoError::from(ErrorKind::TimedOut)));
+    assert!(matches!(classify(&io_timeout), Some(RequestFailure::TimedOut { .. })));
+
+    let refused = generic(HttpError::new(HttpErrorKind::Connect, IoError::from(ErrorKind::ConnectionRefused)));
+    assert_eq!(classify(&refused), Some(RequestFailure::Refused { kind: StoreKind::S3, server: server.clone() }));
+    let dns = generic(HttpError::new(HttpErrorKind::Connect, IoError::other("failed to lookup address")));
+    let failure = classify(&dns).unwrap();
+    assert!(failure
+        .to_string()
+        .starts_with("cannot connect to 127.0.0.1:9 (failed to lookup address): check the endpoint"));
+
+    let body = "<Error><Code>InvalidAccessKeyId</Code><Message>no such key</Message></Error>";
+    let denied = object_store::Error::PermissionDenied { path: "x".into(), source: body.into() };
+    let failure = classify(&denied).unwrap();
+    assert_eq!(failure.to_string().split(':').next(), Some("access denied (HTTP 403, InvalidAccessKeyId)"));
+    let missing = object_store::Error::NotFound { path: "x".into(), source: "gone".into() };
+    assert_eq!(classify(&missing), Some(RequestFailure::NotFound { kind: StoreKind::S3 }));
+    // anything else keeps the store's own words
+    let other = generic(HttpError::new(HttpErrorKind::Decode, std::fmt::Error));
+    assert_eq!(classify(&other), None);
+}
+
+/// A location keeps no credential, whatever part of the URL holds it.
+#[test]
+fn object_storage_locations_are_redacted() {
+    let memory = Arc::new(object_store::memory::InMemory::new());
+    let store = ObjectStorage::new(memory.clone(), "", "https://ann:secret1@host/dir");
+    assert_eq!(store.location(""), "https://REDACTED@host/dir");
+    assert_eq!(
+        store.location("x.h5ad?X-Amz-Signature=secret2&X-Amz-Date=1"),
+        "https://REDACTED@host/dir/x.h5ad?X-Amz-Signature=REDACTED&X-Amz-Date=1"
+    );
+    let signed = ObjectStorage::new(memory, "", "https://host/ds?token=secret3");
+    assert_eq!(signed.location(""), "https://host/ds?token=REDACTED");
+    assert!(!format!("{store:?}").contains("secret"));
+    let refused = Location::parse("ftp://ann:secret4@host/x").unwrap_err().to_string();
+    assert!(refused.starts_with("ftp://REDACTED@host/x: "), "{refused}");
+}

@@ -7,7 +7,8 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::hardening::files;
-use crate::remote::{example, s3_storage, same_objects, Server, S3_ENV};
+use crate::remote::{example, s3_storage, same_objects, S3_ENV};
+use crate::servers::Server;
 use crate::util::TestDir;
 
 fn s(p: &Path) -> &str {

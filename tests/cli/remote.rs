@@ -4,9 +4,8 @@
 //! that adds latency per request. Skipped, with a note, where
 //! $DELTACELLS_PYTHON is not set (scripts/test.sh sets it).
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,59 +15,8 @@ use deltacells::storage::{LocalStorage, ObjectStorage, RootLock, Storage};
 use deltacells::Dataset;
 use serde_json::Value;
 
+use crate::servers::Server;
 use crate::util::TestDir;
-
-/// A server process; killed when dropped.
-pub(crate) struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    pub(crate) fn start(kind: &str, args: &[&str]) -> Option<Server> {
-        let Some(python) = std::env::var_os("DELTACELLS_PYTHON") else {
-            crate::util::skip(&format!("DELTACELLS_PYTHON not set; {kind} server tests skipped"));
-            return None;
-        };
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/servers/serve.py");
-        let mut child = Command::new(python)
-            .arg(script)
-            .arg(kind)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start the test server");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line).expect("server output");
-        let port = line
-            .trim()
-            .strip_prefix("PORT ")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("{kind} server did not start: {line:?}"));
-        Some(Server { child, port })
-    }
-
-    pub(crate) fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // Closing stdin lets serve.py stop what it started; then make sure.
-        drop(self.child.stdin.take());
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(2) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Dummy keys for moto, so that no real credential source is consulted.
 pub(crate) const S3_ENV: [(&str, &str); 3] =
@@ -496,7 +444,9 @@ fn a_store_that_goes_away_mid_convert_is_a_clear_error() {
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("s3://test/ds/") && stderr.contains("retries"), "{stderr}");
+    // (retried first: the server is gone for good)
+    let refused = format!("connection refused by 127.0.0.1:{}: nothing is listening there", s3.port);
+    assert!(stderr.contains("s3://test/ds/") && stderr.contains(&refused), "{stderr}");
 }
 
 #[test]

@@ -15,7 +15,6 @@ use hdf5_sys::h5::{haddr_t, herr_t, hsize_t};
 use hdf5_sys::h5i::hid_t;
 
 use crate::inputs::remote::{RangedFile, ReadOf};
-use crate::storage::StoreOptions;
 
 /// `H5L_info2_t`, with its union as plain bytes (the crate keeps the token private).
 #[repr(C)]
@@ -322,10 +321,10 @@ fn driver_id() -> Result<hid_t, String> {
 }
 
 /// Opens the HDF5 file at `url` read-only, through the ranged-read driver.
-pub(crate) fn open_hdf5(url: &str, store: &StoreOptions) -> Result<(hdf5::File, Arc<RangedFile>), String> {
-    let file = RangedFile::open(url, store)?;
+pub(crate) fn open_hdf5(url: &str, file: &Arc<RangedFile>) -> Result<hdf5::File, String> {
     let driver = driver_id()?;
-    let name = CString::new(url).map_err(|_| "a NUL in the URL".to_string())?;
+    // The name is for HDF5's own messages only (the driver reads `file`).
+    let name = CString::new(crate::redact::redact(url).into_owned()).map_err(|_| "a NUL in the URL".to_string())?;
     let id = hdf5::sync::sync(|| {
         *OPENING.lock().unwrap_or_else(|e| e.into_inner()) = Some(file.clone());
         // SAFETY: plain HDF5 calls on a property list this function owns.
@@ -347,6 +346,5 @@ pub(crate) fn open_hdf5(url: &str, store: &StoreOptions) -> Result<(hdf5::File, 
         return Err(file.failure().unwrap_or_else(|| "not an HDF5 file, or truncated".into()));
     }
     // SAFETY: `id` is a file id H5Fopen just returned, owned by nothing else.
-    let h5 = unsafe { hdf5::from_id::<hdf5::File>(id) }.map_err(|e| e.to_string())?;
-    Ok((h5, file))
+    unsafe { hdf5::from_id::<hdf5::File>(id) }.map_err(|e| e.to_string())
 }

@@ -70,8 +70,7 @@ impl H5adFile {
     pub fn open_with(path: &Path, options: &remote::RemoteOptions) -> Result<H5adFile, H5adError> {
         if remote::is_url(path) {
             let url = path.to_string_lossy();
-            let open_error = |message: String| H5adError::Open { format: "HDF5", path: path.to_path_buf(), message };
-            if let Some(local) = remote::downloaded(&url, options).map_err(open_error)? {
+            if let Some(local) = remote::downloaded(&url, options)? {
                 let file = hdf5::File::open(&local).map_err(|e| H5adError::Open {
                     format: "HDF5",
                     path: path.to_path_buf(),
@@ -79,7 +78,10 @@ impl H5adFile {
                 })?;
                 return Ok(H5adFile { path: path.to_path_buf(), file, ranged: None });
             }
-            let (file, ranged) = driver::open_hdf5(&url, &options.store).map_err(|message| H5adError::Open {
+            // The store's failures are its own (refused, denied, not there);
+            // only what HDF5 makes of the bytes is the format's.
+            let ranged = remote::RangedFile::open(&url, &options.store)?;
+            let file = driver::open_hdf5(&url, &ranged).map_err(|message| H5adError::Open {
                 format: "HDF5",
                 path: path.to_path_buf(),
                 message,

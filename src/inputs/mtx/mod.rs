@@ -98,7 +98,11 @@ impl MtxSource {
         let open_error =
             |message: String| InputError::Open { path: path.to_path_buf(), format: "Matrix Market", message };
         let matrix = if is_url(path) {
-            Place::Url(path.to_string_lossy().into_owned())
+            let url = path.to_string_lossy().into_owned();
+            // A store that does not serve the matrix says why (refused,
+            // denied, not there) before its siblings are looked for.
+            crate::inputs::remote::object_version(&url, &remote.store)?;
+            Place::Url(url)
         } else if path.is_dir() {
             Place::File(matrix_file(path)?)
         } else if path.is_file() {

@@ -19,7 +19,7 @@ impl Place {
     pub(super) fn name(&self) -> String {
         match self {
             Place::File(p) => p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into()),
-            Place::Url(u) => u.rsplit('/').next().unwrap_or(u).to_string(),
+            Place::Url(u) => crate::redact::redact(u.rsplit('/').next().unwrap_or(u)).into_owned(),
         }
     }
 
@@ -48,7 +48,7 @@ impl Place {
                 Ok(format!("{} {:?}", m.len(), modified))
             }
             Place::Url(u) => {
-                let v = remote::object_version(u, &remote.store)?;
+                let v = remote::object_version(u, &remote.store).map_err(|e| crate::error_chain(&e))?;
                 Ok(format!("{} {:?}", v.size, v.etag))
             }
         }
@@ -58,7 +58,7 @@ impl Place {
     pub(super) fn open(&self, remote: &RemoteOptions) -> Result<Box<dyn BufRead + Send>, String> {
         let raw: Box<dyn Read + Send> = match self {
             Place::File(p) => Box::new(std::fs::File::open(p).map_err(|e| e.to_string())?),
-            Place::Url(u) => match remote::downloaded(u, remote)? {
+            Place::Url(u) => match remote::downloaded(u, remote).map_err(|e| crate::error_chain(&e))? {
                 Some(local) => Box::new(std::fs::File::open(local).map_err(|e| e.to_string())?),
                 None => Box::new(UrlReader::open(u, remote)?),
             },
@@ -81,7 +81,7 @@ struct UrlReader {
 
 impl UrlReader {
     pub(super) fn open(url: &str, remote: &RemoteOptions) -> Result<UrlReader, String> {
-        let file = RangedFile::open(url, &remote.store)?;
+        let file = RangedFile::open(url, &remote.store).map_err(|e| crate::error_chain(&e))?;
         file.set_extents(std::slice::from_ref(&(0..file.size())));
         remote::prefetch_whole(&file, &[0]);
         Ok(UrlReader { file, at: 0 })

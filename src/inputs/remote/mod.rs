@@ -20,7 +20,7 @@ pub(crate) use ranged::ReadOf;
 pub use ranged::{input_stats, object_version, RangedFile};
 use ranged::{open_all, sized_object};
 
-use crate::storage::{self, StoreOptions};
+use crate::storage::{self, StorageError, StoreOptions};
 
 /// Whether `path` names an object in a bucket or on a server rather than a
 /// local file.
@@ -42,31 +42,39 @@ pub struct RemoteOptions {
 
 /// The local copy of the object at `url` when inputs are downloaded: made on
 /// first use (in pieces of 64 MiB, under a temporary name), then reused.
-pub(crate) fn downloaded(url: &str, options: &RemoteOptions) -> Result<Option<std::path::PathBuf>, String> {
+/// Its name is the URL's digest and the object's name without a query (a
+/// pre-signed URL's signature is not put into a path that messages show).
+pub(crate) fn downloaded(url: &str, options: &RemoteOptions) -> Result<Option<std::path::PathBuf>, StorageError> {
     let Some(dir) = options.download_dir.clone() else { return Ok(None) };
-    let name = url.rsplit('/').next().unwrap_or("input.h5ad");
+    let without_query = url.split(['?', '#']).next().unwrap_or(url);
+    let name = without_query.rsplit('/').next().filter(|n| !n.is_empty()).unwrap_or("input.h5ad");
     let digest = crate::format::fingerprint::sha256_hex(url.as_bytes());
     let path = dir.join(format!("{}-{name}", &digest[..12]));
     if path.is_file() {
         return Ok(Some(path));
     }
     let (store, key, storage::Version { size, etag }) = sized_object(url, &options.store)?;
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut tmp = crate::storage::temp_file_in(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let local = |source: std::io::Error| StorageError::Io { location: dir.display().to_string(), source };
+    std::fs::create_dir_all(&dir).map_err(local)?;
+    let mut tmp = crate::storage::temp_file_in(&dir).map_err(local)?;
     const PIECE: u64 = 64 << 20;
     let mut at = 0;
     while at < size {
         let range = at..(at + PIECE).min(size);
-        let bytes = match store.get_ranges_of(&key, std::slice::from_ref(&range), etag.as_deref()) {
-            Ok(Some(mut parts)) => parts.remove(0),
-            Ok(None) => return Err("vanished while being downloaded".into()),
-            Err(e) => return Err(crate::error_chain(&e)),
+        let bytes = match store.get_ranges_of(&key, std::slice::from_ref(&range), etag.as_deref())? {
+            Some(mut parts) => parts.remove(0),
+            None => {
+                return Err(StorageError::Remote {
+                    location: store.location(&key),
+                    message: "vanished while being downloaded".into(),
+                })
+            }
         };
         input_stats().record(bytes.len() as u64);
-        std::io::Write::write_all(&mut tmp, &bytes).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::io::Write::write_all(&mut tmp, &bytes).map_err(local)?;
         at = range.end;
     }
-    tmp.persist(&path).map_err(|e| format!("{}: {}", path.display(), e.error))?;
+    tmp.persist(&path).map_err(|e| StorageError::Io { location: path.display().to_string(), source: e.error })?;
     Ok(Some(path))
 }
 

@@ -27,7 +27,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use bytes::Bytes;
 
 use super::cache::{cache_budget, max_window, Cache, Stream, BLOCK, CACHED, STRUCTURE_BUDGET, STRUCTURE_KEPT};
-use crate::storage::{IoStats, Storage, StoreOptions};
+use crate::storage::{IoStats, RequestFailure, Storage, StorageError, StoreKind, StoreOptions};
 
 /// Blocks fetched at each end of a file when it is opened (256 KiB: the
 /// superblock, and the root group as h5py leaves it at the end; 1 MiB at
@@ -55,7 +55,7 @@ pub(crate) fn storage_of(
 
 /// The size and entity tag of the object at `url`, or why they cannot be
 /// had: those this process read it by, when it has it open.
-pub fn object_version(url: &str, store: &StoreOptions) -> Result<crate::storage::Version, String> {
+pub fn object_version(url: &str, store: &StoreOptions) -> Result<crate::storage::Version, StorageError> {
     let recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, _, file)) = recent.iter().find(|(u, o, _)| u == url && o == store) {
         return Ok(file.version.clone());
@@ -64,16 +64,19 @@ pub fn object_version(url: &str, store: &StoreOptions) -> Result<crate::storage:
     sized_object(url, store).map(|(_, _, version)| version)
 }
 
-/// The storage and key of the object at `url`, and its version.
+/// The storage and key of the object at `url`, and its version; an object
+/// that is not there is the store's 404.
 pub(crate) fn sized_object(
     url: &str,
     store: &StoreOptions,
-) -> Result<(Arc<dyn Storage>, String, crate::storage::Version), String> {
-    let (store, key) = storage_of(url, store).map_err(|e| e.to_string())?;
-    match store.version(&key) {
-        Ok(Some(version)) => Ok((store, key, version)),
-        Ok(None) => Err("no such object".into()),
-        Err(e) => Err(crate::error_chain(&e)),
+) -> Result<(Arc<dyn Storage>, String, crate::storage::Version), StorageError> {
+    let (store, key) = storage_of(url, store)?;
+    match store.version(&key)? {
+        Some(version) => Ok((store, key, version)),
+        None => Err(StorageError::Request {
+            location: store.location(&key),
+            failure: RequestFailure::NotFound { kind: StoreKind::of(url) },
+        }),
     }
 }
 
@@ -127,7 +130,7 @@ const RECENT_FILES: usize = 32;
 
 impl RangedFile {
     /// The object at `url`, with the blocks of a recent opening of it.
-    pub(crate) fn open(url: &str, store: &StoreOptions) -> Result<Arc<RangedFile>, String> {
+    pub(crate) fn open(url: &str, store: &StoreOptions) -> Result<Arc<RangedFile>, StorageError> {
         let mut recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(i) = recent.iter().position(|(u, o, _)| u == url && o == store) {
             let entry = recent.remove(i);
@@ -148,7 +151,7 @@ impl RangedFile {
         Ok(file)
     }
 
-    fn open_new(url: &str, store: &StoreOptions) -> Result<Arc<RangedFile>, String> {
+    fn open_new(url: &str, store: &StoreOptions) -> Result<Arc<RangedFile>, StorageError> {
         let (storage, key, version) = sized_object(url, store)?;
         Self::over(storage, key, version)
     }
@@ -159,7 +162,7 @@ impl RangedFile {
         storage: Arc<dyn Storage>,
         key: String,
         version: crate::storage::Version,
-    ) -> Result<Arc<RangedFile>, String> {
+    ) -> Result<Arc<RangedFile>, StorageError> {
         let file = Arc::new(RangedFile {
             storage,
             key,
@@ -202,7 +205,7 @@ impl RangedFile {
     }
 
     /// Fetches `blocks` (sorted), contiguous runs in one request each.
-    pub(super) fn fetch(&self, blocks: &[u64]) -> Result<Vec<(u64, Bytes)>, String> {
+    pub(super) fn fetch(&self, blocks: &[u64]) -> Result<Vec<(u64, Bytes)>, StorageError> {
         let mut runs: Vec<(u64, u64)> = Vec::new(); // (first block, count)
         for &b in blocks {
             match runs.last_mut() {
@@ -214,21 +217,25 @@ impl RangedFile {
             runs.iter().map(|&(first, count)| first * BLOCK..((first + count) * BLOCK).min(self.size())).collect();
         let fetched = match self.storage.get_ranges_of(&self.key, &ranges, self.version.etag.as_deref()) {
             Ok(Some(parts)) => parts,
-            Ok(None) => return Err(format!("{}: vanished while being read", self.storage.location(&self.key))),
-            Err(e) => return Err(crate::error_chain(&e)),
+            Ok(None) => {
+                return Err(StorageError::Remote {
+                    location: self.storage.location(&self.key),
+                    message: "vanished while being read".into(),
+                })
+            }
+            Err(e) => return Err(e),
         };
         let stats = input_stats();
         let mut out = Vec::with_capacity(blocks.len());
         for ((first, count), (range, bytes)) in runs.iter().zip(ranges.iter().zip(fetched)) {
             stats.record(bytes.len() as u64);
             if bytes.len() as u64 != range.end - range.start {
-                return Err(format!(
-                    "{}: asked for bytes {}..{}, got {}",
-                    self.storage.location(&self.key),
-                    range.start,
-                    range.end,
-                    bytes.len()
-                ));
+                return Err(StorageError::Range {
+                    location: self.storage.location(&self.key),
+                    start: range.start,
+                    end: range.end,
+                    size: range.start + bytes.len() as u64,
+                });
             }
             for b in *first..first + count {
                 let r = self.block_range(b);
@@ -313,7 +320,7 @@ impl RangedFile {
                         cache.pending.remove(b);
                     }
                     self.arrived.notify_all();
-                    return Err(e);
+                    return Err(crate::error_chain(&e));
                 }
             }
             self.arrived.notify_all();

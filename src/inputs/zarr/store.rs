@@ -86,12 +86,18 @@ impl ZarrStore {
         if !is_url(path) && !path.is_dir() {
             return Err(open_error(if path.exists() { "not a folder" } else { "no such folder" }.into()));
         }
-        let storage = crate::storage::open_with(&path.to_string_lossy(), &remote.store)
-            .map_err(|e| open_error(crate::error_chain(&e)))?;
+        let storage = crate::storage::open_with(&path.to_string_lossy(), &remote.store)?;
         let store = ZarrStore { path: path.to_path_buf(), bytes: Arc::new(StoreBytes(storage)) };
         match store.node("")? {
             Some((Kind::Group, _)) => Ok(store),
             Some((Kind::Array, _)) => Err(open_error("the root is an array, not an AnnData group".into())),
+            // At a URL, where a folder is only its objects: nothing there.
+            None if is_url(path) => Err(InputError::Store(crate::storage::StorageError::Request {
+                location: store.bytes.0.location(""),
+                failure: crate::storage::RequestFailure::NotFound {
+                    kind: crate::storage::StoreKind::of(&path.to_string_lossy()),
+                },
+            })),
             None => Err(open_error("no zarr.json or .zgroup at the root: not a zarr store".into())),
         }
     }
@@ -106,7 +112,13 @@ impl ZarrStore {
 
     fn json(&self, key: &str) -> Result<Option<Map<String, Value>>, InputError> {
         let object = key.rsplit_once('/').map_or("/", |(node, _)| node);
-        let Some(bytes) = self.bytes.0.get(key).map_err(|e| self.invalid(object, crate::error_chain(&e)))? else {
+        // A store that does not serve the object fails as a store (refused,
+        // denied), not as this node of the format.
+        let got = self.bytes.0.get(key).map_err(|e| match e.request_failure() {
+            Some(_) => InputError::Store(e),
+            None => self.invalid(object, crate::error_chain(&e)),
+        });
+        let Some(bytes) = got? else {
             return Ok(None);
         };
         match serde_json::from_slice::<Value>(&bytes) {
