@@ -106,18 +106,15 @@ pub fn compact(ds: Arc<dyn Storage>, level: i32, progress: &dyn ConvertProgress)
         };
         ds.put(RECORD_KEY, Bytes::from(serde_json::to_vec_pretty(&record)?))?;
     }
-    let run = || -> Result<(Manifest, usize)> {
-        let (tile_bytes, encoded) = stage_tiles(&dataset, &staging, level, progress)?;
-        let mut after = manifest.clone();
-        after.tile_bytes = tile_bytes;
-        after.zstd_level = level.into();
-        let note = json!({ "zstd_level": level, "from_zstd_level": manifest.zstd_level, "time": now() });
-        after.metadata.insert("compacted".into(), note);
-        let staged = Bytes::from(after.to_json());
-        staging.put(STAGED_MANIFEST, staged.clone())?;
-        Ok((commit_staged(ds.as_ref(), &staged)?, encoded))
-    };
-    let (after, encoded) = run()?;
+    let (tile_bytes, encoded) = stage_tiles(&dataset, &staging, level, progress)?;
+    let mut after = manifest.clone();
+    after.tile_bytes = tile_bytes;
+    after.zstd_level = level.into();
+    let note = json!({ "zstd_level": level, "from_zstd_level": manifest.zstd_level, "time": now() });
+    after.metadata.insert("compacted".into(), note);
+    let staged = Bytes::from(after.to_json());
+    staging.put(STAGED_MANIFEST, staged.clone())?;
+    let after = commit_staged(ds.as_ref(), &staged)?;
     let bytes_after = after.tile_bytes.iter().sum();
     Ok(summary("compacted", manifest.zstd_level, &after, encoded, bytes_before, bytes_after, started))
 }
@@ -143,6 +140,13 @@ fn summary(
     }
 }
 
+/// A tile ready to be staged: found staged by a run before (its size), or
+/// its rows, to encode.
+enum Prepared {
+    Staged(u64),
+    Rows(CsrMatrix),
+}
+
 /// Stages every tile at `level` (keeping those a run before staged, each
 /// written whole by the store); their sizes, and how many were encoded here.
 /// The next tile is read and decoded while one is encoded.
@@ -159,32 +163,31 @@ fn stage_tiles(
     progress.phase("compacting", dataset.n_cells());
     let mut sizes = Vec::with_capacity(n_tiles);
     let mut encoded = 0;
-    let staged_size = |tile: usize| -> Result<Option<u64>> { Ok(staging.size(&format::tile_key(tile))?) };
-    let decode = |tile: usize| -> Result<Option<CsrMatrix>> {
-        if tile >= n_tiles || staged_size(tile)?.is_some() {
-            return Ok(None);
-        }
-        Ok(Some(dataset.read_tile(tile)?))
+    // A tile a run before staged is kept as it is (its size asked once);
+    // any other is read, CRC-checked and decoded.
+    let prepare = |tile: usize| -> Result<Prepared> {
+        Ok(match staging.size(&format::tile_key(tile))? {
+            Some(bytes) => Prepared::Staged(bytes),
+            None => Prepared::Rows(dataset.read_tile(tile)?),
+        })
     };
-    let mut next = decode(0)?;
+    let mut next = if n_tiles > 0 { Some(prepare(0)?) } else { None };
     for tile in 0..n_tiles {
-        let current = next.take();
-        let fresh = current.is_some();
+        let Some(current) = next.take() else { break };
+        let fresh = matches!(current, Prepared::Rows(_));
         let (written, following) = rayon::join(
             || -> Result<u64> {
                 match current {
-                    Some(rows) => {
+                    Prepared::Rows(rows) => {
                         let blob = encoder.encode(&rows)?;
                         let bytes = blob.len() as u64;
                         staging.put(&format::tile_key(tile), Bytes::from(blob))?;
                         Ok(bytes)
                     }
-                    None => staged_size(tile)?.ok_or_else(|| {
-                        ConvertError::state(staging.location(&format::tile_key(tile)), "a staged tile disappeared")
-                    }),
+                    Prepared::Staged(bytes) => Ok(bytes),
                 }
             },
-            || decode(tile + 1),
+            || (tile + 1 < n_tiles).then(|| prepare(tile + 1)).transpose(),
         );
         sizes.push(written?);
         next = following?;
