@@ -259,7 +259,7 @@ impl Dataset {
                 .map(|&(_, c)| indexes[*slot].chunk_span(c))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| self.tile_error(tiles[*slot], e))?;
-            *ranges = merged(spans);
+            *ranges = crate::storage::merge_ranges(spans, MERGE_GAP);
         }
         let requests: Vec<(String, Vec<Range<u64>>)> =
             reads.iter().map(|(slot, _, ranges)| (format::tile_key(tiles[*slot]), ranges.clone())).collect();
@@ -279,7 +279,7 @@ impl Dataset {
                 let err = |e| self.tile_error(tile, e);
                 let span = index.chunk_span(c).map_err(err)?;
                 // The piece that holds the chunk: the last to start at or
-                // before it (merged() keeps each span whole in one).
+                // before it (merge_ranges keeps each span whole in one).
                 let k = ranges.partition_point(|r| r.start <= span.start).saturating_sub(1);
                 let Some((range, bytes)) = ranges.get(k).zip(parts.get(k)) else {
                     return Err(err(index_error(format!("chunk {c}: no bytes were read for it"))));
@@ -297,21 +297,6 @@ impl Dataset {
         }
         Ok(planes.into_iter().flatten().collect())
     }
-}
-
-/// `spans` in order of their start, with those less than [`MERGE_GAP`] apart joined: each
-/// span lies whole in one of the ranges returned.
-fn merged(mut spans: Vec<Range<u64>>) -> Vec<Range<u64>> {
-    // (Writers lay chunks out in order; other layouts are allowed.)
-    spans.sort_unstable_by_key(|s| s.start);
-    let mut out: Vec<Range<u64>> = Vec::with_capacity(spans.len());
-    for s in spans {
-        match out.last_mut() {
-            Some(last) if s.start <= last.end.saturating_add(MERGE_GAP) => last.end = last.end.max(s.end),
-            _ => out.push(s),
-        }
-    }
-    out
 }
 
 /// A problem with a tile's index found by the gather itself.
@@ -336,20 +321,5 @@ fn give_back(planes: Vec<Arc<ChunkPlanes>>, ds: &Dataset) {
         if let Ok(p) = Arc::try_unwrap(p) {
             ds.planes.give(p);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn spans_close_together_are_read_in_one_piece() {
-        let m = merged(vec![0..10, 16..40, 40..50, 10_000..10_008, 20_000..20_100]);
-        assert_eq!(m, vec![0..50, 10_000..10_008, 20_000..20_100]);
-        assert_eq!(merged(vec![]), Vec::<Range<u64>>::new());
-        // a span far past the last is a new piece; each span is whole in one
-        let m = merged(vec![100..200, 150..160, 5_000..6_000]);
-        assert_eq!(m, vec![100..200, 5_000..6_000]);
     }
 }

@@ -229,6 +229,23 @@ pub enum RootLock {
     Unsupported,
 }
 
+/// The non-empty `spans` in order of their start, those at most `gap`
+/// bytes apart joined into one: each span lies whole in one of the ranges
+/// returned (fewer, larger reads, for at most `gap` bytes read in vain
+/// between two).
+pub fn merge_ranges(mut spans: Vec<Range<u64>>, gap: u64) -> Vec<Range<u64>> {
+    spans.retain(|s| s.start < s.end);
+    spans.sort_unstable_by_key(|s| s.start);
+    let mut out: Vec<Range<u64>> = Vec::with_capacity(spans.len());
+    for s in spans {
+        match out.last_mut() {
+            Some(last) if s.start <= last.end.saturating_add(gap) => last.end = last.end.max(s.end),
+            _ => out.push(s),
+        }
+    }
+    out
+}
+
 /// One answer of [`Storage::get_ranges_many`]: the ranges' bytes, or None
 /// when the object does not exist.
 pub type ManyRanges = Result<Option<Vec<Bytes>>, StorageError>;

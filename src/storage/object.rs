@@ -145,64 +145,98 @@ impl ObjectStorage {
 }
 
 impl ObjectStorage {
-    /// Byte ranges of `key` (of the version whose entity tag is `etag`, when
-    /// given): ranges closer than [`COALESCE_GAP`] are fetched as one
-    /// request, and the requests run concurrently (object_store's coalescing).
-    async fn fetch_ranges(
-        &self,
-        key: &str,
-        ranges: &[Range<u64>],
-        etag: Option<&str>,
-    ) -> Result<Option<Vec<Bytes>>, StorageError> {
-        if let Some(r) = ranges.iter().find(|r| r.start > r.end) {
-            return Err(StorageError::Range { location: self.location(key), start: r.start, end: r.end, size: 0 });
-        }
-        if ranges.iter().all(|r| r.start == r.end) {
-            // Only empty ranges: the object must still exist, and be long enough.
-            let path = self.path(key);
-            let head = self.store.head(&path).await;
-            self.stats.record(0);
-            let size = match head {
-                Ok(meta) => meta.size,
-                Err(e) if is_not_found(&e) => return Ok(None),
-                Err(e) => return Err(self.err(key, e)),
-            };
-            if let Some(r) = ranges.iter().find(|r| r.end > size) {
-                return Err(StorageError::Range { location: self.location(key), start: r.start, end: r.end, size });
+    /// Byte ranges of several keys (of the version whose entity tag is
+    /// `etag`, when given), each request's answer in its place. Ranges of
+    /// one key closer than [`COALESCE_GAP`] are fetched as one piece, and
+    /// the pieces of every key are requested at once (at most
+    /// [`PIECES_IN_FLIGHT`] in flight): a gather's chunks in many tiles
+    /// cost one round trip of latency, not one per tile or per ten ranges.
+    async fn fetch_all(&self, requests: &[(&str, &[Range<u64>])], etag: Option<&str>) -> Vec<super::ManyRanges> {
+        use futures::StreamExt;
+        let mut answers: Vec<Option<super::ManyRanges>> = Vec::with_capacity(requests.len());
+        let mut pieces: Vec<Vec<Range<u64>>> = Vec::with_capacity(requests.len());
+        for &(key, ranges) in requests {
+            if let Some(r) = ranges.iter().find(|r| r.start > r.end) {
+                let location = self.location(key);
+                answers.push(Some(Err(StorageError::Range { location, start: r.start, end: r.end, size: 0 })));
+                pieces.push(Vec::new());
+            } else if ranges.iter().all(|r| r.start == r.end) {
+                answers.push(Some(self.sizes_only(key, ranges).await));
+                pieces.push(Vec::new());
+            } else {
+                answers.push(None);
+                pieces.push(super::merge_ranges(ranges.to_vec(), COALESCE_GAP));
             }
-            return Ok(Some(vec![Bytes::new(); ranges.len()]));
         }
-        let path = self.path(key);
-        let fetched = object_store::coalesce_ranges(
-            ranges,
-            |range| {
-                let path = &path;
-                async move {
-                    let options = object_store::GetOptions {
-                        range: Some(range.clone().into()),
-                        if_match: etag.map(str::to_string),
-                        ..Default::default()
-                    };
-                    let got = self.store.get_opts(path, options).await.map_err(Fetch::Store)?;
-                    let bytes = got.bytes().await.map_err(Fetch::Store)?;
-                    self.stats.record(bytes.len() as u64);
-                    if bytes.len() as u64 != range.end - range.start {
-                        return Err(Fetch::Short { range, got: bytes.len() as u64 });
-                    }
-                    Ok(bytes)
-                }
-            },
-            COALESCE_GAP,
-        )
-        .await;
-        match fetched {
-            Ok(parts) => Ok(Some(parts)),
-            Err(Fetch::Store(e)) if is_not_found(&e) => Ok(None),
-            Err(Fetch::Store(object_store::Error::Precondition { .. })) if etag.is_some() => {
+        let paths: Vec<StorePath> = requests.iter().map(|(key, _)| self.path(key)).collect();
+        let wanted = pieces.iter().enumerate().flat_map(|(i, p)| p.iter().map(move |r| (i, r.clone())));
+        let fetched: Vec<(usize, Result<Bytes, Fetch>)> = futures::stream::iter(wanted)
+            .map(|(i, range)| {
+                let path = &paths[i];
+                async move { (i, self.fetch_piece(path, range, etag).await) }
+            })
+            .buffered(PIECES_IN_FLIGHT)
+            .collect()
+            .await;
+        let mut fetched = fetched.into_iter().peekable();
+        for (i, answer) in answers.iter_mut().enumerate() {
+            if answer.is_some() {
+                continue;
+            }
+            let mut got = Vec::with_capacity(pieces[i].len());
+            while let Some((_, piece)) = fetched.next_if(|(j, _)| *j == i) {
+                got.push(piece);
+            }
+            let (key, ranges) = requests[i];
+            *answer = Some(match got.into_iter().collect::<Result<Vec<Bytes>, Fetch>>() {
+                Ok(bytes) => Ok(Some(cut(ranges, &pieces[i], &bytes))),
+                Err(e) => self.settle(key, e, etag),
+            });
+        }
+        answers.into_iter().flatten().collect()
+    }
+
+    /// The answer to ranges that are all empty: the object must still
+    /// exist, and be long enough.
+    async fn sizes_only(&self, key: &str, ranges: &[Range<u64>]) -> super::ManyRanges {
+        let head = self.store.head(&self.path(key)).await;
+        self.stats.record(0);
+        let size = match head {
+            Ok(meta) => meta.size,
+            Err(e) if is_not_found(&e) => return Ok(None),
+            Err(e) => return Err(self.err(key, e)),
+        };
+        if let Some(r) = ranges.iter().find(|r| r.end > size) {
+            return Err(StorageError::Range { location: self.location(key), start: r.start, end: r.end, size });
+        }
+        Ok(Some(vec![Bytes::new(); ranges.len()]))
+    }
+
+    /// One piece: a ranged request, its length checked.
+    async fn fetch_piece(&self, path: &StorePath, range: Range<u64>, etag: Option<&str>) -> Result<Bytes, Fetch> {
+        let options = object_store::GetOptions {
+            range: Some(range.clone().into()),
+            if_match: etag.map(str::to_string),
+            ..Default::default()
+        };
+        let got = self.store.get_opts(path, options).await.map_err(Fetch::Store)?;
+        let bytes = got.bytes().await.map_err(Fetch::Store)?;
+        self.stats.record(bytes.len() as u64);
+        if bytes.len() as u64 != range.end - range.start {
+            return Err(Fetch::Short { range, got: bytes.len() as u64 });
+        }
+        Ok(bytes)
+    }
+
+    /// A failed piece of `key` as the answer to its request.
+    fn settle(&self, key: &str, e: Fetch, etag: Option<&str>) -> super::ManyRanges {
+        match e {
+            Fetch::Store(e) if is_not_found(&e) => Ok(None),
+            Fetch::Store(object_store::Error::Precondition { .. }) if etag.is_some() => {
                 Err(StorageError::Changed { location: self.location(key), etag: etag.unwrap_or_default().to_string() })
             }
-            Err(Fetch::Store(e)) => Err(self.err(key, e)),
-            Err(Fetch::Short { range, got }) => Err(StorageError::Range {
+            Fetch::Store(e) => Err(self.err(key, e)),
+            Fetch::Short { range, got } => Err(StorageError::Range {
                 location: self.location(key),
                 start: range.start,
                 end: range.end,
@@ -212,8 +246,26 @@ impl ObjectStorage {
     }
 }
 
-/// Objects whose ranges [`Storage::get_ranges_many`] fetches at once, at most.
-const MANY_IN_FLIGHT: usize = 64;
+/// Each of `ranges` cut out of the fetched `pieces` (sorted, from
+/// [`super::merge_ranges`]: each range lies whole in one).
+fn cut(ranges: &[Range<u64>], pieces: &[Range<u64>], fetched: &[Bytes]) -> Vec<Bytes> {
+    ranges
+        .iter()
+        .map(|r| {
+            let k = pieces.partition_point(|p| p.start <= r.start).saturating_sub(1);
+            match (pieces.get(k), fetched.get(k)) {
+                (Some(p), Some(bytes)) if r.start >= p.start && r.end <= p.end => {
+                    bytes.slice((r.start - p.start) as usize..(r.end - p.start) as usize)
+                }
+                // (an empty range outside every piece)
+                _ => Bytes::new(),
+            }
+        })
+        .collect()
+}
+
+/// Pieces of one call's ranges requested at once, at most.
+const PIECES_IN_FLIGHT: usize = 256;
 
 fn join(base: &StorePath, key: &str) -> StorePath {
     key.split('/').filter(|p| !p.is_empty()).fold(base.clone(), |p, part| p.clone().join(part))
@@ -396,39 +448,18 @@ impl Storage for ObjectStorage {
         ranges: &[Range<u64>],
         etag: Option<&str>,
     ) -> Result<Option<Vec<Bytes>>, StorageError> {
-        runtime().block_on(self.fetch_ranges(key, ranges, etag))
+        runtime().block_on(self.fetch_all(&[(key, ranges)], etag)).pop().unwrap_or(Ok(None))
     }
 
     fn get_ranges_many(&self, requests: &[(String, Vec<Range<u64>>)]) -> Vec<super::ManyRanges> {
-        use futures::StreamExt;
-        // Every key's requests at once, up to MANY_IN_FLIGHT keys in flight.
-        runtime().block_on(
-            futures::stream::iter(requests)
-                .map(|(key, ranges)| self.fetch_ranges(key, ranges, None))
-                .buffered(MANY_IN_FLIGHT)
-                .collect(),
-        )
+        let requests: Vec<(&str, &[Range<u64>])> = requests.iter().map(|(k, r)| (k.as_str(), r.as_slice())).collect();
+        runtime().block_on(self.fetch_all(&requests, None))
     }
 
     fn read_cost(&self, ranges: &[Range<u64>]) -> (u64, u64) {
-        // object_store's own merging, run with a fetch that only counts. (Its
-        // zeroed buffers are never written, so they take no memory.)
-        use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-        if ranges.iter().all(|r| r.start >= r.end) {
-            return (0, 0);
-        }
-        let (requests, bytes) = (AtomicU64::new(0), AtomicU64::new(0));
-        let counted = futures::executor::block_on(object_store::coalesce_ranges(
-            ranges,
-            |range| {
-                requests.fetch_add(1, Relaxed);
-                bytes.fetch_add(range.end - range.start, Relaxed);
-                std::future::ready(Ok::<_, ()>(Bytes::from(vec![0u8; (range.end - range.start) as usize])))
-            },
-            COALESCE_GAP,
-        ));
-        debug_assert!(counted.is_ok());
-        (requests.into_inner(), bytes.into_inner())
+        // (as fetch_all merges them)
+        let pieces = super::merge_ranges(ranges.to_vec(), COALESCE_GAP);
+        (pieces.len() as u64, pieces.iter().map(|p| p.end - p.start).sum())
     }
 
     fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError> {

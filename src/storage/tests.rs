@@ -118,6 +118,48 @@ fn close_ranges_are_fetched_together() {
     assert_eq!(store.stats().snapshot().0 - before, 2);
 }
 
+#[test]
+fn many_requests_are_answered_each_in_its_place() {
+    let memory: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let store = ObjectStorage::new(memory, "", "mem://");
+    let a: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    store.put("a", Bytes::from(a.clone())).unwrap();
+    store.put("b", Bytes::from_static(b"0123456789")).unwrap();
+    let requests: Vec<(String, Vec<Range<u64>>)> = vec![
+        ("a".into(), vec![150_000..150_010, 10..20, 0..5]),
+        ("missing".into(), std::iter::once(0..1).collect()),
+        ("b".into(), vec![4..4, 5..7]),
+        ("b".into(), std::iter::once(8..11).collect()),
+        ("b".into(), std::iter::once(3..3).collect()),
+        ("a".into(), std::iter::once(199_990..200_000).collect()),
+    ];
+    let answers = store.get_ranges_many(&requests);
+    assert_eq!(answers.len(), requests.len());
+    let parts = |i: usize| answers[i].as_ref().unwrap().clone().unwrap();
+    for (r, p) in requests[0].1.iter().zip(parts(0)) {
+        assert_eq!(&p[..], &a[r.start as usize..r.end as usize]);
+    }
+    assert!(matches!(answers[1], Ok(None)));
+    assert_eq!(parts(2), vec![Bytes::new(), Bytes::from_static(b"56")]);
+    assert!(matches!(answers[3], Err(StorageError::Range { start: 8, end: 11, .. })), "{:?}", answers[3]);
+    assert_eq!(parts(4), vec![Bytes::new()]);
+    assert_eq!(&parts(5)[0][..], &a[199_990..]);
+    // the merging a read costs is the merging it does
+    assert_eq!(store.read_cost(&requests[0].1), (2, 20 + 10));
+    assert_eq!(store.read_cost(std::slice::from_ref(&(5..5))), (0, 0));
+}
+
+#[test]
+fn merged_ranges_hold_each_span_whole() {
+    let m = merge_ranges(vec![0..10, 16..40, 40..50, 10_000..10_008, 20_000..20_100], 4 << 10);
+    assert_eq!(m, vec![0..50, 10_000..10_008, 20_000..20_100]);
+    assert_eq!(merge_ranges(vec![], 10), Vec::<Range<u64>>::new());
+    // a span inside another, an empty one dropped, a gap of exactly `gap` joined
+    assert_eq!(merge_ranges(vec![100..200, 150..160, 7..7, 5_000..6_000], 100), vec![100..200, 5_000..6_000]);
+    assert_eq!(merge_ranges(vec![0..10, 20..30], 10), vec![0..30]);
+    assert_eq!(merge_ranges(vec![0..10, 21..30], 10), vec![0..10, 21..30]);
+}
+
 /// Each failure of the HTTP client a user can act on is told apart, from
 /// object_store's variant or the kind of error down its causes.
 #[test]
