@@ -13,7 +13,7 @@ the GIL released); this package gives it NumPy, SciPy and pandas types.
 from ._collection import Collection, CollectionObs, Member
 from ._compact import CompactSummary, compact
 from ._convert import AppendSummary, ConvertSummary, append, convert, write_anndata
-from ._dataset import Batch, Dataset
+from ._dataset import Dataset
 from ._errors import (
     ArgumentTypeError,
     CellIndexError,
@@ -30,6 +30,7 @@ from ._errors import (
 from ._loader import CellBatch, Loader
 from ._obs import Obs
 from ._open import open_collection, open_dataset
+from ._types import Batch
 from ._vocabulary import Vocabulary, VocabularyReport, VocabularyWarning
 
 __all__ = [

@@ -16,22 +16,23 @@ import numpy as np
 
 from . import _deltacells
 from ._args import integer
-from ._dataset import _INHERITED, Batch, Cells, Dataset
+from ._dataset import _INHERITED, Dataset
 from ._errors import (
     ArgumentTypeError,
     CellIndexError,
     InvalidArgumentError,
     UnknownNameError,
 )
-from ._options import DEFAULTS, LoaderOptions, loader_options
-from ._vocabulary import Form, FormArgs, form_from, form_options
+from ._loader import Gathers, Loader
+from ._obs import as_frame, where
+from ._options import DEFAULTS, form_from, form_options, loader_options
+from ._sampling import split
+from ._types import Batch, Cells, Form, FormArgs, LoaderOptions
+from ._vocabulary import Vocabulary
 
 if TYPE_CHECKING:
     import anndata
     import pandas as pd
-
-    from ._loader import Gathers, Loader
-    from ._vocabulary import Vocabulary
 
 #: What ``genes=`` of :func:`open_collection` accepts.
 GeneChoice = str | Sequence[str] | np.ndarray
@@ -320,8 +321,6 @@ class Collection:
         >>> for batch in coll.gathers([[0, 5_000_000, 7], range(100)], ahead=2):
         ...     x = batch.X.to_scipy()
         """
-        from ._loader import Gathers
-
         return Gathers(self, lists, ahead, obs_columns, None, form_from(form, self.n_genes))
 
     def _start_gathers(
@@ -391,8 +390,6 @@ class Collection:
         >>> for batch in coll.batches(1024, obs_columns=["cell_type"]):
         ...     x, y = batch.X.to_scipy(), batch.obs["cell_type"]
         """
-        from ._loader import Loader
-
         options = loader_options(
             batch_size=batch_size, shuffle=shuffle, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
             worker=worker, num_workers=num_workers, drop_last=drop_last, window_tiles=window_tiles,
@@ -416,8 +413,6 @@ class Collection:
         (a donor, say, across all datasets that have the column) goes whole
         into one part. Returns sorted int64 arrays of the collection's cell
         indices, to pass as ``cells=``."""
-        from ._sampling import split
-
         seed = integer("seed", seed, 0)
         self.obs.kind(by)
         index = None if cells is None else self.cell_indices(cells)
@@ -614,8 +609,6 @@ class CollectionObs:
     def take_pandas(self, cells: Cells, columns: Sequence[str]) -> pd.DataFrame:
         """:meth:`take` as a DataFrame; category columns as pandas
         categoricals carrying the merged vocabulary."""
-        from ._obs import as_frame
-
         return as_frame(self, self.take(cells, columns), columns)
 
     def column_array(self, column: str) -> Any:
@@ -634,8 +627,6 @@ class CollectionObs:
     def where(self, column: str | None = None, values: Any = None, **conditions: Any) -> np.ndarray:
         """The cells whose values match, as :meth:`Obs.where` (the
         collection's sorted int64 indices)."""
-        from ._sampling import where
-
         if column is not None:
             if column in conditions:
                 raise InvalidArgumentError(f"obs column {column!r} is given twice")

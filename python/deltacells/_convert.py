@@ -13,13 +13,14 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import _deltacells
 from ._args import flag, integer, location, thread_count
 from ._errors import ArgumentTypeError, InvalidArgumentError
+from ._types import _ConvertOptions, _Reaching
 
 if TYPE_CHECKING:  # pragma: no cover
     import anndata
@@ -94,43 +95,6 @@ class AppendSummary:
     summed_duplicates: int
     seconds: float
     notes: tuple[str, ...] = ()
-
-
-class _Reaching(TypedDict):
-    """How inputs are reached and read and where the output is: the options
-    :func:`convert`, :func:`append` and :func:`write_anndata` share."""
-
-    anonymous: bool
-    endpoint: str | None
-    input_format: str | None
-    feature_type: str | None
-    genome: str | None
-    download_inputs: bool
-    download_dir: str | None
-    threads: int | None
-
-
-class _ConvertOptions(TypedDict):
-    """Every option of ``deltacells convert``, as the binding takes them."""
-
-    matrix: str
-    tile_size: int
-    chunks: int
-    level: int
-    gene_order_files: int
-    gene_order_from: str | None
-    gene_order: str | None
-    genes: str
-    var: bool
-    obs: bool
-    obs_names: bool
-    obs_exclude: list[str]
-    max_categories: int
-    obs_tiles_per_file: int
-    overwrite: bool
-    metadata: list[tuple[str, str]]
-    shuffle: int | None
-    spill_dir: str | None
 
 
 # the library's names of its input formats (InputFormat), in the order of its help

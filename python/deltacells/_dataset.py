@@ -1,4 +1,5 @@
-"""Datasets and batches of cells."""
+"""Datasets: one dataset's cells read as batches, training loaders, gathers
+and AnnData (a batch itself, :class:`Batch`, is a type of ``_types``)."""
 
 from __future__ import annotations
 
@@ -14,65 +15,20 @@ import numpy as np
 from . import _deltacells
 from ._args import flag, integer
 from ._errors import ArgumentTypeError, CellIndexError, DeltacellsError, InvalidArgumentError
+from ._loader import Gathers, Loader
 from ._obs import Obs
-from ._options import DEFAULTS, LoaderOptions, loader_options
-from ._vocabulary import Form, FormArgs, Genes, Vocabulary, VocabularyReport, form_from, form_options, resolve
+from ._options import DEFAULTS, form_from, form_options, loader_options
+from ._sampling import split
+from ._types import Batch, Cells, Form, FormArgs, LoaderOptions
+from ._vocabulary import Genes, Vocabulary, VocabularyReport, _names, _stored_keys, resolve
 
 if TYPE_CHECKING:
     import anndata
     import pandas as pd
-    import scipy.sparse
-
-    from ._loader import Gathers, Loader
 
 #: Handles a forked child inherited from its parent: kept, never used or freed
 #: there (freeing would wait for the parent's threads, which the child lacks).
 _INHERITED: list[Any] = []
-
-#: What ``get_batch`` accepts as cells: a list, an integer array, a range or a slice.
-Cells = Sequence[int] | np.ndarray | range | slice
-
-
-class Batch:
-    """Some cells of a dataset as a CSR matrix: ``indptr`` (int64), ``indices``
-    (int32, the stored gene columns, or the columns of the vocabulary asked
-    for with ``genes=``, sorted within each cell) and ``data`` (int32
-    counts), in the order the cells were asked for.
-
-    The arrays are the buffers the Rust decoder wrote; :meth:`to_scipy` wraps
-    ``data`` and ``indices`` without copying (scipy keeps its own int32 copy of
-    ``indptr``, one entry per cell, since it wants both index arrays of one type).
-    """
-
-    __slots__ = ("indptr", "indices", "data", "shape")
-
-    def __init__(self, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, n_genes: int) -> None:
-        self.indptr = indptr
-        self.indices = indices
-        self.data = data
-        self.shape = (len(indptr) - 1, n_genes)
-
-    def to_scipy(self) -> scipy.sparse.csr_matrix:
-        """The batch as a ``scipy.sparse.csr_matrix`` over the same buffers (no copy)."""
-        import scipy.sparse
-
-        return scipy.sparse.csr_matrix((self.data, self.indices, self.indptr), shape=self.shape, copy=False)
-
-    def to_dense(self, dtype: Any = np.float32) -> np.ndarray:
-        """The batch as a dense ``(cells, genes)`` array of ``dtype``."""
-        out = np.zeros(self.shape, dtype=dtype)
-        rows = np.repeat(np.arange(self.shape[0]), np.diff(self.indptr))
-        out[rows, self.indices] = self.data
-        return out
-
-    @property
-    def nnz(self) -> int:
-        """Stored nonzeros."""
-        return int(self.indptr[-1])
-
-    def __repr__(self) -> str:
-        return f"<deltacells.Batch {self.shape[0]} cells x {self.shape[1]} genes, {self.nnz} nonzeros>"
-
 
 class Dataset:
     """An open dataset. Use :func:`open_dataset` to get one.
@@ -224,7 +180,7 @@ class Dataset:
         >>> vocab = ds.vocabulary(model_genes, column="gene_ids")
         >>> batch = ds.get_batch(range(256), genes=vocab)  # 256 x len(model_genes)
         """
-        key = (column, genes if isinstance(genes, str) else tuple(_vocabulary_names(genes)))
+        key = (column, genes if isinstance(genes, str) else tuple(_names(genes)))
         last = self._last_vocabulary
         if last is not None and last[0] == key:
             return last[1]
@@ -368,8 +324,6 @@ class Dataset:
         >>> for batch in ds.gathers(steps, ahead=8, obs_columns=["condition"]):
         ...     x = batch.X.to_scipy()
         """
-        from ._loader import Gathers
-
         vocabulary = resolve(self, genes, gene_column)
         shaped = form_from(form, self.n_genes if vocabulary is None else vocabulary.n_genes)
         return Gathers(self, lists, ahead, obs_columns, vocabulary, shaped)
@@ -500,8 +454,6 @@ class Dataset:
         ...         x, y = batch.X.to_scipy(), batch.obs["cell_type"]
         >>> balanced = ds.batches(1024, balance="cell_type")
         """
-        from ._loader import Loader
-
         options = loader_options(
             batch_size=batch_size, shuffle=shuffle, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
             worker=worker, num_workers=num_workers, drop_last=drop_last, window_tiles=window_tiles,
@@ -538,8 +490,6 @@ class Dataset:
         >>> train, val, test = ds.split(by="donor_id", fractions=(0.8, 0.1, 0.1), seed=0)
         >>> loader = ds.batches(1024, cells=train)
         """
-        from ._sampling import split
-
         seed = integer("seed", seed, 0)
         self.obs.kind(by)
         index = None if cells is None else self.cell_indices(cells)
@@ -626,18 +576,10 @@ class Dataset:
         )
 
 
-def _vocabulary_names(genes: object) -> list[str]:
-    from ._vocabulary import _names
-
-    return _names(genes)
-
-
 def _var_of(var: pd.DataFrame, vocabulary: Vocabulary, dataset: Dataset) -> pd.DataFrame:
     """``var`` (in stored order) with a row for each gene of ``vocabulary``, in
     its order: the first stored gene it matches, or an empty row."""
     import pandas as pd
-
-    from ._vocabulary import _stored_keys
 
     if vocabulary._given == "source":
         order = dataset.gene_order

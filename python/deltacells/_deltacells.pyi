@@ -7,9 +7,7 @@ from typing import Any, Self, final
 import numpy as np
 import numpy.typing as npt
 
-from ._convert import _ConvertOptions, _Reaching
-from ._options import LoaderOptions
-from ._vocabulary import Form
+from ._types import Form, LoaderOptions, _ConvertOptions, _Reaching
 
 #: A batch in a form (indptr, indices, data, top_k, top_k_values): CSR
 #: (indptr int64, indices int32, data int32 or float32) or dense (no

@@ -1,23 +1,62 @@
 """Shuffled batches for training: one epoch's share of a dataset, read ahead on
-Rust threads (see :meth:`deltacells.Dataset.batches`)."""
+Rust threads (see :meth:`deltacells.Dataset.batches`), and lists of cells
+read in order (:meth:`deltacells.Dataset.gathers`). Both read through a
+:class:`CellSource`, a dataset or a collection, which make them."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from . import _deltacells
 from ._args import integer
-from ._dataset import Batch
 from ._errors import InvalidArgumentError
-from ._options import MAX_PREFETCH, MAX_U64, LoaderOptions
-from ._vocabulary import Form
+from ._options import MAX_PREFETCH, MAX_U64
+from ._sampling import balance_weights
+from ._types import Batch, Cells, Form, LoaderOptions, ObsColumns
+from ._vocabulary import Vocabulary
 
-if TYPE_CHECKING:
-    from ._collection import Collection
-    from ._dataset import Cells, Dataset
-    from ._vocabulary import Vocabulary
+
+class CellSource(Protocol):
+    """What a :class:`Loader` and :class:`Gathers` read: a dataset
+    (:class:`deltacells.Dataset`) or a collection
+    (:class:`deltacells.Collection`)."""
+
+    @property
+    def root(self) -> str: ...
+
+    @property
+    def n_genes(self) -> int: ...
+
+    @property
+    def obs(self) -> ObsColumns: ...
+
+    @property
+    def _draws_by_default(self) -> bool:
+        """Whether every epoch is drawn by weight, without weights= or balance=."""
+        ...
+
+    def cell_indices(self, cells: Cells) -> np.ndarray: ...
+
+    def _epoch_size(
+        self, cells: np.ndarray | None, options: LoaderOptions, weights: np.ndarray | None, num_samples: int | None
+    ) -> tuple[int, int]: ...
+
+    def _start_batches(
+        self,
+        cells: np.ndarray | None,
+        options: LoaderOptions,
+        weights: np.ndarray | None,
+        num_samples: int | None,
+        genes: Vocabulary | None,
+        form: Form,
+    ) -> _deltacells.RawBatches: ...
+
+    def _start_gathers(
+        self, lists: list[np.ndarray], form: Form, genes: Vocabulary | None, ahead: int
+    ) -> _deltacells.RawBatches: ...
 
 
 class CellBatch:
@@ -78,7 +117,7 @@ class Loader:
 
     def __init__(
         self,
-        dataset: Dataset | Collection,
+        dataset: CellSource,
         options: LoaderOptions,
         obs_columns: Sequence[str] | None,
         cells: Cells | None,
@@ -119,8 +158,6 @@ class Loader:
             if self.weights.ndim != 1:
                 raise InvalidArgumentError(f"weights must be one-dimensional, not of shape {self.weights.shape}")
         elif balance is not None:
-            from ._sampling import balance_weights
-
             if not isinstance(balance, str):
                 raise InvalidArgumentError(f"balance must be the name of a category column, not {balance!r}")
             self.weights = balance_weights(dataset.obs, balance, self.cells, class_weights)
@@ -180,7 +217,7 @@ class Gathers:
 
     def __init__(
         self,
-        dataset: Dataset | Collection,
+        dataset: CellSource,
         lists: Iterable[Cells],
         ahead: int,
         obs_columns: Sequence[str] | None,

@@ -1,26 +1,43 @@
 """Cell metadata (obs): the columns of a dataset, copied once per machine into
-a local cache of memory-mapped Arrow files, and looked up for batches of cells.
+a local cache of memory-mapped Arrow files, looked up for batches of cells,
+and the cells chosen by their values (:meth:`Obs.where`).
 """
 
 from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from . import _deltacells
 from ._args import column_names, thread_count
 from ._errors import ArgumentTypeError, DeltacellsError, InvalidArgumentError, UnknownNameError
+from ._types import Cells, ObsColumns
 
 if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
-    from ._collection import CollectionObs
-    from ._dataset import Cells, Dataset
+
+class ObsSource(Protocol):
+    """What :class:`Obs` reads through: a dataset (:class:`deltacells.Dataset`)."""
+
+    @property
+    def root(self) -> str: ...
+
+    @property
+    def native(self) -> _deltacells.RawDataset: ...
+
+    @property
+    def manifest(self) -> dict[str, Any]: ...
+
+    @property
+    def n_cells(self) -> int: ...
+
+    def cell_indices(self, cells: Cells) -> np.ndarray: ...
 
 
 def index_array(cells: np.ndarray) -> pa.Array:
@@ -110,7 +127,7 @@ def take_rows(column: pa.ChunkedArray, starts: np.ndarray, cells: np.ndarray) ->
     return taken.take(index_array(back))
 
 
-def as_frame(obs: Obs | CollectionObs, values: dict[str, np.ndarray], columns: Sequence[str]) -> pd.DataFrame:
+def as_frame(obs: ObsColumns, values: dict[str, np.ndarray], columns: Sequence[str]) -> pd.DataFrame:
     """Taken ``values`` as a DataFrame, category columns as pandas
     categoricals over ``obs``'s whole vocabulary of each."""
     import pandas as pd
@@ -122,6 +139,50 @@ def as_frame(obs: Obs | CollectionObs, values: dict[str, np.ndarray], columns: S
         else:
             frame[name] = values[name]
     return pd.DataFrame(frame)
+
+
+def _as_list(values: Any) -> list[Any]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray, set, frozenset)):
+        return [values]
+    return list(values)
+
+
+def where(obs: ObsColumns, conditions: Mapping[str, Any]) -> np.ndarray:
+    """The cells (sorted int64 indices) whose value in every column of
+    ``conditions`` is one of the values given for it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not conditions:
+        raise InvalidArgumentError("where needs at least one column and its values")
+    n = obs.n_cells
+    mask = np.ones(n, dtype=bool)
+    for column, values in conditions.items():
+        if not isinstance(column, str):
+            raise InvalidArgumentError(f"column names are strings, not {column!r}")
+        kind = obs.kind(column)
+        wanted = _as_list(values)
+        data = obs.column_array(column)
+        if kind == "category":
+            categories = obs.categories(column) or []
+            index = {c: i for i, c in enumerate(categories)}
+            unknown = [v for v in wanted if v not in index]
+            if unknown:
+                raise UnknownNameError(
+                    f"obs column {column!r} has no category {unknown[0]!r}; its categories are {categories}"
+                )
+            codes = np.asarray(data.to_numpy())
+            mask &= np.isin(codes, np.array([index[v] for v in wanted], dtype=np.int64))
+        else:
+            try:
+                value_set = pa.array(wanted, type=data.type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+                raise InvalidArgumentError(
+                    f"values {wanted!r} for obs column {column!r} are not of its type {data.type}: {e}"
+                ) from None
+            found = pc.is_in(data, value_set=value_set).fill_null(False)
+            mask &= np.asarray(found.to_numpy(zero_copy_only=False), dtype=bool)
+    return np.flatnonzero(mask).astype(np.int64)
 
 
 class Obs:
@@ -144,7 +205,7 @@ class Obs:
     The dtype of a column is the same in every batch.
     """
 
-    def __init__(self, dataset: Dataset, cache_dir: str | None) -> None:
+    def __init__(self, dataset: ObsSource, cache_dir: str | None) -> None:
         self._dataset = dataset
         self._cache_dir = cache_dir
         self._loaded: dict[str, LoadedColumn] = {}
@@ -272,8 +333,6 @@ class Obs:
         >>> train_b = ds.obs.where("cell_type", ["B cells", "NK cells"])
         >>> ctrl_d1 = ds.obs.where(condition="ctrl", donor="d1")
         """
-        from ._sampling import where
-
         if column is not None:
             if column in conditions:
                 raise InvalidArgumentError(f"obs column {column!r} is given twice")

@@ -16,6 +16,7 @@ from ._args import MAX_BYTES, column_names, flag, integer, location, thread_coun
 from ._collection import Collection, GeneChoice
 from ._dataset import Dataset
 from ._errors import ArgumentTypeError, InvalidArgumentError
+from ._vocabulary import _names
 
 
 def open_dataset(
@@ -166,8 +167,6 @@ def open_collection(
             )
         choice: str | list[str] = genes
     else:
-        from ._vocabulary import _names
-
         choice = _names(genes)
     if gene_column is not None and not isinstance(gene_column, str):
         raise ArgumentTypeError(f"gene_column must be the name of a var column, not {gene_column!r}")

@@ -1,32 +1,19 @@
-"""The loader's options: one typed definition (:class:`LoaderOptions`), whose
-defaults are the Rust loader's own (``LoaderOptions::default()`` in
-src/loader.rs, exported by the binding), and their checks."""
+"""Options and forms: the loader's defaults (the Rust loader's own,
+``LoaderOptions::default()`` in src/loader.rs, exported by the binding) and
+the checks of the loader's options and of a batch's form, each naming the
+argument it refuses. Their types are in ``_types``, beside the binding's
+other argument types."""
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any
+
+import numpy as np
 
 from . import _deltacells
-from ._args import flag, integer
-
-
-class LoaderOptions(TypedDict):
-    """Every option of the Rust loader, as ``RawDataset.batches`` takes them
-    (see :meth:`deltacells.Dataset.batches` for what each does)."""
-
-    batch_size: int
-    shuffle: bool
-    seed: int
-    epoch: int
-    rank: int
-    world_size: int
-    worker: int
-    num_workers: int
-    drop_last: bool
-    window_tiles: int
-    mix_chunks: int
-    prefetch: int
-
+from ._args import flag, integer, positive_number
+from ._errors import InvalidArgumentError
+from ._types import Form, FormArgs, LoaderOptions
 
 #: The loader's defaults, from the Rust loader: the signatures of
 #: :meth:`Dataset.batches` and :class:`deltacells.torch.CellDataset` take
@@ -62,3 +49,56 @@ def loader_options(
         mix_chunks=integer("mix_chunks", mix_chunks, 1, 1 << 32),
         prefetch=integer("prefetch", prefetch, 1, MAX_PREFETCH),
     )
+
+
+def form_from(args: FormArgs, n_genes: int) -> Form:
+    """:class:`FormArgs` checked (an unknown keyword is an error naming it), as the Rust reader takes them."""
+    unknown = set(args) - set(FormArgs.__annotations__)
+    if unknown:
+        raise InvalidArgumentError(f"unknown keyword {sorted(unknown)[0]!r}: a batch's form takes "
+                                   f"{', '.join(FormArgs.__annotations__)}")
+    return form_options(
+        args.get("normalize"), args.get("normalize_over", "stored"), args.get("log1p", False),
+        args.get("dense", False), args.get("top_k"), n_genes, args.get("dtype"), args.get("sorted_columns", True),
+    )
+
+
+def form_options(
+    normalize: float | None,
+    normalize_over: str,
+    log1p: bool,
+    dense: bool,
+    top_k: int | None,
+    n_genes: int,
+    dtype: object = None,
+    sorted_columns: bool = True,
+) -> Form:
+    """The form arguments of the read methods, checked, as the Rust reader takes them."""
+    if normalize_over not in ("stored", "output"):
+        raise InvalidArgumentError(
+            f"normalize_over must be 'stored' (every gene the dataset stores for the cell) or 'output' "
+            f"(the genes of the batch), not {normalize_over!r}"
+        )
+    form: Form = {
+        "normalize": None if normalize is None else positive_number("normalize", normalize),
+        "normalize_over": normalize_over,
+        "log1p": flag("log1p", log1p),
+        "dense": flag("dense", dense),
+        "top_k": None if top_k is None else integer("top_k", top_k, 1, n_genes),
+        "float32": False,
+        "sorted_columns": flag("sorted_columns", sorted_columns),
+    }
+    if dtype is not None:
+        try:
+            kind = np.dtype(dtype)  # type: ignore[call-overload]
+        except Exception:  # TypeError, and SyntaxError or ValueError for some strings ("01", "i4,,")
+            raise InvalidArgumentError(f"dtype must be int32 or float32, not {dtype!r}") from None
+        transformed = form["normalize"] is not None or form["log1p"]
+        if kind == np.float32:
+            form["float32"] = True
+        elif kind == np.int32:
+            if transformed:
+                raise InvalidArgumentError("dtype int32: normalize and log1p give float32 values, not counts")
+        else:
+            raise InvalidArgumentError(f"dtype must be int32 (counts) or float32, not {kind}")
+    return form

@@ -1,69 +1,23 @@
-"""Choosing the cells of an epoch: cells by their obs values
-(:meth:`Obs.where`), splits by group (:meth:`Dataset.split`) and weights that
-balance the classes of a category column (``Dataset.batches(balance=...)``).
-The draws themselves are made by the Rust loader, from the seed and epoch."""
+"""Choosing the cells of an epoch: splits by group (:meth:`Dataset.split`)
+and weights that balance the classes of a category column
+(``Dataset.batches(balance=...)``); cells by their obs values are chosen in
+``_obs`` (:meth:`Obs.where`). The draws themselves are made by the Rust
+loader, from the seed and epoch."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ._errors import InvalidArgumentError, UnknownNameError
 from ._obs import index_array
-
-if TYPE_CHECKING:
-    from ._collection import CollectionObs
-    from ._obs import Obs
+from ._types import ObsColumns
 
 
-def _as_list(values: Any) -> list[Any]:
-    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray, set, frozenset)):
-        return [values]
-    return list(values)
-
-
-def where(obs: Obs | CollectionObs, conditions: Mapping[str, Any]) -> np.ndarray:
-    """The cells (sorted int64 indices) whose value in every column of
-    ``conditions`` is one of the values given for it."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if not conditions:
-        raise InvalidArgumentError("where needs at least one column and its values")
-    n = obs.n_cells
-    mask = np.ones(n, dtype=bool)
-    for column, values in conditions.items():
-        if not isinstance(column, str):
-            raise InvalidArgumentError(f"column names are strings, not {column!r}")
-        kind = obs.kind(column)
-        wanted = _as_list(values)
-        data = obs.column_array(column)
-        if kind == "category":
-            categories = obs.categories(column) or []
-            index = {c: i for i, c in enumerate(categories)}
-            unknown = [v for v in wanted if v not in index]
-            if unknown:
-                raise UnknownNameError(
-                    f"obs column {column!r} has no category {unknown[0]!r}; its categories are {categories}"
-                )
-            codes = np.asarray(data.to_numpy())
-            mask &= np.isin(codes, np.array([index[v] for v in wanted], dtype=np.int64))
-        else:
-            try:
-                value_set = pa.array(wanted, type=data.type)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
-                raise InvalidArgumentError(
-                    f"values {wanted!r} for obs column {column!r} are not of its type {data.type}: {e}"
-                ) from None
-            found = pc.is_in(data, value_set=value_set).fill_null(False)
-            mask &= np.asarray(found.to_numpy(zero_copy_only=False), dtype=bool)
-    return np.flatnonzero(mask).astype(np.int64)
-
-
-def group_labels(obs: Obs | CollectionObs, column: str, cells: np.ndarray | None) -> tuple[np.ndarray, int]:
+def group_labels(obs: ObsColumns, column: str, cells: np.ndarray | None) -> tuple[np.ndarray, int]:
     """For ``cells`` (or every cell), the group of each in ``column`` as an
     int64 code (missing values are a group of their own), and the number of
     groups."""
@@ -85,7 +39,7 @@ def group_labels(obs: Obs | CollectionObs, column: str, cells: np.ndarray | None
 
 
 def split(
-    obs: Obs | CollectionObs, by: str, fractions: Sequence[float], seed: int, cells: np.ndarray | None
+    obs: ObsColumns, by: str, fractions: Sequence[float], seed: int, cells: np.ndarray | None
 ) -> tuple[np.ndarray, ...]:
     """See :meth:`Dataset.split`."""
     try:
@@ -118,7 +72,7 @@ def split(
 
 
 def balance_weights(
-    obs: Obs | CollectionObs, column: str, cells: np.ndarray | None, class_weights: Mapping[Any, float] | None
+    obs: ObsColumns, column: str, cells: np.ndarray | None, class_weights: Mapping[Any, float] | None
 ) -> np.ndarray:
     """One weight per cell (of ``cells``, or of the dataset) that makes every
     class of category column ``column`` equally likely, or as likely as

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypedDict, Union
+from typing import TYPE_CHECKING, Protocol, Union
 
 import numpy as np
 
@@ -13,12 +13,34 @@ from . import _deltacells
 from ._errors import ArgumentTypeError, InvalidArgumentError, UnknownNameError
 
 if TYPE_CHECKING:
-    from ._dataset import Dataset
+    import pandas as pd
 
 #: What ``genes=`` accepts: gene names (a list, a tuple, an array or a pandas
 #: Index) in the order the batches' columns should have, ``"source"`` for the
 #: input files' order, or a :class:`Vocabulary` built before.
 Genes = Union[Sequence[str], np.ndarray, str, "Vocabulary"]
+
+
+class GeneSource(Protocol):
+    """What a vocabulary is built over and checked against: a dataset
+    (:class:`deltacells.Dataset`), as this module reads it."""
+
+    @property
+    def root(self) -> str: ...
+
+    @property
+    def n_genes(self) -> int: ...
+
+    @property
+    def var_names(self) -> list[str] | None: ...
+
+    @property
+    def var(self) -> pd.DataFrame | None: ...
+
+    @property
+    def gene_order(self) -> np.ndarray | None: ...
+
+    def vocabulary(self, genes: Sequence[str] | np.ndarray | str, *, column: str | None = None) -> Vocabulary: ...
 
 
 class VocabularyWarning(UserWarning):
@@ -76,7 +98,7 @@ class Vocabulary:
         The var column matched, or None for the gene names.
     """
 
-    def __init__(self, dataset: Dataset, genes: Sequence[str] | np.ndarray | str, column: str | None = None) -> None:
+    def __init__(self, dataset: GeneSource, genes: Sequence[str] | np.ndarray | str, column: str | None = None) -> None:
         self._dataset = dataset
         self._root = dataset.root
         self._n_stored = dataset.n_genes
@@ -117,7 +139,7 @@ class Vocabulary:
         """Genes of the vocabulary the dataset stores."""
         return self.native.present
 
-    def check(self, dataset: Dataset) -> None:
+    def check(self, dataset: GeneSource) -> None:
         """Raises :class:`InvalidArgumentError` unless this vocabulary was built for ``dataset``."""
         if dataset.root != self._root or dataset.n_genes != self._n_stored:
             raise InvalidArgumentError(
@@ -149,7 +171,7 @@ def _names(genes: object) -> list[str]:
     return names
 
 
-def _stored_keys(dataset: Dataset, column: str | None) -> list[str]:
+def _stored_keys(dataset: GeneSource, column: str | None) -> list[str]:
     """The dataset's genes in stored column order, as the vocabulary is matched: var names, or ``column`` of var."""
     if column is None:
         names = dataset.var_names
@@ -174,7 +196,7 @@ def _stored_keys(dataset: Dataset, column: str | None) -> list[str]:
     return [str(v) for v in var[column]]
 
 
-def _source_names(dataset: Dataset) -> list[str]:
+def _source_names(dataset: GeneSource) -> list[str]:
     """The dataset's gene names in the input files' order (their indices as text without names)."""
     try:
         stored = _stored_keys(dataset, None)
@@ -189,7 +211,7 @@ def _source_names(dataset: Dataset) -> list[str]:
     return names
 
 
-def resolve(dataset: Dataset, genes: Genes | None, column: str | None) -> Vocabulary | None:
+def resolve(dataset: GeneSource, genes: Genes | None, column: str | None) -> Vocabulary | None:
     """``genes=`` as a :class:`Vocabulary` of ``dataset`` (None for the stored columns)."""
     if genes is None:
         if column is not None:
@@ -201,85 +223,3 @@ def resolve(dataset: Dataset, genes: Genes | None, column: str | None) -> Vocabu
         genes.check(dataset)
         return genes
     return dataset.vocabulary(genes, column=column)
-
-
-class Form(TypedDict):
-    """The form of a batch as the Rust reader takes it."""
-
-    normalize: float | None
-    normalize_over: str
-    log1p: bool
-    dense: bool
-    top_k: int | None
-    float32: bool
-    sorted_columns: bool
-
-
-class FormArgs(TypedDict, total=False):
-    """A batch's form as the read methods take it, by keyword (see
-    :meth:`deltacells.Dataset.get_batch` and :meth:`deltacells.Dataset.batches`
-    for what each does): one definition that :meth:`Dataset.gathers` and
-    :meth:`Collection.gathers` take as ``**form``."""
-
-    normalize: float | None
-    normalize_over: str
-    log1p: bool
-    dense: bool
-    top_k: int | None
-    dtype: object
-    sorted_columns: bool
-
-
-def form_from(args: FormArgs, n_genes: int) -> Form:
-    """:class:`FormArgs` checked (an unknown keyword is an error naming it), as the Rust reader takes them."""
-    unknown = set(args) - set(FormArgs.__annotations__)
-    if unknown:
-        raise InvalidArgumentError(f"unknown keyword {sorted(unknown)[0]!r}: a batch's form takes "
-                                   f"{', '.join(FormArgs.__annotations__)}")
-    return form_options(
-        args.get("normalize"), args.get("normalize_over", "stored"), args.get("log1p", False),
-        args.get("dense", False), args.get("top_k"), n_genes, args.get("dtype"), args.get("sorted_columns", True),
-    )
-
-
-def form_options(
-    normalize: float | None,
-    normalize_over: str,
-    log1p: bool,
-    dense: bool,
-    top_k: int | None,
-    n_genes: int,
-    dtype: object = None,
-    sorted_columns: bool = True,
-) -> Form:
-    """The form arguments of the read methods, checked, as the Rust reader takes them."""
-    from ._args import flag, integer, positive_number
-
-    if normalize_over not in ("stored", "output"):
-        raise InvalidArgumentError(
-            f"normalize_over must be 'stored' (every gene the dataset stores for the cell) or 'output' "
-            f"(the genes of the batch), not {normalize_over!r}"
-        )
-    form: Form = {
-        "normalize": None if normalize is None else positive_number("normalize", normalize),
-        "normalize_over": normalize_over,
-        "log1p": flag("log1p", log1p),
-        "dense": flag("dense", dense),
-        "top_k": None if top_k is None else integer("top_k", top_k, 1, n_genes),
-        "float32": False,
-        "sorted_columns": flag("sorted_columns", sorted_columns),
-    }
-    if dtype is not None:
-        try:
-            kind = np.dtype(dtype)  # type: ignore[call-overload]
-        except Exception:  # TypeError, and SyntaxError or ValueError for some strings ("01", "i4,,")
-            raise InvalidArgumentError(f"dtype must be int32 or float32, not {dtype!r}") from None
-        transformed = form["normalize"] is not None or form["log1p"]
-        if kind == np.float32:
-            form["float32"] = True
-        elif kind == np.int32:
-            if transformed:
-                raise InvalidArgumentError("dtype int32: normalize and log1p give float32 values, not counts")
-        else:
-            raise InvalidArgumentError(f"dtype must be int32 (counts) or float32, not {kind}")
-    return form

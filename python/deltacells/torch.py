@@ -44,12 +44,13 @@ import torch.utils.data
 
 from ._args import column_names, integer, location, thread_count
 from ._collection import Collection
-from ._dataset import _INHERITED, Cells, Dataset
+from ._dataset import _INHERITED, Dataset
 from ._deltacells import redact
 from ._errors import ArgumentTypeError, InvalidArgumentError
 from ._loader import CellBatch
 from ._open import open_dataset
 from ._options import DEFAULTS, loader_options
+from ._types import Cells
 from ._vocabulary import Vocabulary
 
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
