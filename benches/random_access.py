@@ -2,10 +2,10 @@
 buys, against anndata's backed mode on the same cells, in one run.
 
     .venv/bin/python benches/random_access.py SOURCE.h5ad [--chunks 8,32,64,128] [--batches 40]
-                                              [--work DIR] [--baseline OTHER.h5ad]
+                                              [--work DIR] [--baseline OTHER.h5ad] [--cellstream]
 
 SOURCE is converted once per chunk count (`deltacells convert --chunks N`,
-the other settings at their defaults: 10,000-cell tiles, zstd level 19;
+the other settings at their defaults: 10,000-cell tiles, zstd level 1;
 with --reuse, stores already converted are read again). Each is read as
 `open_dataset` opens it (a cache of 512 MiB of decompressed chunks) and
 with `cache_bytes=0` (every batch reads and decompresses what it needs).
@@ -18,7 +18,15 @@ Each store is then read, each reading in a process of its own:
   of it is left); warm means read once before, then the store opened again
   (the page cache holds it, deltacells' cache of decompressed chunks does
   not); "drawn again" reads the same batches once more in that open store;
-- a full pass in consecutive 1,024-cell slices, warm (median of 3 after one).
+- a full pass in consecutive 1,024-cell slices, warm (median of 3 after one);
+- one shuffled epoch of the loader (`ds.batches(1024, seed=0)`, its
+  defaults), warm, the store opened again first.
+
+With --cellstream, SOURCE is also written as cellstream's per-cell archive
+(`write_sharded(layout="cell")`) and read with `gather_rows` on two threads
+(the same batches, the same protocol: benches/peers.py's, in the virtual
+environment it makes under target/bench-peers; its full pass is the median
+of 1 after one untimed).
 
 The same reads go to anndata's backed mode on SOURCE itself
 (`read_h5ad(backed="r").X[rows]`, as stored: for a file anndata wrote, CSR
@@ -104,6 +112,14 @@ def measure(store: str, batches: int, cold: bool) -> dict:
                 full += sliced(a, min(a + BATCH, n)).nnz
             passes.append(time.perf_counter() - started)
         result.update(full_seconds=statistics.median(passes[1:]), nnz=full)
+        if not store.endswith(".h5ad"):
+            import deltacells
+
+            ds = deltacells.open_dataset(store.partition("#")[0])
+            started = time.perf_counter()
+            for batch in ds.batches(BATCH, seed=0):
+                batch.X.to_scipy()
+            result["epoch_seconds"] = time.perf_counter() - started
     return result
 
 
@@ -113,6 +129,36 @@ def child(store: str, batches: int, cold: bool) -> dict:
     if done.returncode != 0:
         raise RuntimeError(f"reading {store} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def cellstream(source: Path, work: Path, batches: int, reuse: bool) -> dict:
+    """SOURCE as cellstream's per-cell archive, written and read through
+    benches/peers.py in its virtual environment (made there if missing)."""
+    sys.path.insert(0, str(HERE))
+    from peers import PEERS, venv
+
+    python, why = venv(REPO / "target" / "bench-peers", "venv", PEERS)
+    if python is None:
+        raise SystemExit(f"cellstream: {why}")
+    store = work / f"{source.stem}-cellstream"
+
+    def peers(*args: str) -> dict:
+        done = subprocess.run([python, str(HERE / "peers.py"), "--measure", *args], capture_output=True, text=True,
+                              env=ENV)
+        if done.returncode != 0:
+            raise RuntimeError(f"cellstream {args[0]} failed:\n{done.stderr[-3000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    row: dict = {"convert_seconds": None}
+    if not (reuse and store.exists()):
+        row["convert_seconds"] = peers("convert", "cellstream", str(source), str(store))["seconds"]
+    row["bytes"] = size_of(store)
+    for how in ("warm", "cold"):
+        r = peers("read", "cellstream", str(store), str(batches), "1", how)
+        r["again_seconds"] = float("nan")
+        r["cached_before"] = r.get("cached_before") or 0
+        row[how] = r
+    return row
 
 
 def size_of(path: Path) -> int:
@@ -129,6 +175,7 @@ def main() -> None:
     parser.add_argument("--work", default=str(REPO / "target" / "bench-random"))
     parser.add_argument("--baseline", help="the same cells as an .h5ad anndata wrote: the x-anndata columns' base")
     parser.add_argument("--reuse", action="store_true", help="read the stores already in --work, if complete")
+    parser.add_argument("--cellstream", action="store_true", help="also cellstream's per-cell archive")
     parser.add_argument("--measure", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
@@ -164,6 +211,8 @@ def main() -> None:
         rows["anndata backed (.h5ad anndata wrote)"] = base = {
             "bytes": size_of(Path(args.baseline)), "warm": child(args.baseline, args.batches, False),
             "cold": child(args.baseline, args.batches, True)}
+    if args.cellstream:
+        rows["cellstream per-cell archive"] = cellstream(source, work, args.batches, args.reuse)
     first = next(iter(rows.values()))
     print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; {source} ({first['warm']['cells']:,} cells, "
           f"{first['warm']['nnz']:,} nonzeros); {args.batches} random batches of {BATCH:,} cells, the same for every "
@@ -171,11 +220,18 @@ def main() -> None:
           f"most: {max(r['cold']['cached_before'] for r in rows.values()):,})")
     print()
     print("| store | bytes/nnz | random cells/s, warm | x anndata | random cells/s, cold | x anndata | "
-          "drawn again cells/s | full pass cells/s, warm | same cells |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "drawn again cells/s | full pass cells/s, warm | shuffled epoch cells/s, warm | same cells |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
 
     def speed(r: dict) -> float:
         return args.batches * BATCH / r["random_seconds"]
+
+    def again(r: dict) -> str:
+        seconds = r["again_seconds"]
+        return "-" if seconds != seconds else f"{args.batches * BATCH / seconds:,.0f}"
+
+    def epoch(r: dict) -> str:
+        return f"{r['cells'] / r['epoch_seconds']:,.0f}" if "epoch_seconds" in r else "-"
 
     for name, r in rows.items():
         same = "yes" if (r["warm"]["nnz"] == base["warm"]["nnz"]
@@ -183,8 +239,8 @@ def main() -> None:
         print(f"| {name} | {r['bytes'] / r['warm']['nnz']:.3f} | {speed(r['warm']):,.0f} | "
               f"{speed(r['warm']) / speed(base['warm']):.2f}x | {speed(r['cold']):,.0f} | "
               f"{speed(r['cold']) / speed(base['cold']):.2f}x | "
-              f"{args.batches * BATCH / r['warm']['again_seconds']:,.0f} | "
-              f"{r['warm']['cells'] / r['warm']['full_seconds']:,.0f} | {same} |")
+              f"{again(r['warm'])} | "
+              f"{r['warm']['cells'] / r['warm']['full_seconds']:,.0f} | {epoch(r['warm'])} | {same} |")
     print(json.dumps(rows), file=sys.stderr)
 
 
