@@ -16,7 +16,7 @@ use super::buffers::{PlanesPool, MAX_DECODE_GROUP};
 use super::fetch::Fetched;
 use super::options::LoaderError;
 use super::plan::{rng_for, EpochPlan, Unit};
-use crate::format::tile::ChunkPlanes;
+use crate::format::tile::{ChunkPlanes, ParsedTile, TileIndex};
 use crate::vocabulary::GeneMap;
 
 /// A chunk decompressed for the batcher: its planes, the global index of its
@@ -37,6 +37,12 @@ pub(super) fn decode_group(pool: Option<&rayon::ThreadPool>) -> usize {
     pool.map_or_else(rayon::current_num_threads, |p| p.current_num_threads()).clamp(1, MAX_DECODE_GROUP)
 }
 
+/// A group of chunks decompressed together grows past one a thread, up to
+/// [`MAX_DECODE_GROUP`], while it holds fewer nonzeros than this: small
+/// chunks (a dataset written for random access) are then handed to the
+/// threads several at a time, not two by two.
+const SMALL_GROUP_NNZ: u64 = 256 << 10;
+
 /// Runs `f` on `pool`, or on rayon's global pool when None.
 pub(super) fn on<T: Send>(pool: Option<&rayon::ThreadPool>, f: impl FnOnce() -> T + Send) -> T {
     match pool {
@@ -56,8 +62,9 @@ struct Piece {
 /// chosen, and the bytes of every unit with a chunk still to be decoded.
 struct Window {
     /// Per unit: its tile's bytes (and dataset) while a chunk of it is to be
-    /// decoded.
-    blobs: Vec<Option<Fetched>>,
+    /// decoded, with the tile's index, checked once when it came in (a tile
+    /// of 1,024 chunks parsed again for each chunk cost its epoch 3x).
+    blobs: Vec<Option<(Fetched, TileIndex)>>,
     /// Per unit: how many of its chunks are still to be chosen.
     unchosen: Vec<usize>,
     /// The chunks still to be chosen, of every unit in the window.
@@ -115,7 +122,8 @@ impl Window {
                 }
             }
             if self.unchosen[u] > 0 {
-                self.blobs[u] = Some(fetched);
+                let index = tile.index().clone();
+                self.blobs[u] = Some((fetched, index));
                 self.open += 1;
             }
             self.next += 1;
@@ -145,8 +153,9 @@ impl Window {
 /// not all chosen yet (their tiles checked once, when they come in, and kept
 /// compressed), chooses the next chunk at random among all of theirs, and
 /// lets the next unit in as soon as one has had its last chunk chosen. The
-/// chosen chunks are decompressed `group` at a time, in parallel, and handed
-/// on in the order chosen. The choices depend only on the plan and the seed,
+/// chosen chunks are decompressed `group` at a time (more, when they are
+/// small: [`SMALL_GROUP_NNZ`]), in parallel, and handed on in the order
+/// chosen. The choices depend only on the plan and the seed,
 /// never on the threads or the timing.
 pub(super) fn decode_chunks(
     plan: &EpochPlan,
@@ -173,29 +182,40 @@ pub(super) fn decode_chunks(
     };
     let result = (|| -> Result<(), LoaderError> {
         loop {
-            let mut chosen: Vec<Piece> = Vec::with_capacity(group);
-            while chosen.len() < group {
-                if !window.admit(size, units, &tiles)? {
-                    return Ok(());
+            let mut chosen: Vec<Piece> = Vec::with_capacity(MAX_DECODE_GROUP);
+            let mut nnz = 0u64;
+            // (A tile that fails to come in ends the epoch after the chunks
+            // chosen before it.)
+            let mut failed = None;
+            while chosen.len() < group || (chosen.len() < MAX_DECODE_GROUP && nnz < SMALL_GROUP_NNZ) {
+                match window.admit(size, units, &tiles) {
+                    Ok(true) => {}
+                    Ok(false) => return Ok(()),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
                 }
                 let Some(piece) = window.choose(options.shuffle.then_some(&mut choose)) else {
                     break;
                 };
+                nnz += window.blobs[piece.unit].as_ref().map_or(0, |(_, index)| index.chunk_nnz(piece.chunk));
                 chosen.push(piece);
             }
             if chosen.is_empty() {
-                return Ok(());
+                return failed.map_or(Ok(()), Err);
             }
             let decoded = on(pool, || {
                 chosen
                     .par_iter()
                     .map(|piece| {
                         let tile = units[piece.unit].tile;
-                        let fetched = window.blobs[piece.unit].as_ref().ok_or_else(|| {
+                        let (fetched, index) = window.blobs[piece.unit].as_ref().ok_or_else(|| {
                             LoaderError::Internal("a chunk was chosen after its tile was let go".into())
                         })?;
                         let dataset = &fetched.member.dataset;
-                        let parsed = dataset.parse_tile_again(tile, &fetched.blob)?;
+                        let parsed = ParsedTile::of_chunk(index, piece.chunk, &fetched.blob, 0)
+                            .map_err(|e| dataset.tile_error(tile, e))?;
                         let mut planes = pool_of_planes.take();
                         parsed.decode_planes(piece.chunk, &mut planes).map_err(|e| dataset.tile_error(tile, e))?;
                         Ok(planes)
@@ -204,8 +224,10 @@ pub(super) fn decode_chunks(
             })?;
             // (Read before any unit is let go: a group may hold several
             // chunks of one.)
-            let maps: Vec<Option<Arc<GeneMap>>> =
-                chosen.iter().map(|p| window.blobs[p.unit].as_ref().and_then(|f| f.member.genes.clone())).collect();
+            let maps: Vec<Option<Arc<GeneMap>>> = chosen
+                .iter()
+                .map(|p| window.blobs[p.unit].as_ref().and_then(|(f, _)| f.member.genes.clone()))
+                .collect();
             for ((piece, planes), genes) in chosen.into_iter().zip(decoded).zip(maps) {
                 if window.unchosen[piece.unit] == 0 {
                     window.blobs[piece.unit] = None;
@@ -220,6 +242,9 @@ pub(super) fn decode_chunks(
                 if out.send(Ok(OpenChunk { planes, start, rows, genes })).is_err() {
                     return Ok(());
                 }
+            }
+            if let Some(e) = failed {
+                return Err(e);
             }
         }
     })();
