@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import operator
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from ._errors import ArgumentTypeError, InvalidArgumentError
@@ -47,6 +48,37 @@ def location(name: str, value: Any) -> str:
         if isinstance(text, str):
             return text
     raise ArgumentTypeError(f"{name} must be a path or a URL (a string), not {value!r}")
+
+
+def folder(name: str, value: Any) -> str | None:
+    """``value`` as an optional local folder, which must exist."""
+    if value is None:
+        return None
+    path = location(name, value)
+    if not os.path.isdir(path):
+        raise InvalidArgumentError(f"{name}={path!r}: not a folder (it must exist)")
+    return path
+
+
+def optional_name(name: str, value: Any) -> str | None:
+    """``value`` as an optional name as a file spells it: None, or a string
+    that is not blank."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ArgumentTypeError(f"{name} must be a string, not {value!r}")
+    if not value.strip():
+        raise InvalidArgumentError(f"{name}: an empty name; give the name as the file spells it")
+    return value
+
+
+def choice(name: str, value: Any, choices: Sequence[str], optional: bool = False) -> Any:
+    """``value`` as one of the strings ``choices`` (or None, when ``optional``)."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or value not in choices:
+        raise InvalidArgumentError(f"{name} must be one of {', '.join(map(repr, choices))}, not {value!r}")
+    return value
 
 
 def column_names(name: str, value: Any) -> list[str]:

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 from . import _deltacells
 from ._args import integer, location
-from ._convert import PathLike, _progress, _reaching, _run
+from ._jobs import run
+from ._reaching import reaching
+from ._types import PathLike
 
 ARCHIVE_LEVEL: int = _deltacells.ARCHIVE_LEVEL
 """The zstd level :func:`compact` encodes at unless told: the smallest tiles."""
@@ -77,12 +79,12 @@ def compact(
             the dataset is unfinished.
     """
     chosen = integer("level", level, 1, 22)
-    reaching = _reaching(
+    reach = reaching(
         anonymous=anonymous, endpoint=endpoint, input_format=None, feature_type=None, genome=None,
         download_inputs=False, download_dir=None, threads=threads,
     )
     root = location("dataset", dataset)
-    raw, notes = _run(_progress(progress), lambda bar: _deltacells.compact_dataset(root, chosen, reaching, bar))
+    raw, notes = run(progress, lambda bar: _deltacells.compact_dataset(root, chosen, reach, bar))
     return CompactSummary(
         outcome=raw["outcome"], level_before=raw["level_before"], level=raw["level"], tiles=raw["n_tiles"],
         tiles_encoded=raw["tiles_encoded"], bytes_before=raw["bytes_before"], bytes_after=raw["bytes_after"],

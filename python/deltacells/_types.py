@@ -12,6 +12,7 @@ options live in ``_options``, the classes that satisfy the protocols above.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
@@ -20,6 +21,9 @@ import numpy as np
 if TYPE_CHECKING:
     import pyarrow as pa
     import scipy.sparse
+
+#: A local path or a URL, as the entry points take them.
+PathLike = str | os.PathLike[str]
 
 #: What ``get_batch`` accepts as cells: a list, an integer array, a range or a slice.
 Cells = Sequence[int] | np.ndarray | range | slice
