@@ -7,17 +7,17 @@ runs, with the same options and refusals."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import numpy as np
 
 from . import _deltacells
-from ._args import location
+from ._args import keywords, location
 from ._convert import FAST_LEVEL, ConvertSummary, convert_options, convert_summary
 from ._errors import ArgumentTypeError, InvalidArgumentError
 from ._jobs import run
 from ._reaching import reaching
-from ._types import PathLike
+from ._types import JobArgs, PathLike
 
 if TYPE_CHECKING:  # pragma: no cover
     import anndata
@@ -33,7 +33,6 @@ def write_anndata(
     tile_size: int = 10_000,
     chunks: int = 8,
     level: int = FAST_LEVEL,
-    threads: int | None = None,
     gene_order_files: int = 10,
     gene_order_from: PathLike | None = None,
     gene_order: PathLike | None = None,
@@ -47,9 +46,7 @@ def write_anndata(
     spill_dir: PathLike | None = None,
     overwrite: bool = False,
     metadata: Mapping[str, str] | None = None,
-    anonymous: bool = False,
-    endpoint: str | None = None,
-    progress: bool | None = None,
+    **job: Unpack[JobArgs],
 ) -> ConvertSummary:
     """Convert an AnnData object into a dataset at ``out``, without writing it
     to an ``.h5ad`` file first: the dataset is the one :func:`convert` writes
@@ -83,6 +80,7 @@ def write_anndata(
             a type that cannot be stored.
         DatasetExistsError: ``out`` holds a dataset and ``overwrite`` is False.
     """
+    keywords("write_anndata", job, JobArgs.__annotations__)
     if not isinstance(name, str) or not name:
         raise ArgumentTypeError(f"name must be a non-empty string, not {name!r}")
     source = _AnnDataSource(adata, matrix, name)
@@ -93,12 +91,9 @@ def write_anndata(
         obs_exclude=obs_exclude, max_categories=max_categories, obs_tiles_per_file=obs_tiles_per_file,
         overwrite=overwrite, metadata=metadata, shuffle=shuffle, spill_dir=spill_dir,
     )
-    reach = reaching(
-        anonymous=anonymous, endpoint=endpoint, input_format=None, feature_type=None, genome=None,
-        download_inputs=False, download_dir=None, threads=threads,
-    )
+    reach = reaching(job)
     raw, notes = run(
-        progress,
+        job.get("progress"),
         lambda bar: _deltacells.convert_anndata(
             source.describe(var=options["var"], obs=options["obs"], obs_exclude=options["obs_exclude"]),
             output, options, reach, bar,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import operator
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ._errors import ArgumentTypeError, InvalidArgumentError
@@ -117,3 +117,12 @@ def positive_number(name: str, value: Any) -> float:
     if isinstance(value, bool) or not math.isfinite(number) or number <= 0:
         raise InvalidArgumentError(f"{name} must be a finite number above zero, not {value!r}")
     return number
+
+
+def keywords(function: str, given: Mapping[str, Any], accepted: Collection[str]) -> None:
+    """Refuses a keyword that ``function`` does not take, where its
+    ``**keywords`` are a TypedDict's (``accepted``: its keys), as Python
+    refuses one a signature does not name: with a TypeError saying so."""
+    for name in given:
+        if name not in accepted:
+            raise ArgumentTypeError(f"{function}() got an unexpected keyword argument {name!r}")

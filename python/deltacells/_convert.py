@@ -12,15 +12,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from . import _deltacells
-from ._args import choice, flag, folder, integer, location
+from ._args import choice, flag, folder, integer, keywords, location
 from ._errors import ArgumentTypeError, InvalidArgumentError
 from ._jobs import run
 from ._options import MAX_U64
 from ._reaching import reaching
-from ._types import PathLike, _ConvertOptions
+from ._types import InputJobArgs, PathLike, _ConvertOptions
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,6 @@ def convert(
     tile_size: int = 10_000,
     chunks: int = 8,
     level: int = FAST_LEVEL,
-    threads: int | None = None,
     gene_order_files: int = 10,
     gene_order_from: PathLike | None = None,
     gene_order: PathLike | None = None,
@@ -195,14 +194,7 @@ def convert(
     spill_dir: PathLike | None = None,
     overwrite: bool = False,
     metadata: Mapping[str, str] | None = None,
-    input_format: str | None = None,
-    feature_type: str | None = None,
-    genome: str | None = None,
-    download_inputs: bool = False,
-    download_dir: PathLike | None = None,
-    anonymous: bool = False,
-    endpoint: str | None = None,
-    progress: bool | None = None,
+    **job: Unpack[InputJobArgs],
 ) -> ConvertSummary:
     """Convert count matrices into a dataset at ``out``, as ``deltacells
     convert INPUTS... OUT`` does (the same bytes, the same refusals).
@@ -271,6 +263,7 @@ def convert(
     >>> summary.cells  # doctest: +SKIP
     1000
     """
+    keywords("convert", job, InputJobArgs.__annotations__)
     paths = _inputs(inputs)
     output = location("out", out)
     options = convert_options(
@@ -279,11 +272,8 @@ def convert(
         obs_exclude=obs_exclude, max_categories=max_categories, obs_tiles_per_file=obs_tiles_per_file,
         overwrite=overwrite, metadata=metadata, shuffle=shuffle, spill_dir=spill_dir,
     )
-    reach = reaching(
-        anonymous=anonymous, endpoint=endpoint, input_format=input_format, feature_type=feature_type, genome=genome,
-        download_inputs=download_inputs, download_dir=download_dir, threads=threads,
-    )
-    raw, notes = run(progress, lambda bar: _deltacells.convert_files(paths, output, options, reach, bar))
+    reach = reaching(job, inputs=job)
+    raw, notes = run(job.get("progress"), lambda bar: _deltacells.convert_files(paths, output, options, reach, bar))
     return convert_summary(raw, notes)
 
 
@@ -295,15 +285,7 @@ def append(
     resume: bool = False,
     shuffle: int | None = None,
     spill_dir: PathLike | None = None,
-    threads: int | None = None,
-    input_format: str | None = None,
-    feature_type: str | None = None,
-    genome: str | None = None,
-    download_inputs: bool = False,
-    download_dir: PathLike | None = None,
-    anonymous: bool = False,
-    endpoint: str | None = None,
-    progress: bool | None = None,
+    **job: Unpack[InputJobArgs],
 ) -> AppendSummary:
     """Append the cells of ``inputs`` to ``dataset``, as ``deltacells append
     DATASET INPUTS...`` does: the result is the dataset a conversion of all
@@ -331,6 +313,7 @@ def append(
             input whose genes or obs columns differ from the dataset's too).
         DatasetNotFoundError: no complete dataset at ``dataset``.
     """
+    keywords("append", job, InputJobArgs.__annotations__)
     resuming = flag("resume", resume)
     paths = _inputs(inputs, allow_empty=True)
     if resuming and (paths or matrix is not None or shuffle is not None):
@@ -345,12 +328,9 @@ def append(
         "shuffle": None if shuffle is None else integer("shuffle", shuffle, 0, MAX_U64),
         "spill_dir": folder("spill_dir", spill_dir),
     }
-    reach = reaching(
-        anonymous=anonymous, endpoint=endpoint, input_format=input_format, feature_type=feature_type, genome=genome,
-        download_inputs=download_inputs, download_dir=download_dir, threads=threads,
-    )
+    reach = reaching(job, inputs=job)
     root = location("dataset", dataset)
-    raw, notes = run(progress, lambda bar: _deltacells.append_files(root, paths, options, reach, bar))
+    raw, notes = run(job.get("progress"), lambda bar: _deltacells.append_files(root, paths, options, reach, bar))
     return AppendSummary(
         outcome=raw["outcome"], inputs=tuple(raw["inputs"]), cells_before=raw["cells_before"],
         cells_added=raw["cells_added"], cells=raw["n_cells"], tile_rewritten=raw["tile_rewritten"],
