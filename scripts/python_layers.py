@@ -32,7 +32,9 @@ LAYERS = {
     "reading: the loader (of any CellSource), then a dataset, a collection, opening": [
         "_loader", "_dataset", "_collection", "_open",
     ],
-    "conversion": ["_convert", "_compact"],
+    "conversion: how a job reaches its store and inputs, runs and reports; convert and append, from AnnData, compact": [
+        "_reaching", "_jobs", "_convert", "_anndata", "_compact",
+    ],
     "adapters": ["torch", "lightning", "scvi"],
     "the package": ["__init__", "_cli"],
 }

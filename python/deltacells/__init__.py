@@ -10,9 +10,10 @@ The reading is done by the Rust library (decoding on its own threads, with
 the GIL released); this package gives it NumPy, SciPy and pandas types.
 """
 
+from ._anndata import write_anndata
 from ._collection import Collection, CollectionObs, Member
 from ._compact import CompactSummary, compact
-from ._convert import AppendSummary, ConvertSummary, append, convert, write_anndata
+from ._convert import AppendSummary, ConvertSummary, append, convert
 from ._dataset import Dataset
 from ._errors import (
     ArgumentTypeError,

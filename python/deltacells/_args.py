@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import operator
 import os
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ._errors import ArgumentTypeError, InvalidArgumentError
@@ -49,6 +50,37 @@ def location(name: str, value: Any) -> str:
     raise ArgumentTypeError(f"{name} must be a path or a URL (a string), not {value!r}")
 
 
+def folder(name: str, value: Any) -> str | None:
+    """``value`` as an optional local folder, which must exist."""
+    if value is None:
+        return None
+    path = location(name, value)
+    if not os.path.isdir(path):
+        raise InvalidArgumentError(f"{name}={path!r}: not a folder (it must exist)")
+    return path
+
+
+def optional_name(name: str, value: Any) -> str | None:
+    """``value`` as an optional name as a file spells it: None, or a string
+    that is not blank."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ArgumentTypeError(f"{name} must be a string, not {value!r}")
+    if not value.strip():
+        raise InvalidArgumentError(f"{name}: an empty name; give the name as the file spells it")
+    return value
+
+
+def choice(name: str, value: Any, choices: Sequence[str], optional: bool = False) -> Any:
+    """``value`` as one of the strings ``choices`` (or None, when ``optional``)."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or value not in choices:
+        raise InvalidArgumentError(f"{name} must be one of {', '.join(map(repr, choices))}, not {value!r}")
+    return value
+
+
 def column_names(name: str, value: Any) -> list[str]:
     """``value`` as a list of obs column names (strings)."""
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
@@ -85,3 +117,12 @@ def positive_number(name: str, value: Any) -> float:
     if isinstance(value, bool) or not math.isfinite(number) or number <= 0:
         raise InvalidArgumentError(f"{name} must be a finite number above zero, not {value!r}")
     return number
+
+
+def keywords(function: str, given: Mapping[str, Any], accepted: Collection[str]) -> None:
+    """Refuses a keyword that ``function`` does not take, where its
+    ``**keywords`` are a TypedDict's (``accepted``: its keys), as Python
+    refuses one a signature does not name: with a TypeError saying so."""
+    for name in given:
+        if name not in accepted:
+            raise ArgumentTypeError(f"{function}() got an unexpected keyword argument {name!r}")

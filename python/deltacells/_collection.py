@@ -27,7 +27,7 @@ from ._loader import Gathers, Loader
 from ._obs import as_frame, where
 from ._options import DEFAULTS, form_from, form_options, loader_options
 from ._sampling import split
-from ._types import Batch, Cells, Form, FormArgs, LoaderOptions
+from ._types import Batch, Cells, Form, FormArgs, LoaderOptions, StoreArgs
 from ._vocabulary import Vocabulary
 
 if TYPE_CHECKING:
@@ -177,7 +177,7 @@ class Collection:
         if i not in self._members:
             m = self.datasets[i]
             raw = self.native.member(i)
-            options = {k: v for k, v in self._options.items() if k in ("threads", "anonymous", "endpoint")}
+            options = {k: v for k, v in self._options.items() if k == "threads" or k in StoreArgs.__annotations__}
             self._members[i] = Dataset(m.root, {**options, "cache_bytes": 0}, self._cache_dir, raw)
         return self._members[i]
 

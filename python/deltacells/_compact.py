@@ -4,10 +4,13 @@ level after a fast conversion, as ``deltacells compact`` does."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Unpack
 
 from . import _deltacells
-from ._args import integer, location
-from ._convert import PathLike, _progress, _reaching, _run
+from ._args import integer, keywords, location
+from ._jobs import run
+from ._reaching import reaching
+from ._types import JobArgs, PathLike
 
 ARCHIVE_LEVEL: int = _deltacells.ARCHIVE_LEVEL
 """The zstd level :func:`compact` encodes at unless told: the smallest tiles."""
@@ -47,10 +50,7 @@ def compact(
     dataset: PathLike,
     *,
     level: int = ARCHIVE_LEVEL,
-    threads: int | None = None,
-    anonymous: bool = False,
-    endpoint: str | None = None,
-    progress: bool | None = None,
+    **job: Unpack[JobArgs],
 ) -> CompactSummary:
     """Encode the tiles of ``dataset`` again at zstd ``level``, as ``deltacells
     compact DATASET --level N`` does.
@@ -76,13 +76,11 @@ def compact(
         InvalidArgumentError: ``level`` is outside 1..22, or an append into
             the dataset is unfinished.
     """
+    keywords("compact", job, JobArgs.__annotations__)
     chosen = integer("level", level, 1, 22)
-    reaching = _reaching(
-        anonymous=anonymous, endpoint=endpoint, input_format=None, feature_type=None, genome=None,
-        download_inputs=False, download_dir=None, threads=threads,
-    )
+    reach = reaching(job)
     root = location("dataset", dataset)
-    raw, notes = _run(_progress(progress), lambda bar: _deltacells.compact_dataset(root, chosen, reaching, bar))
+    raw, notes = run(job.get("progress"), lambda bar: _deltacells.compact_dataset(root, chosen, reach, bar))
     return CompactSummary(
         outcome=raw["outcome"], level_before=raw["level_before"], level=raw["level"], tiles=raw["n_tiles"],
         tiles_encoded=raw["tiles_encoded"], bytes_before=raw["bytes_before"], bytes_after=raw["bytes_after"],

@@ -1,32 +1,26 @@
 """Conversion from Python: :func:`convert` and :func:`append` take the files
 (and URLs) the ``deltacells convert`` and ``deltacells append`` commands
-take, with every option of the commands as a keyword argument;
-:func:`write_anndata` converts an AnnData object already in memory without
-writing it to a file first. The conversion itself is the Rust library's, run
-with the GIL released; the arguments are checked here first, each named in
-the error that refuses it."""
+take, with every option of the commands as a keyword argument. The
+conversion itself is the Rust library's, run with the GIL released; the
+arguments are checked here first, each named in the error that refuses it.
+The options of a conversion are checked here for ``write_anndata`` too
+(``_anndata``); how a job reaches its inputs and dataset is ``_reaching``'s,
+how it runs and reports ``_jobs``'."""
 
 from __future__ import annotations
 
-import json
 import os
-import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from typing import Any, Unpack
 
 from . import _deltacells
-from ._args import flag, integer, location, thread_count
+from ._args import choice, flag, folder, integer, keywords, location
 from ._errors import ArgumentTypeError, InvalidArgumentError
-from ._types import _ConvertOptions, _Reaching
-
-if TYPE_CHECKING:  # pragma: no cover
-    import anndata
-    import pandas as pd
-
-PathLike = str | os.PathLike[str]
+from ._jobs import run
+from ._options import MAX_U64
+from ._reaching import reaching
+from ._types import InputJobArgs, PathLike, _ConvertOptions
 
 
 @dataclass(frozen=True)
@@ -97,41 +91,9 @@ class AppendSummary:
     notes: tuple[str, ...] = ()
 
 
-# the library's names of its input formats (InputFormat), in the order of its help
-_INPUT_FORMATS: tuple[str, ...] = _deltacells.INPUT_FORMATS
-
 FAST_LEVEL: int = _deltacells.FAST_LEVEL
 """The zstd level a conversion writes at unless told: the fastest."""
 _GENE_SETS = ("same", "intersection", "union")
-_MAX_U64 = (1 << 64) - 1
-
-
-def _optional_name(name: str, value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ArgumentTypeError(f"{name} must be a string, not {value!r}")
-    if not value.strip():
-        raise InvalidArgumentError(f"{name}: an empty name; give the name as the file spells it")
-    return value
-
-
-def _choice(name: str, value: Any, choices: Sequence[str], optional: bool = False) -> Any:
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or value not in choices:
-        raise InvalidArgumentError(f"{name} must be one of {', '.join(map(repr, choices))}, not {value!r}")
-    return value
-
-
-def _folder(name: str, value: Any) -> str | None:
-    """An optional local folder that must exist."""
-    if value is None:
-        return None
-    path = location(name, value)
-    if not os.path.isdir(path):
-        raise InvalidArgumentError(f"{name}={path!r}: not a folder (it must exist)")
-    return path
 
 
 def _inputs(value: Any, *, allow_empty: bool = False) -> list[str]:
@@ -144,25 +106,6 @@ def _inputs(value: Any, *, allow_empty: bool = False) -> list[str]:
     if not paths and not allow_empty:
         raise InvalidArgumentError("inputs: no input files")
     return paths
-
-
-def _reaching(
-    *, anonymous: Any, endpoint: Any, input_format: Any, feature_type: Any, genome: Any, download_inputs: Any,
-    download_dir: Any, threads: Any,
-) -> _Reaching:
-    downloading = flag("download_inputs", download_inputs)
-    if download_dir is not None and not downloading:
-        raise InvalidArgumentError("download_dir is where download_inputs=True puts the inputs; pass both")
-    return _Reaching(
-        anonymous=flag("anonymous", anonymous),
-        endpoint=None if endpoint is None else location("endpoint", endpoint),
-        input_format=_choice("input_format", input_format, _INPUT_FORMATS, optional=True),
-        feature_type=_optional_name("feature_type", feature_type),
-        genome=_optional_name("genome", genome),
-        download_inputs=downloading,
-        download_dir=_folder("download_dir", download_dir),
-        threads=thread_count("threads", threads),
-    )
 
 
 def _metadata(value: Any) -> list[tuple[str, str]]:
@@ -178,11 +121,13 @@ def _metadata(value: Any) -> list[tuple[str, str]]:
     return pairs
 
 
-def _convert_options(
+def convert_options(
     *, matrix: Any, tile_size: Any, chunks: Any, level: Any, gene_order_files: Any, gene_order_from: Any,
     gene_order: Any, genes: Any, var: Any, obs: Any, obs_names: Any, obs_exclude: Any, max_categories: Any,
     obs_tiles_per_file: Any, overwrite: Any, metadata: Any, shuffle: Any, spill_dir: Any,
 ) -> _ConvertOptions:
+    """The options of a conversion (:func:`convert`'s, and ``write_anndata``'s),
+    checked, as the binding takes them."""
     if not isinstance(matrix, str) or not matrix:
         raise InvalidArgumentError(f"matrix must be X, raw/X or layers/NAME, not {matrix!r}")
     if gene_order_from is not None and gene_order is not None:
@@ -197,13 +142,13 @@ def _convert_options(
             raise ArgumentTypeError(f"obs_exclude: column names are strings, not {column!r}")
     return _ConvertOptions(
         matrix=matrix,
-        tile_size=integer("tile_size", tile_size, 1, _MAX_U64),
+        tile_size=integer("tile_size", tile_size, 1, MAX_U64),
         chunks=integer("chunks", chunks, 1, 1024),
         level=integer("level", level, 1, 22),
         gene_order_files=integer("gene_order_files", gene_order_files, 0, 1 << 32),
         gene_order_from=None if gene_order_from is None else location("gene_order_from", gene_order_from),
         gene_order=None if gene_order is None else location("gene_order", gene_order),
-        genes=_choice("genes", genes, _GENE_SETS),
+        genes=choice("genes", genes, _GENE_SETS),
         var=flag("var", var),
         obs=flag("obs", obs),
         obs_names=flag("obs_names", obs_names),
@@ -212,101 +157,13 @@ def _convert_options(
         obs_tiles_per_file=integer("obs_tiles_per_file", obs_tiles_per_file, 1, 1 << 32),
         overwrite=flag("overwrite", overwrite),
         metadata=_metadata(metadata),
-        shuffle=None if shuffle is None else integer("shuffle", shuffle, 0, _MAX_U64),
-        spill_dir=_folder("spill_dir", spill_dir),
+        shuffle=None if shuffle is None else integer("shuffle", shuffle, 0, MAX_U64),
+        spill_dir=folder("spill_dir", spill_dir),
     )
 
 
-class _Progress:
-    """What the Rust job reports while it runs (phases, the file being read,
-    cells done, notes), shown as a tqdm bar (a widget in Jupyter, text in a
-    terminal) when ``show``; the notes are kept for the summary either way."""
-
-    def __init__(self, show: bool) -> None:
-        self.show = show
-        self.notes: list[str] = []
-        self._bar: Any = None
-
-    def phase(self, name: str, total_cells: int) -> None:
-        if not self.show:
-            return
-        self.close()
-        self._bar = _bar_class()(
-            total=total_cells or None, desc=name, unit=" cells", unit_scale=bool(total_cells), dynamic_ncols=True,
-            file=sys.stderr,
-        )
-
-    def file(self, name: str) -> None:
-        if self._bar is not None:
-            self._bar.set_postfix_str(name, refresh=False)
-
-    def advance(self, cells: int) -> None:
-        if self._bar is not None:
-            self._bar.update(cells)
-
-    def note(self, message: str) -> None:
-        self.notes.append(message)
-        if self.show:
-            _bar_class().write(f"deltacells: note: {message}", file=sys.stderr)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-
-
-def _in_jupyter() -> bool:
-    """Whether this runs in a Jupyter kernel."""
-    ipython = sys.modules.get("IPython")
-    if ipython is None:
-        return False
-    try:
-        shell = ipython.get_ipython()
-    except Exception:  # pragma: no cover - a broken IPython is not ours to fix
-        return False
-    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
-
-
-def _bar_class() -> Any:
-    """tqdm's widget in Jupyter when ipywidgets is there to draw it, else its
-    text bar (which Jupyter shows too, without the warning tqdm.auto gives)."""
-    if _in_jupyter():
-        try:
-            import ipywidgets  # noqa: F401
-            from tqdm.notebook import tqdm as notebook_bar
-
-            return notebook_bar
-        except ImportError:
-            pass
-    from tqdm import tqdm as text_bar
-
-    return text_bar
-
-
-def _interactive() -> bool:
-    """Whether a progress bar can be seen: a Jupyter kernel, or stderr a terminal."""
-    if _in_jupyter():
-        return True
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):  # a closed or replaced stderr
-        return False
-
-
-def _progress(value: Any) -> _Progress:
-    show = _interactive() if value is None else flag("progress", value)
-    return _Progress(show)
-
-
-def _run(progress: _Progress, job: Callable[[_Progress], str]) -> tuple[dict[str, Any], tuple[str, ...]]:
-    try:
-        summary = json.loads(job(progress))
-    finally:
-        progress.close()
-    return summary, tuple(progress.notes)
-
-
-def _convert_summary(raw: dict[str, Any], notes: tuple[str, ...]) -> ConvertSummary:
+def convert_summary(raw: dict[str, Any], notes: tuple[str, ...]) -> ConvertSummary:
+    """The summary a conversion's job returned, with its notes."""
     return ConvertSummary(
         cells=raw["n_cells"], genes=raw["n_genes"], tiles=raw["n_tiles"], nonzeros=raw["nnz"],
         bytes=raw["tile_bytes"], bytes_per_nonzero=raw["bytes_per_nonzero"],
@@ -323,7 +180,6 @@ def convert(
     tile_size: int = 10_000,
     chunks: int = 8,
     level: int = FAST_LEVEL,
-    threads: int | None = None,
     gene_order_files: int = 10,
     gene_order_from: PathLike | None = None,
     gene_order: PathLike | None = None,
@@ -338,14 +194,7 @@ def convert(
     spill_dir: PathLike | None = None,
     overwrite: bool = False,
     metadata: Mapping[str, str] | None = None,
-    input_format: str | None = None,
-    feature_type: str | None = None,
-    genome: str | None = None,
-    download_inputs: bool = False,
-    download_dir: PathLike | None = None,
-    anonymous: bool = False,
-    endpoint: str | None = None,
-    progress: bool | None = None,
+    **job: Unpack[InputJobArgs],
 ) -> ConvertSummary:
     """Convert count matrices into a dataset at ``out``, as ``deltacells
     convert INPUTS... OUT`` does (the same bytes, the same refusals).
@@ -414,22 +263,18 @@ def convert(
     >>> summary.cells  # doctest: +SKIP
     1000
     """
+    keywords("convert", job, InputJobArgs.__annotations__)
     paths = _inputs(inputs)
     output = location("out", out)
-    options = _convert_options(
+    options = convert_options(
         matrix=matrix, tile_size=tile_size, chunks=chunks, level=level, gene_order_files=gene_order_files,
         gene_order_from=gene_order_from, gene_order=gene_order, genes=genes, var=var, obs=obs, obs_names=obs_names,
         obs_exclude=obs_exclude, max_categories=max_categories, obs_tiles_per_file=obs_tiles_per_file,
         overwrite=overwrite, metadata=metadata, shuffle=shuffle, spill_dir=spill_dir,
     )
-    reaching = _reaching(
-        anonymous=anonymous, endpoint=endpoint, input_format=input_format, feature_type=feature_type, genome=genome,
-        download_inputs=download_inputs, download_dir=download_dir, threads=threads,
-    )
-    raw, notes = _run(
-        _progress(progress), lambda bar: _deltacells.convert_files(paths, output, options, reaching, bar)
-    )
-    return _convert_summary(raw, notes)
+    reach = reaching(job, inputs=job)
+    raw, notes = run(job.get("progress"), lambda bar: _deltacells.convert_files(paths, output, options, reach, bar))
+    return convert_summary(raw, notes)
 
 
 def append(
@@ -440,15 +285,7 @@ def append(
     resume: bool = False,
     shuffle: int | None = None,
     spill_dir: PathLike | None = None,
-    threads: int | None = None,
-    input_format: str | None = None,
-    feature_type: str | None = None,
-    genome: str | None = None,
-    download_inputs: bool = False,
-    download_dir: PathLike | None = None,
-    anonymous: bool = False,
-    endpoint: str | None = None,
-    progress: bool | None = None,
+    **job: Unpack[InputJobArgs],
 ) -> AppendSummary:
     """Append the cells of ``inputs`` to ``dataset``, as ``deltacells append
     DATASET INPUTS...`` does: the result is the dataset a conversion of all
@@ -476,6 +313,7 @@ def append(
             input whose genes or obs columns differ from the dataset's too).
         DatasetNotFoundError: no complete dataset at ``dataset``.
     """
+    keywords("append", job, InputJobArgs.__annotations__)
     resuming = flag("resume", resume)
     paths = _inputs(inputs, allow_empty=True)
     if resuming and (paths or matrix is not None or shuffle is not None):
@@ -487,15 +325,12 @@ def append(
     options = {
         "matrix": matrix,
         "resume": resuming,
-        "shuffle": None if shuffle is None else integer("shuffle", shuffle, 0, _MAX_U64),
-        "spill_dir": _folder("spill_dir", spill_dir),
+        "shuffle": None if shuffle is None else integer("shuffle", shuffle, 0, MAX_U64),
+        "spill_dir": folder("spill_dir", spill_dir),
     }
-    reaching = _reaching(
-        anonymous=anonymous, endpoint=endpoint, input_format=input_format, feature_type=feature_type, genome=genome,
-        download_inputs=download_inputs, download_dir=download_dir, threads=threads,
-    )
+    reach = reaching(job, inputs=job)
     root = location("dataset", dataset)
-    raw, notes = _run(_progress(progress), lambda bar: _deltacells.append_files(root, paths, options, reaching, bar))
+    raw, notes = run(job.get("progress"), lambda bar: _deltacells.append_files(root, paths, options, reach, bar))
     return AppendSummary(
         outcome=raw["outcome"], inputs=tuple(raw["inputs"]), cells_before=raw["cells_before"],
         cells_added=raw["cells_added"], cells=raw["n_cells"], tile_rewritten=raw["tile_rewritten"],
@@ -503,248 +338,3 @@ def append(
         obs_shards_written=raw["obs_shards_written"], summed_duplicates=raw["summed_duplicates"],
         seconds=raw["seconds"], notes=notes,
     )
-
-
-def write_anndata(
-    adata: anndata.AnnData,
-    out: PathLike,
-    *,
-    matrix: str = "X",
-    name: str = "AnnData",
-    tile_size: int = 10_000,
-    chunks: int = 8,
-    level: int = FAST_LEVEL,
-    threads: int | None = None,
-    gene_order_files: int = 10,
-    gene_order_from: PathLike | None = None,
-    gene_order: PathLike | None = None,
-    var: bool = True,
-    obs: bool = True,
-    obs_names: bool = True,
-    obs_exclude: Sequence[str] = (),
-    max_categories: int = 20_000,
-    obs_tiles_per_file: int = 1000,
-    shuffle: int | None = None,
-    spill_dir: PathLike | None = None,
-    overwrite: bool = False,
-    metadata: Mapping[str, str] | None = None,
-    anonymous: bool = False,
-    endpoint: str | None = None,
-    progress: bool | None = None,
-) -> ConvertSummary:
-    """Convert an AnnData object into a dataset at ``out``, without writing it
-    to an ``.h5ad`` file first: the dataset is the one :func:`convert` writes
-    from the object saved with ``adata.write_h5ad`` (its tiles, genes, var and
-    obs), and the same values are refused (a matrix that is not counts).
-
-    The matrix may be CSR, CSC (converted to CSR once, in memory) or dense,
-    of any integer type or of floats holding whole numbers, in memory or
-    backed (read in row blocks from its file). obs and var columns are stored
-    with the types they have: ``write_h5ad`` turns columns of strings into
-    categoricals first, this does not.
-
-    Args:
-        adata: the AnnData object.
-        out: the dataset: a local folder, or an ``s3://`` or ``gs://`` prefix.
-        matrix: ``"X"``, ``"raw/X"`` or ``"layers/NAME"``.
-        name: what the object is called in messages and in the manifest's
-            record of the inputs.
-        tile_size, chunks, level, threads, gene_order_files, gene_order_from,
-            gene_order, var, obs, obs_names, obs_exclude, max_categories,
-            obs_tiles_per_file, shuffle, spill_dir, overwrite, metadata,
-            anonymous, endpoint, progress: as for :func:`convert`.
-
-    Returns:
-        What was written.
-
-    Raises:
-        InvalidInputError: a matrix that is not counts (the cell and gene
-            named), or a table that does not fit it.
-        ArgumentTypeError: an object that is not an AnnData, or a column of
-            a type that cannot be stored.
-        DatasetExistsError: ``out`` holds a dataset and ``overwrite`` is False.
-    """
-    if not isinstance(name, str) or not name:
-        raise ArgumentTypeError(f"name must be a non-empty string, not {name!r}")
-    source = _AnnDataSource(adata, matrix, name)
-    output = location("out", out)
-    options = _convert_options(
-        matrix=matrix, tile_size=tile_size, chunks=chunks, level=level, gene_order_files=gene_order_files,
-        gene_order_from=gene_order_from, gene_order=gene_order, genes="same", var=var, obs=obs, obs_names=obs_names,
-        obs_exclude=obs_exclude, max_categories=max_categories, obs_tiles_per_file=obs_tiles_per_file,
-        overwrite=overwrite, metadata=metadata, shuffle=shuffle, spill_dir=spill_dir,
-    )
-    reaching = _reaching(
-        anonymous=anonymous, endpoint=endpoint, input_format=None, feature_type=None, genome=None,
-        download_inputs=False, download_dir=None, threads=threads,
-    )
-    raw, notes = _run(
-        _progress(progress),
-        lambda bar: _deltacells.convert_anndata(
-            source.describe(var=options["var"], obs=options["obs"], obs_exclude=options["obs_exclude"]),
-            output, options, reaching, bar,
-        ),
-    )
-    return _convert_summary(raw, notes)
-
-
-class _AnnDataSource:
-    """An AnnData object's matrix (by row blocks) and tables, as the binding
-    takes them."""
-
-    def __init__(self, adata: Any, matrix: Any, name: str) -> None:
-        if not all(hasattr(adata, a) for a in ("X", "obs", "var", "layers", "shape")):
-            raise ArgumentTypeError(f"adata must be an AnnData object, not {type(adata).__name__}")
-        self.adata = adata
-        self.name = name
-        if matrix == "X":
-            self.matrix, self.var = adata.X, adata.var
-        elif matrix == "raw/X":
-            if adata.raw is None:
-                raise InvalidArgumentError("matrix='raw/X': the AnnData object has no raw")
-            self.matrix, self.var = adata.raw.X, adata.raw.var
-        elif isinstance(matrix, str) and matrix.startswith("layers/"):
-            layer = matrix.removeprefix("layers/")
-            if layer not in adata.layers:
-                raise InvalidArgumentError(
-                    f"matrix={matrix!r}: no such layer; the layers are: {', '.join(adata.layers.keys()) or 'none'}"
-                )
-            self.matrix, self.var = adata.layers[layer], adata.var
-        else:
-            raise InvalidArgumentError(f"matrix must be X, raw/X or layers/NAME, not {matrix!r}")
-        if self.matrix is None:
-            raise InvalidArgumentError(f"matrix={matrix!r}: the AnnData object has no {matrix}")
-        dtype = getattr(self.matrix, "dtype", None)
-        if dtype is not None and np.dtype(dtype).kind not in "iufb":
-            raise ArgumentTypeError(f"matrix={matrix!r}: holds values of dtype {dtype}, not numbers")
-        self.matrix_name = matrix
-        self.shape = (int(self.matrix.shape[0]), int(self.matrix.shape[1]))
-        self._csr: Any = None
-
-    def describe(self, *, var: bool, obs: bool, obs_exclude: Sequence[str]) -> dict[str, Any]:
-        """What the binding takes: the matrix's shape and row blocks, the
-        tables (their columns only when they are stored)."""
-        return {
-            "name": self.name,
-            "matrix": self.matrix_name,
-            "n_rows": self.shape[0],
-            "n_cols": self.shape[1],
-            "rows": self.rows,
-            "others": [(name, int(m.shape[0]), int(m.shape[1])) for name, m in self._others().items()],
-            "var": _table(self.var, "var", with_columns=var),
-            "obs": _table(self.adata.obs, "obs", with_columns=obs, left_out=obs_exclude),
-        }
-
-    def _others(self) -> dict[str, Any]:
-        """The object's other matrices by name, in the order an .h5ad file
-        lists them: the binding tells from their first rows whether one
-        holds counts, for the message that refuses this one."""
-        found: dict[str, Any] = {"X": self.adata.X}
-        if self.adata.raw is not None:
-            found["raw/X"] = self.adata.raw.X
-        found.update((f"layers/{k}", v) for k, v in self.adata.layers.items())
-        return {name: m for name, m in found.items() if name != self.matrix_name and m is not None}
-
-    def rows(self, matrix: str, start: int, end: int) -> tuple[np.ndarray, ...]:
-        """Rows ``start:end`` of the matrix ``matrix`` (the one converted, or
-        one of :meth:`_others`) as CSR arrays (int64, int64, float64)."""
-        if matrix == self.matrix_name:
-            return _csr_rows(self.matrix, start, end, self)
-        return _csr_rows(self._others()[matrix], start, end, None)
-
-
-def _csr_rows(m: Any, start: int, end: int, cache: _AnnDataSource | None) -> tuple[np.ndarray, ...]:
-    """Rows ``start:end`` of matrix ``m`` as CSR arrays (int64 indptr and
-    indices, float64 values). A matrix that cannot be sliced by rows (CSC, in
-    memory or backed) is made CSR whole once, kept in ``cache``."""
-    import scipy.sparse as sp
-
-    backed_sparse = not sp.issparse(m) and hasattr(m, "format") and hasattr(m, "to_memory")
-    if (sp.issparse(m) or backed_sparse) and m.format != "csr":
-        if cache is not None and cache._csr is not None:
-            m = cache._csr
-        else:
-            m = sp.csr_matrix(m.to_memory() if backed_sparse else m)
-            if cache is not None:
-                cache._csr = m
-        block = m[start:end]
-    elif sp.issparse(m) or backed_sparse:
-        block = sp.csr_matrix(m[start:end])
-    else:
-        # dense: a NumPy array, or a backed h5py dataset
-        block = sp.csr_matrix(np.asarray(m[start:end]))
-    if block.dtype.kind not in "iufb":
-        raise ArgumentTypeError(f"the matrix holds values of dtype {block.dtype}, not numbers")
-    return (
-        np.asarray(block.indptr, dtype=np.int64),
-        np.asarray(block.indices, dtype=np.int64),
-        np.asarray(block.data, dtype=np.float64),
-    )
-
-
-def _table(
-    df: pd.DataFrame, what: str, *, with_columns: bool, left_out: Sequence[str] = ()
-) -> dict[str, Any]:
-    """A pandas DataFrame (obs or var) as the binding takes a table: its
-    index, and its columns (``with_columns``) encoded as anndata writes them
-    to a file; those ``left_out`` are named with no values (the conversion
-    checks the names and stores none of them)."""
-    index_name = df.index.name
-    columns = []
-    for name in df.columns if with_columns else ():
-        if str(name) in left_out:
-            columns.append({"name": str(name), "kind": "string", "values": [None] * len(df), "mask": None,
-                            "categories": None, "categories_kind": None, "ordered": False})
-        else:
-            columns.append(_column(what, str(name), df[name]))
-    return {
-        "index_name": index_name if isinstance(index_name, str) and index_name not in df.columns else "_index",
-        "index": [str(v) for v in df.index],
-        "columns": columns,
-    }
-
-
-def _column(what: str, name: str, s: pd.Series) -> dict[str, Any]:
-    import pandas as pd
-
-    column: dict[str, Any] = {"name": name, "mask": None, "categories": None, "categories_kind": None,
-                              "ordered": False}
-    dtype = s.dtype
-    if isinstance(dtype, pd.CategoricalDtype):
-        categories = dtype.categories
-        kind = categories.dtype.kind
-        column.update(
-            kind="category",
-            values=np.asarray(s.cat.codes, dtype=np.int32).tolist(),
-            categories=categories.to_numpy().tolist() if kind in "iufb" else [str(c) for c in categories],
-            categories_kind={"i": "int", "u": "int", "f": "float", "b": "bool"}.get(kind, "str"),
-            ordered=bool(dtype.ordered),
-        )
-    elif isinstance(dtype, pd.BooleanDtype):
-        column.update(kind="bool", values=s.fillna(False).to_numpy(dtype=bool).tolist(),
-                      mask=s.isna().to_numpy().tolist())
-    elif isinstance(dtype, pd.api.extensions.ExtensionDtype) and dtype.kind in "iuf":
-        # pandas' nullable integers and floats: values and a mask, as anndata writes them
-        numpy_dtype = np.dtype(dtype.numpy_dtype)
-        column.update(kind="numeric", values=s.fillna(0).to_numpy(dtype=numpy_dtype),
-                      mask=s.isna().to_numpy().tolist())
-    elif isinstance(dtype, pd.StringDtype) or dtype.kind == "O":
-        values = s.tolist()
-        for v in values:
-            if v is not None and v is not pd.NA and not (isinstance(v, float) and np.isnan(v)) \
-                    and not isinstance(v, str):
-                raise ArgumentTypeError(
-                    f"{what}[{name!r}]: holds {type(v).__name__} values; deltacells stores strings, numbers, "
-                    "booleans and categoricals"
-                )
-        column.update(kind="string", values=[v if isinstance(v, str) else None for v in values])
-    elif dtype.kind == "b":
-        column.update(kind="bool", values=s.to_numpy().tolist())
-    elif dtype.kind in "iuf":
-        column.update(kind="numeric", values=np.ascontiguousarray(s.to_numpy()))
-    else:
-        raise ArgumentTypeError(
-            f"{what}[{name!r}]: a column of dtype {dtype}, which deltacells cannot store; "
-            "obs_exclude leaves an obs column out"
-        )
-    return column

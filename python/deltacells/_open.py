@@ -4,18 +4,21 @@ library opens anything."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
 from . import _deltacells
-from ._args import MAX_BYTES, column_names, flag, integer, location, thread_count
+from ._args import MAX_BYTES, column_names, integer, keywords, location, thread_count
 from ._collection import Collection, GeneChoice
 from ._dataset import Dataset
 from ._errors import ArgumentTypeError, InvalidArgumentError
+from ._options import store_options
+from ._types import StoreArgs
 from ._vocabulary import _names
 
 
@@ -25,9 +28,8 @@ def open_dataset(
     cache_dir: str | None = None,
     *,
     threads: int | None = None,
-    anonymous: bool = False,
-    endpoint: str | None = None,
     cache_bytes: int = _deltacells.DEFAULT_CACHE_BYTES,
+    **store: Unpack[StoreArgs],
 ) -> Dataset:
     """Opens the dataset at ``root`` and checks its manifest.
 
@@ -64,12 +66,12 @@ def open_dataset(
 
     >>> ds = open_dataset("gs://bucket/atlas", obs_columns=["cell_type"])
     """
+    keywords("open_dataset", store, StoreArgs.__annotations__)
     root = location("root", root)
     columns = None if obs_columns is None else column_names("obs_columns", obs_columns)
     options: dict[str, Any] = dict(
         threads=thread_count("threads", threads),
-        anonymous=flag("anonymous", anonymous),
-        endpoint=None if endpoint is None else location("endpoint", endpoint),
+        **store_options(store),
         cache_bytes=integer("cache_bytes", cache_bytes, 0, MAX_BYTES),
     )
     raw = _deltacells.RawDataset(root, **options)
@@ -88,9 +90,8 @@ def open_collection(
     obs_columns: Sequence[str] | None = None,
     cache_dir: str | None = None,
     threads: int | None = None,
-    anonymous: bool = False,
-    endpoint: str | None = None,
     cache_bytes: int = _deltacells.DEFAULT_CACHE_BYTES,
+    **store: Unpack[StoreArgs],
 ) -> Collection:
     """Opens several datasets as one :class:`Collection`.
 
@@ -135,6 +136,7 @@ def open_collection(
     >>> coll = deltacells.open_collection(["out/pbmc_a", "s3://bucket/pbmc_b"], genes="intersection")
     >>> coll.get_batch(range(coll.n_cells - 5, coll.n_cells))  # the last cells of pbmc_b
     """
+    keywords("open_collection", store, StoreArgs.__annotations__)
     source = None
     digests: list[str | None] | None = None
     file_weights = None
@@ -173,10 +175,11 @@ def open_collection(
     threads = thread_count("threads", threads)
     columns = None if obs_columns is None else column_names("obs_columns", obs_columns)
     cache_bytes = integer("cache_bytes", cache_bytes, 0, MAX_BYTES)
-    options: dict[str, Any] = dict(threads=threads, anonymous=anonymous, endpoint=endpoint, cache_bytes=cache_bytes)
+    reaching = store_options(store)
+    options: dict[str, Any] = dict(threads=threads, **reaching, cache_bytes=cache_bytes)
     raw = _deltacells.RawCollection(
-        [n for n, _ in pairs], [r for _, r in pairs], choice, gene_column, threads, anonymous, endpoint, digests,
-        cache_bytes,
+        [n for n, _ in pairs], [r for _, r in pairs], choice, gene_column, threads, digests=digests,
+        cache_bytes=cache_bytes, **reaching,
     )
     collection = Collection(
         raw.state_json(), choice, options, cache_dir, weights if weights is not None else file_weights,
@@ -185,6 +188,15 @@ def open_collection(
     if columns:
         collection.obs.localize(columns)
     return collection
+
+
+#: The keyword options of :func:`open_dataset` (all but its root and
+#: obs_columns, the store's among them), for the adapters that pass them on.
+OPEN_OPTIONS: tuple[str, ...] = tuple(
+    name
+    for p in inspect.signature(open_dataset).parameters.values() if p.name not in ("root", "obs_columns")
+    for name in (StoreArgs.__annotations__ if p.kind is p.VAR_KEYWORD else (p.name,))
+)
 
 
 def _text(what: str, value: Any) -> str:

@@ -1,7 +1,7 @@
 """Options and forms: the loader's defaults (the Rust loader's own,
 ``LoaderOptions::default()`` in src/loader.rs, exported by the binding) and
-the checks of the loader's options and of a batch's form, each naming the
-argument it refuses. Their types are in ``_types``, beside the binding's
+the checks of the loader's options, of a batch's form and of how a store is
+reached, each naming the argument it refuses. Their types are in ``_types``, beside the binding's
 other argument types."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from . import _deltacells
-from ._args import flag, integer, positive_number
+from ._args import flag, integer, location, positive_number
 from ._errors import InvalidArgumentError
-from ._types import Form, FormArgs, LoaderOptions
+from ._types import Form, FormArgs, LoaderOptions, StoreArgs
 
 #: The loader's defaults, from the Rust loader: the signatures of
 #: :meth:`Dataset.batches` and :class:`deltacells.torch.CellDataset` take
@@ -48,6 +48,16 @@ def loader_options(
         window_tiles=integer("window_tiles", window_tiles, 1, 1 << 32),
         mix_chunks=integer("mix_chunks", mix_chunks, 1, 1 << 32),
         prefetch=integer("prefetch", prefetch, 1, MAX_PREFETCH),
+    )
+
+
+def store_options(args: StoreArgs) -> StoreArgs:
+    """How a store is reached, checked (each named in the error that refuses
+    it), every key given: its default where ``args`` has none."""
+    endpoint = args.get("endpoint")
+    return StoreArgs(
+        anonymous=flag("anonymous", args.get("anonymous", False)),
+        endpoint=None if endpoint is None else location("endpoint", endpoint),
     )
 
 

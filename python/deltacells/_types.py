@@ -2,9 +2,10 @@
 protocols that stand in for the modules above.
 
 It holds the typed definitions of the option sets the Rust binding takes
-(:class:`Form`, :class:`LoaderOptions` and conversion's), so that the
-binding's stub (``_deltacells.pyi``) and every entry point use one definition
-of each; what cells a read takes (:data:`Cells`); a batch (:class:`Batch`);
+(:class:`Form`, :class:`LoaderOptions` and conversion's) and the keywords
+several entry points take (:class:`FormArgs`, :class:`StoreArgs` and the
+conversion jobs'), so that the binding's stub (``_deltacells.pyi``) and
+every entry point use one definition of each; what cells a read takes (:data:`Cells`); a batch (:class:`Batch`);
 and the obs of a dataset or a collection as the modules below them use it
 (:class:`ObsColumns`). It imports nothing of the package: the checks of these
 options live in ``_options``, the classes that satisfy the protocols above.
@@ -12,6 +13,7 @@ options live in ``_options``, the classes that satisfy the protocols above.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
@@ -20,6 +22,9 @@ import numpy as np
 if TYPE_CHECKING:
     import pyarrow as pa
     import scipy.sparse
+
+#: A local path or a URL, as the entry points take them.
+PathLike = str | os.PathLike[str]
 
 #: What ``get_batch`` accepts as cells: a list, an integer array, a range or a slice.
 Cells = Sequence[int] | np.ndarray | range | slice
@@ -130,12 +135,46 @@ class LoaderOptions(TypedDict):
     prefetch: int
 
 
-class _Reaching(TypedDict):
-    """How inputs are reached and read and where the output is: the options
-    :func:`convert`, :func:`append` and :func:`write_anndata` share."""
+class StoreArgs(TypedDict, total=False):
+    """How a store is reached (a dataset's, or an input's at a URL): the
+    keywords of every entry point that reads or writes one, defined here
+    only, with their defaults and checks in ``_options.store_options`` (see
+    :func:`deltacells.convert` for what each does)."""
 
     anonymous: bool
     endpoint: str | None
+
+
+class JobArgs(StoreArgs, total=False):
+    """The keywords a conversion job takes (``convert``, ``append``,
+    ``write_anndata``, ``compact``): how its store is reached, the threads
+    it runs on and its progress bar."""
+
+    threads: int | None
+    progress: bool | None
+
+
+class InputArgs(TypedDict, total=False):
+    """How a job reads its inputs: the keywords ``convert`` and ``append``
+    take besides a job's."""
+
+    input_format: str | None
+    feature_type: str | None
+    genome: str | None
+    download_inputs: bool
+    download_dir: PathLike | None
+
+
+class InputJobArgs(JobArgs, InputArgs, total=False):
+    """The keywords of a job that reads inputs (``convert``, ``append``)."""
+
+
+class _Reaching(StoreArgs):
+    """How inputs are reached and read and where the output is, checked, as
+    the binding takes them from convert, append, write_anndata and compact:
+    the store's keys (every one given, by ``_options.store_options``), and
+    these."""
+
     input_format: str | None
     feature_type: str | None
     genome: str | None

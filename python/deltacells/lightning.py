@@ -36,7 +36,7 @@ from ._dataset import Dataset
 from ._deltacells import redact
 from ._errors import ArgumentTypeError, InvalidArgumentError
 from ._loader import CellBatch
-from ._open import open_dataset
+from ._open import OPEN_OPTIONS, open_dataset
 from ._options import DEFAULTS
 from ._types import Cells
 from .torch import CellDataset, _distributed
@@ -51,7 +51,7 @@ _LOADER_OPTIONS = [
     name for name in inspect.signature(CellDataset).parameters
     if name not in ("root", "batch_size", "obs_columns", "cells", "transform", "rank", "world_size", "open_options")
 ]
-_OPEN_OPTIONS = [name for name in inspect.signature(open_dataset).parameters if name not in ("root", "obs_columns")]
+_OPEN_OPTIONS = list(OPEN_OPTIONS)
 
 #: DataLoader arguments the DataModule sets itself.
 _OWN_LOADER_ARGUMENTS = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn", "drop_last")

@@ -32,7 +32,6 @@ the DataLoader ``collate_fn=deltacells.torch.collate``.
 
 from __future__ import annotations
 
-import inspect
 import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -48,8 +47,8 @@ from ._dataset import _INHERITED, Dataset
 from ._deltacells import redact
 from ._errors import ArgumentTypeError, InvalidArgumentError
 from ._loader import CellBatch
-from ._open import open_dataset
-from ._options import DEFAULTS, loader_options
+from ._open import OPEN_OPTIONS, open_dataset
+from ._options import DEFAULTS, loader_options, store_options
 from ._types import Cells
 from ._vocabulary import Vocabulary
 
@@ -134,7 +133,7 @@ def _new_source(
     threads = threads or max(1, (os.cpu_count() or 1) // num_workers)
     if isinstance(root, Collection):
         return root._copy(threads)
-    options: dict[str, Any] = dict(threads=threads, anonymous=False, endpoint=None, cache_bytes=0)
+    options: dict[str, Any] = dict(threads=threads, **store_options({}), cache_bytes=0)
     options.update(open_options)
     cache_dir = options.pop("cache_dir", None)
     return Dataset(root, options, cache_dir)
@@ -343,9 +342,7 @@ def _tensor_dtype(dtype: Any) -> torch.dtype:
 
 
 #: The options of open_dataset that CellMapDataset passes on (root, obs_columns and threads are its own).
-_OPEN_OPTIONS = [
-    name for name in inspect.signature(open_dataset).parameters if name not in ("root", "obs_columns", "threads")
-]
+_OPEN_OPTIONS = [name for name in OPEN_OPTIONS if name != "threads"]
 
 
 class CellMapDataset(torch.utils.data.Dataset):

@@ -5,8 +5,9 @@
 //! line that the package's `deltacells` console script runs.
 //!
 //! The jobs are the library's (`deltacells::convert`); this file only turns
-//! the checked keyword arguments of `deltacells/_convert.py` into its options,
-//! reports progress to a Python object, and turns its errors into the
+//! the keyword arguments checked by the package's conversion modules
+//! (`deltacells/_convert.py`, `_anndata.py`, `_compact.py`, `_reaching.py`)
+//! into its options, reports progress to a Python object, and turns its errors into the
 //! package's exceptions.
 
 use std::ops::Range;
@@ -42,7 +43,8 @@ pub(crate) fn run_command_line(py: Python<'_>, argv: Vec<String>) -> u8 {
 }
 
 /// How inputs are reached and read, and where the output is: the options
-/// convert and append share (`_convert.py`'s `_Reaching`).
+/// convert, append, write_anndata and compact share (`_types.py`'s
+/// `_Reaching`, checked by `_reaching.py`).
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
 pub(crate) struct RawReaching {
@@ -290,7 +292,7 @@ pub(crate) fn compact_dataset(
 
 /// Progress, reported to a Python object with the methods `phase(name,
 /// total_cells)`, `file(name)`, `advance(cells)` and `note(message)` (what
-/// `_convert.py`'s progress bar has). Its exceptions are ignored: a bar that
+/// `_jobs.py`'s `Progress` has). Its exceptions are ignored: a bar that
 /// fails does not stop a conversion.
 struct PyProgress(Option<Py<PyAny>>);
 
@@ -384,7 +386,7 @@ fn advice(e: &ConvertError) -> Option<String> {
     })
 }
 
-/// The AnnData object `write_anndata` converts, as `_convert.py` describes it.
+/// The AnnData object `write_anndata` converts, as `_anndata.py` describes it.
 #[derive(FromPyObject)]
 #[pyo3(from_item_all)]
 pub(crate) struct RawAnnData {
