@@ -85,7 +85,8 @@ impl Window {
             let fetched = fetched?;
             let u = self.next;
             let unit = &units[u];
-            let tile = fetched.member.dataset.parse_tile(unit.tile, &fetched.blob)?;
+            // (checked whole, CRC included, when it was fetched)
+            let tile = fetched.member.dataset.parse_tile_again_as(unit.tile, &fetched.blob, &fetched.expect)?;
             let mut i = 0;
             for (chunk, cells) in tile.chunk_cells().enumerate() {
                 let mut rows = Vec::new();
@@ -195,7 +196,7 @@ pub(super) fn decode_chunks(
                             LoaderError::Internal("a chunk was chosen after its tile was let go".into())
                         })?;
                         let dataset = &fetched.member.dataset;
-                        let parsed = dataset.parse_tile_again(tile, &fetched.blob)?;
+                        let parsed = dataset.parse_tile_again_as(tile, &fetched.blob, &fetched.expect)?;
                         let mut planes = pool_of_planes.take();
                         parsed.decode_planes(piece.chunk, &mut planes).map_err(|e| dataset.tile_error(tile, e))?;
                         Ok(planes)
