@@ -158,7 +158,7 @@ struct Member {
 /// budget `total` shared among them: a collection of hundreds keeps no more
 /// than one dataset would.
 fn member_read_options(total: u64, n: usize) -> ReadOptions {
-    ReadOptions { cache_bytes: total / n.max(1) as u64 }
+    ReadOptions { cache_bytes: total / n.max(1) as u64, ..ReadOptions::default() }
 }
 
 /// Several datasets read as one. See the [module](self).

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import _deltacells
 from ._args import flag, integer
-from ._errors import ArgumentTypeError, CellIndexError, DeltacellsError, InvalidArgumentError
+from ._errors import ArgumentTypeError, CellIndexError, InvalidArgumentError
 from ._loader import Gathers, Loader
 from ._obs import Obs
 from ._options import DEFAULTS, form_from, form_options, loader_options
@@ -38,12 +38,15 @@ class Dataset:
     """
 
     def __init__(self, root: str, options: dict[str, Any], cache_dir: str | None,
-                 raw: _deltacells.RawDataset | None = None) -> None:
+                 raw: _deltacells.RawDataset | None = None, version: bytes | None = None) -> None:
         self.root = root
         self._options = dict(options)
         self._cache_dir = cache_dir
         self._handle = raw
         self._pid = os.getpid() if raw is not None else None
+        # The version opened elsewhere (the manifest's bytes), which this
+        # process opens too: writers may have changed the dataset since.
+        self._version = version
         self._last_vocabulary: tuple[object, Vocabulary] | None = None
 
     @property
@@ -53,21 +56,22 @@ class Dataset:
         (threads, runtimes and connections do not survive a fork). The
         package's modules (obs, the loader) read through it; users need not."""
         if self._pid != os.getpid():
+            # Opened as the version the parent process shows (its cells,
+            # read on from a later version that appended to or compacted it).
             inherited = self._handle
-            raw = _deltacells.RawDataset(self.root, **self._options)
+            version = inherited.version() if inherited is not None else self._version
+            raw = _deltacells.RawDataset(self.root, **self._options, version=version)
             if inherited is not None:
                 _INHERITED.append(inherited)
-                if raw.manifest_json() != inherited.manifest_json():
-                    raise DeltacellsError(
-                        f"{self.root}: the dataset changed since it was opened in process {self._pid}"
-                    )
             self._handle, self._pid = raw, os.getpid()
         assert self._handle is not None  # opened above in this process
         return self._handle
 
     def __reduce__(self) -> tuple[Any, ...]:
         # To its root and options: the other process opens it on first use.
-        return (Dataset, (self.root, self._options, self._cache_dir))
+        # (with the version it shows, once opened, which the other opens too)
+        version = self._handle.version() if self._handle is not None else self._version
+        return (Dataset, (self.root, self._options, self._cache_dir, None, version))
 
     @cached_property
     def obs(self) -> Obs:

@@ -104,7 +104,7 @@ impl RawDataset {
 #[pymethods]
 impl RawDataset {
     #[new]
-    #[pyo3(signature = (root, threads=None, anonymous=false, endpoint=None, cache_bytes=deltacells::dataset::DEFAULT_CACHE_BYTES))]
+    #[pyo3(signature = (root, threads=None, anonymous=false, endpoint=None, cache_bytes=deltacells::dataset::DEFAULT_CACHE_BYTES, version=None))]
     fn new(
         py: Python<'_>,
         root: String,
@@ -112,11 +112,16 @@ impl RawDataset {
         anonymous: bool,
         endpoint: Option<String>,
         cache_bytes: u64,
+        version: Option<Vec<u8>>,
     ) -> PyResult<Self> {
         let dataset = detached(py, move || {
             let options = StoreOptions { anonymous, endpoint };
             let store = storage::open_with(&root, &options)?;
-            Ok(Dataset::from_storage_with(store, &ReadOptions { cache_bytes })?)
+            let read = ReadOptions { cache_bytes, ..ReadOptions::default() };
+            Ok(match version {
+                Some(version) => Dataset::from_storage_as(store, &read, &version)?,
+                None => Dataset::from_storage_with(store, &read)?,
+            })
         })?;
         Ok(RawDataset::wrap(Arc::new(dataset), threads))
     }
@@ -156,6 +161,12 @@ impl RawDataset {
     /// manifest.json as the dataset holds it, checked.
     fn manifest_json(&self) -> String {
         self.dataset.manifest().to_json()
+    }
+
+    /// manifest.json's bytes as read at open: the version this dataset
+    /// shows, for opening it as that version in another process.
+    fn version<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.dataset.manifest_bytes())
     }
 
     fn var_names(&self, py: Python<'_>) -> PyResult<Option<Vec<String>>> {

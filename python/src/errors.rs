@@ -69,7 +69,10 @@ impl Failure {
             | DatasetError::Missing { .. }
             | DatasetError::Invalid { .. }
             | DatasetError::Tile { .. } => Kind::Corrupt,
-            DatasetError::CellOutOfRange { .. } | DatasetError::NegativeCell { .. } => Kind::Index,
+            DatasetError::CellOutOfRange { .. } | DatasetError::NegativeCell { .. } | DatasetError::NoTile { .. } => {
+                Kind::Index
+            }
+            DatasetError::Replaced { .. } => Kind::Changed,
             DatasetError::NoVarColumn { .. } => Kind::Name,
             DatasetError::Output(_) => Kind::Value,
             DatasetError::Storage(_) => Kind::Other,

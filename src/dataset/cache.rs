@@ -4,6 +4,10 @@
 //! planes, checked, 4 bytes per nonzero), so that cells drawn again (controls
 //! reused across steps, a validation set) cost no read and no decompression.
 //! Shared by every thread reading the dataset; it owns no I/O.
+//!
+//! Entries are of one version of the dataset's files (`follow.rs`): each is
+//! kept under its version's generation, and following a later version drops
+//! the older ones' (a tile re-encoded by a writer has other chunks).
 
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
@@ -16,7 +20,15 @@ pub struct ReadOptions {
     /// Bytes of decompressed chunks that gathers keep (4 bytes per nonzero);
     /// 0 keeps none.
     pub cache_bytes: u64,
+    /// How long a read waits for a writer that is committing a new version
+    /// of the dataset (its manifest.json removed, not yet written again)
+    /// before it fails saying the dataset is incomplete.
+    pub writer_wait: std::time::Duration,
 }
+
+/// The default [`ReadOptions::writer_wait`]: 2 minutes, the time a store's
+/// failing requests are retried (a commit in a bucket copies each new tile).
+pub const DEFAULT_WRITER_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// The default budget of decompressed chunks: 512 MiB, about 134 million
 /// nonzeros (a few hundred thousand cells), which a training node spares
@@ -29,7 +41,7 @@ const INDEX_BUDGET: u64 = 64 << 20;
 
 impl Default for ReadOptions {
     fn default() -> Self {
-        ReadOptions { cache_bytes: DEFAULT_CACHE_BYTES }
+        ReadOptions { cache_bytes: DEFAULT_CACHE_BYTES, writer_wait: DEFAULT_WRITER_WAIT }
     }
 }
 
@@ -57,6 +69,11 @@ impl<K: Hash + Eq, V> Budgeted<K, V> {
         }
     }
 
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.used = 0;
+    }
+
     fn get(&mut self, key: &K) -> Option<Arc<V>> {
         self.entries.get(key).map(|(v, _)| v.clone())
     }
@@ -81,13 +98,26 @@ impl<K: Hash + Eq, V> Budgeted<K, V> {
     }
 }
 
+/// A tile's index as read, with the version of the tile's object it was
+/// read from (its entity tag, or a local file's identity), which the
+/// chunks' reads ask for.
+pub(super) struct PinnedIndex {
+    pub(super) index: TileIndex,
+    pub(super) etag: Option<String>,
+}
+
+/// A key of a version: (generation, what).
+type Of<K> = (u64, K);
+
 /// The caches of one open dataset.
 pub(super) struct GatherCache {
-    indexes: Mutex<Budgeted<usize, TileIndex>>,
-    chunks: Mutex<Budgeted<(usize, usize), ChunkPlanes>>,
+    indexes: Mutex<Budgeted<Of<usize>, PinnedIndex>>,
+    chunks: Mutex<Budgeted<Of<(usize, usize)>, ChunkPlanes>>,
     /// Tiles whose CRC this process has checked (local datasets read a
     /// tile whole the first time a gather touches it).
-    checked: Mutex<std::collections::HashSet<usize>>,
+    checked: Mutex<std::collections::HashSet<Of<usize>>>,
+    /// The oldest generation kept: what older reads put is not kept.
+    oldest: std::sync::atomic::AtomicU64,
 }
 
 impl GatherCache {
@@ -96,33 +126,54 @@ impl GatherCache {
             indexes: Mutex::new(Budgeted::new(INDEX_BUDGET)),
             chunks: Mutex::new(Budgeted::new(options.cache_bytes)),
             checked: Mutex::new(Default::default()),
+            oldest: Default::default(),
         }
     }
 
-    pub(super) fn index(&self, tile: usize) -> Option<Arc<TileIndex>> {
-        self.indexes.lock().unwrap_or_else(|p| p.into_inner()).get(&tile)
+    fn stale(&self, generation: u64) -> bool {
+        generation < self.oldest.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    pub(super) fn put_index(&self, tile: usize, index: Arc<TileIndex>) {
-        let size = index.heap_bytes();
-        self.indexes.lock().unwrap_or_else(|p| p.into_inner()).put(tile, index, size);
+    /// Drops what reads of generations before `generation` kept.
+    pub(super) fn forget_before(&self, generation: u64) {
+        self.oldest.fetch_max(generation, std::sync::atomic::Ordering::AcqRel);
+        self.indexes.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.chunks.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.checked.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
-    pub(super) fn chunk(&self, tile: usize, chunk: usize) -> Option<Arc<ChunkPlanes>> {
-        self.chunks.lock().unwrap_or_else(|p| p.into_inner()).get(&(tile, chunk))
+    pub(super) fn index(&self, generation: u64, tile: usize) -> Option<Arc<PinnedIndex>> {
+        self.indexes.lock().unwrap_or_else(|p| p.into_inner()).get(&(generation, tile))
     }
 
-    pub(super) fn put_chunk(&self, tile: usize, chunk: usize, planes: Arc<ChunkPlanes>) {
+    pub(super) fn put_index(&self, generation: u64, tile: usize, index: Arc<PinnedIndex>) {
+        if self.stale(generation) {
+            return;
+        }
+        let size = index.index.heap_bytes();
+        self.indexes.lock().unwrap_or_else(|p| p.into_inner()).put((generation, tile), index, size);
+    }
+
+    pub(super) fn chunk(&self, generation: u64, tile: usize, chunk: usize) -> Option<Arc<ChunkPlanes>> {
+        self.chunks.lock().unwrap_or_else(|p| p.into_inner()).get(&(generation, (tile, chunk)))
+    }
+
+    pub(super) fn put_chunk(&self, generation: u64, tile: usize, chunk: usize, planes: Arc<ChunkPlanes>) {
+        if self.stale(generation) {
+            return;
+        }
         let size = planes.heap_bytes();
-        self.chunks.lock().unwrap_or_else(|p| p.into_inner()).put((tile, chunk), planes, size);
+        self.chunks.lock().unwrap_or_else(|p| p.into_inner()).put((generation, (tile, chunk)), planes, size);
     }
 
-    pub(super) fn crc_checked(&self, tile: usize) -> bool {
-        self.checked.lock().unwrap_or_else(|p| p.into_inner()).contains(&tile)
+    pub(super) fn crc_checked(&self, generation: u64, tile: usize) -> bool {
+        self.checked.lock().unwrap_or_else(|p| p.into_inner()).contains(&(generation, tile))
     }
 
-    pub(super) fn set_crc_checked(&self, tile: usize) {
-        self.checked.lock().unwrap_or_else(|p| p.into_inner()).insert(tile);
+    pub(super) fn set_crc_checked(&self, generation: u64, tile: usize) {
+        if !self.stale(generation) {
+            self.checked.lock().unwrap_or_else(|p| p.into_inner()).insert((generation, tile));
+        }
     }
 
     /// A new budget for decompressed chunks.

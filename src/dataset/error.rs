@@ -43,6 +43,16 @@ pub enum DatasetError {
     /// A tile breaks a rule of the format (the source names the rule).
     #[error("{location}: tile {tile}")]
     Tile { location: String, tile: usize, source: TileError },
+    /// A tile index at or past the number of tiles (an argument).
+    #[error("{location}: the dataset has {n_tiles} tiles")]
+    NoTile { location: String, n_tiles: usize },
+    /// While it was open, the dataset was replaced by one that is not a
+    /// later version of it (a new conversion in its place): its cells can
+    /// no longer be read as the version opened.
+    #[error(
+        "{location}: the dataset was replaced by another since it was opened (not an append or compaction of it); open it again"
+    )]
+    Replaced { location: String },
     /// A cell index at or past the number of cells.
     #[error("cell {cell} is out of range: the dataset has {n_cells} cells")]
     CellOutOfRange { cell: u64, n_cells: u64 },

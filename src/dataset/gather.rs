@@ -16,14 +16,23 @@
 //! the first time a gather of this open dataset touches it (a tile found
 //! damaged is refused, naming it); a dataset in a bucket is not read whole,
 //! and relies there on the store's own checks of what it serves.
+//!
+//! A gather runs whole against one version of the dataset (`follow.rs`): a
+//! tile's chunks are read pinned to the version its index was read from
+//! (its entity tag, or a local file's identity), so that a tile a writer
+//! replaced in between is an error that moves the gather to the new
+//! version, never chunks of one version read by the index of another.
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use super::cache::PinnedIndex;
+use super::follow::Current;
 use crate::format::tile::{ChunkPlanes, IndexParse, ParsedTile, TileIndex};
 use crate::format::{self, CsrMatrix};
+use crate::storage::{PinnedRanges, PinnedRequest};
 
 use super::{Dataset, DatasetError};
 
@@ -58,16 +67,23 @@ impl Dataset {
     /// they are large enough). On error, `out` holds unspecified rows.
     pub fn read_cell_list_into(&self, cells: &[u64], out: &mut CsrMatrix) -> Result<(), DatasetError> {
         let located: Vec<(usize, u64)> = cells.iter().map(|&c| self.locate(c)).collect::<Result<_, _>>()?;
+        self.on_current(|current| self.gather(current, &located, out))
+    }
+
+    /// [`Dataset::read_cell_list_into`] of the cells `located` (tile, row),
+    /// from the tiles of `current`.
+    fn gather(&self, current: &Current, located: &[(usize, u64)], out: &mut CsrMatrix) -> Result<(), DatasetError> {
         let mut tiles: Vec<usize> = located.iter().map(|&(t, _)| t).collect();
         tiles.sort_unstable();
         tiles.dedup();
-        let indexes = self.tile_indexes(&tiles)?;
+        let indexes = self.tile_indexes(current, &tiles)?;
         // Each cell's tile (its place in `tiles`) and chunk; the chunks
         // needed, in order.
         let mut placed = Vec::with_capacity(located.len());
-        for &(tile, row) in &located {
+        for &(tile, row) in located {
             let slot = tiles.binary_search(&tile).unwrap_or_default();
             let chunk = indexes[slot]
+                .index
                 .chunk_of_row(row)
                 .ok_or_else(|| self.tile_error(tile, index_error(format!("row {row} is in no chunk of the tile"))))?;
             placed.push((slot, chunk, row));
@@ -83,7 +99,7 @@ impl Dataset {
         out.indptr.push(0);
         let mut nnz = 0u64;
         for &(slot, _, row) in &placed {
-            nnz += indexes[slot].row_nnz(row);
+            nnz += indexes[slot].index.row_nnz(row);
             out.indptr.push(nnz);
         }
         out.indices.resize(nnz as usize, 0);
@@ -113,10 +129,10 @@ impl Dataset {
             let mut bytes = 0u64;
             while end < wanted.len() && (end == start || bytes < WINDOW_BYTES) {
                 let (slot, chunk) = wanted[end];
-                bytes += 4 * indexes[slot].chunk_nnz(chunk);
+                bytes += 4 * indexes[slot].index.chunk_nnz(chunk);
                 end += 1;
             }
-            let planes = self.chunk_planes(&tiles, &indexes, &wanted[start..end])?;
+            let planes = self.chunk_planes(current, &tiles, &indexes, &wanted[start..end])?;
             let mut jobs: Vec<(&ChunkPlanes, u64, &mut [u32], &mut [u32])> = Vec::new();
             for (k, chunk) in (start..end).zip(&planes) {
                 for &cell in &cells_of[k] {
@@ -141,19 +157,20 @@ impl Dataset {
 
     /// The indexes of `tiles`, from the cache or read now (for every tile
     /// not cached, at once).
-    fn tile_indexes(&self, tiles: &[usize]) -> Result<Vec<Arc<TileIndex>>, DatasetError> {
-        let mut found: Vec<Option<Arc<TileIndex>>> = tiles.iter().map(|&t| self.cache.index(t)).collect();
+    fn tile_indexes(&self, current: &Current, tiles: &[usize]) -> Result<Vec<Arc<PinnedIndex>>, DatasetError> {
+        let generation = current.generation;
+        let mut found: Vec<Option<Arc<PinnedIndex>>> = tiles.iter().map(|&t| self.cache.index(generation, t)).collect();
         let missing: Vec<usize> = (0..tiles.len()).filter(|&i| found[i].is_none()).collect();
         if missing.is_empty() {
             return Ok(found.into_iter().flatten().collect());
         }
         let read = if self.storage.is_local() {
-            missing.par_iter().map(|&i| self.index_checked_whole(tiles[i])).collect::<Result<Vec<_>, _>>()?
+            missing.par_iter().map(|&i| self.index_checked_whole(current, tiles[i])).collect::<Result<Vec<_>, _>>()?
         } else {
-            self.indexes_from_prefixes(&missing.iter().map(|&i| tiles[i]).collect::<Vec<_>>())?
+            self.indexes_from_prefixes(current, &missing.iter().map(|&i| tiles[i]).collect::<Vec<_>>())?
         };
         for (i, index) in missing.into_iter().zip(read) {
-            self.cache.put_index(tiles[i], index.clone());
+            self.cache.put_index(generation, tiles[i], index.clone());
             found[i] = Some(index);
         }
         Ok(found.into_iter().flatten().collect())
@@ -161,20 +178,28 @@ impl Dataset {
 
     /// Tile `tile`'s index, from the whole tile, every check (CRC included)
     /// made, the first time in this open dataset; from its first bytes after.
-    fn index_checked_whole(&self, tile: usize) -> Result<Arc<TileIndex>, DatasetError> {
-        if self.cache.crc_checked(tile) {
-            return Ok(self.indexes_from_prefixes(&[tile])?.remove(0));
+    fn index_checked_whole(&self, current: &Current, tile: usize) -> Result<Arc<PinnedIndex>, DatasetError> {
+        if self.cache.crc_checked(current.generation, tile) {
+            return Ok(self.indexes_from_prefixes(current, &[tile])?.remove(0));
         }
-        let blob = self.fetch_tile(tile)?;
-        let parsed = self.parse_tile(tile, &blob)?;
-        self.cache.set_crc_checked(tile);
-        Ok(Arc::new(parsed.index().clone()))
+        let request = PinnedRequest {
+            key: format::tile_key(tile),
+            ranges: std::iter::once(0..current.manifest.tile_bytes[tile]).collect(),
+            etag: None,
+        };
+        let answer = self.storage.get_ranges_pinned(&[request]).pop().unwrap_or(Ok(None));
+        let (mut parts, etag) = self.answer(current, tile, answer)?;
+        let blob = parts.pop().unwrap_or_default();
+        let parsed = format::ParsedTile::parse(&blob, Some(&current.expectation(tile)))
+            .map_err(|source| self.tile_error(tile, source))?;
+        self.cache.set_crc_checked(current.generation, tile);
+        Ok(Arc::new(PinnedIndex { index: parsed.index().clone(), etag }))
     }
 
     /// The indexes of `tiles`, each read from its tile's first bytes (all at
     /// once; a tile whose index lies further in is read again, up to it).
-    fn indexes_from_prefixes(&self, tiles: &[usize]) -> Result<Vec<Arc<TileIndex>>, DatasetError> {
-        let m = &self.manifest;
+    fn indexes_from_prefixes(&self, current: &Current, tiles: &[usize]) -> Result<Vec<Arc<PinnedIndex>>, DatasetError> {
+        let m = &current.manifest;
         let mut want: Vec<u64> = tiles
             .iter()
             .map(|&t| {
@@ -182,7 +207,7 @@ impl Dataset {
                 guess.min(m.tile_bytes[t])
             })
             .collect();
-        let mut out: Vec<Option<Arc<TileIndex>>> = vec![None; tiles.len()];
+        let mut out: Vec<Option<Arc<PinnedIndex>>> = vec![None; tiles.len()];
         // Twice at most: the writers' layout needs one read; another layout
         // says in the first how much it needs.
         for _ in 0..2 {
@@ -190,17 +215,24 @@ impl Dataset {
             if pending.is_empty() {
                 break;
             }
-            let requests: Vec<(String, Vec<Range<u64>>)> =
-                pending.iter().map(|&i| (format::tile_key(tiles[i]), std::iter::once(0..want[i]).collect())).collect();
-            let answers = self.storage.get_ranges_many(&requests);
+            let requests: Vec<PinnedRequest> = pending
+                .iter()
+                .map(|&i| PinnedRequest {
+                    key: format::tile_key(tiles[i]),
+                    ranges: std::iter::once(0..want[i]).collect(),
+                    etag: None,
+                })
+                .collect();
+            let answers = self.storage.get_ranges_pinned(&requests);
             for (&i, answer) in pending.iter().zip(answers) {
                 let tile = tiles[i];
-                let prefix = self.answer(tile, answer)?.swap_remove(0);
-                let expect = self.tile_expectation(tile);
+                let (mut parts, etag) = self.answer(current, tile, answer)?;
+                let prefix = parts.swap_remove(0);
+                let expect = current.expectation(tile);
                 match TileIndex::parse_prefix(&prefix, m.tile_bytes[tile], Some(&expect))
                     .map_err(|e| self.tile_error(tile, e))?
                 {
-                    IndexParse::Ready(index) => out[i] = Some(Arc::new(index)),
+                    IndexParse::Ready(index) => out[i] = Some(Arc::new(PinnedIndex { index, etag })),
                     IndexParse::NeedPrefix(n) if n > want[i] => want[i] = n,
                     IndexParse::NeedPrefix(n) => {
                         return Err(self.tile_error(tile, index_error(format!("index needs {n} bytes"))))
@@ -216,15 +248,22 @@ impl Dataset {
             .collect()
     }
 
-    /// The bytes of an answer of `get_ranges_many` for tile `tile`.
-    fn answer(&self, tile: usize, answer: crate::storage::ManyRanges) -> Result<Vec<bytes::Bytes>, DatasetError> {
+    /// The bytes (and version) of an answer of `get_ranges_pinned` for tile
+    /// `tile` of `current`.
+    fn answer(
+        &self,
+        current: &Current,
+        tile: usize,
+        answer: PinnedRanges,
+    ) -> Result<(Vec<bytes::Bytes>, Option<String>), DatasetError> {
         let location = self.storage.location(&format::tile_key(tile));
         match answer {
-            Ok(Some(parts)) => Ok(parts),
+            Ok(Some((parts, etag))) if !parts.is_empty() => Ok((parts, etag)),
+            Ok(Some(_)) => Err(DatasetError::Invalid { location, message: "no bytes were read".into() }),
             Ok(None) => Err(DatasetError::Missing { location, what: format!("tile {tile}") }),
             Err(crate::storage::StorageError::Range { size, .. }) => Err(DatasetError::Invalid {
                 location,
-                message: format!("tile is {size} bytes, the manifest says {}", self.manifest.tile_bytes[tile]),
+                message: format!("tile is {size} bytes, the manifest says {}", current.manifest.tile_bytes[tile]),
             }),
             Err(e) => Err(e.into()),
         }
@@ -236,12 +275,14 @@ impl Dataset {
     /// cache.
     fn chunk_planes(
         &self,
+        current: &Current,
         tiles: &[usize],
-        indexes: &[Arc<TileIndex>],
+        indexes: &[Arc<PinnedIndex>],
         wanted: &[(usize, usize)],
     ) -> Result<Vec<Arc<ChunkPlanes>>, DatasetError> {
+        let generation = current.generation;
         let mut planes: Vec<Option<Arc<ChunkPlanes>>> =
-            wanted.iter().map(|&(slot, c)| self.cache.chunk(tiles[slot], c)).collect();
+            wanted.iter().map(|&(slot, c)| self.cache.chunk(generation, tiles[slot], c)).collect();
         // Per tile: the chunks to read (with their places), and the byte ranges holding them.
         let mut reads: Vec<ChunkReads> = Vec::new();
         for (at, &(slot, c)) in wanted.iter().enumerate() {
@@ -256,18 +297,24 @@ impl Dataset {
         for (slot, missing, ranges) in &mut reads {
             let spans = missing
                 .iter()
-                .map(|&(_, c)| indexes[*slot].chunk_span(c))
+                .map(|&(_, c)| indexes[*slot].index.chunk_span(c))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| self.tile_error(tiles[*slot], e))?;
             *ranges = crate::storage::merge_ranges(spans, MERGE_GAP);
         }
-        let requests: Vec<(String, Vec<Range<u64>>)> =
-            reads.iter().map(|(slot, _, ranges)| (format::tile_key(tiles[*slot]), ranges.clone())).collect();
-        let answers = self.storage.get_ranges_many(&requests);
+        let requests: Vec<PinnedRequest> = reads
+            .iter()
+            .map(|(slot, _, ranges)| PinnedRequest {
+                key: format::tile_key(tiles[*slot]),
+                ranges: ranges.clone(),
+                etag: indexes[*slot].etag.clone(),
+            })
+            .collect();
+        let answers = self.storage.get_ranges_pinned(&requests);
         let mut jobs = Vec::new();
         for ((slot, missing, ranges), answer) in reads.iter().zip(answers) {
             // (shared by the tile's chunks: one count, not one copy, each)
-            let parts = Arc::new(self.answer(tiles[*slot], answer)?);
+            let parts = Arc::new(self.answer(current, tiles[*slot], answer)?.0);
             for &(at, c) in missing {
                 jobs.push((*slot, at, c, ranges, parts.clone()));
             }
@@ -275,7 +322,7 @@ impl Dataset {
         let decoded: Vec<(usize, Arc<ChunkPlanes>)> = jobs
             .into_par_iter()
             .map(|(slot, at, c, ranges, parts)| {
-                let (tile, index) = (tiles[slot], &indexes[slot]);
+                let (tile, index) = (tiles[slot], &indexes[slot].index);
                 let err = |e| self.tile_error(tile, e);
                 let span = index.chunk_span(c).map_err(err)?;
                 // The piece that holds the chunk: the last to start at or
@@ -288,7 +335,7 @@ impl Dataset {
                 let mut chunk = self.planes.take();
                 parsed.decode_planes(c, &mut chunk).map_err(err)?;
                 let chunk = Arc::new(chunk);
-                self.cache.put_chunk(tile, c, chunk.clone());
+                self.cache.put_chunk(generation, tile, c, chunk.clone());
                 Ok((at, chunk))
             })
             .collect::<Result<_, DatasetError>>()?;

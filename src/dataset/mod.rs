@@ -9,13 +9,15 @@
 mod cache;
 mod error;
 mod files;
+mod follow;
 mod gather;
 mod ranges;
 #[cfg(test)]
 mod tests;
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use rayon::prelude::*;
 
@@ -23,16 +25,19 @@ use crate::buffers::BufferPool;
 use crate::format::{self, CsrMatrix, Manifest, TileError, TileExpectation};
 use crate::storage::{self, Storage};
 
-pub use cache::{ReadOptions, DEFAULT_CACHE_BYTES};
+pub use cache::{ReadOptions, DEFAULT_CACHE_BYTES, DEFAULT_WRITER_WAIT};
 pub use error::DatasetError;
 pub use files::read_manifest;
 use files::read_manifest_bytes;
 pub(crate) use files::{cumulative, no_manifest, parse_var_names};
 #[cfg(feature = "convert")]
 pub(crate) use files::{APPEND_KEY, PLAN_KEY};
+use follow::{keep_rows, Current};
 use ranges::{Recent, KEPT_TILES};
 
-/// An open dataset.
+/// An open dataset: the version of it read at open (its cells, genes and
+/// obs), whose cells are read on from later versions while writers append
+/// to it or compact it (see `follow.rs` and docs/guarantees.md).
 ///
 /// ```no_run
 /// use deltacells::Dataset;
@@ -51,6 +56,8 @@ pub struct Dataset {
     /// SHA-256 of manifest.json's bytes, in hex: what a collection records
     /// to notice a dataset that changed.
     manifest_sha256: String,
+    /// manifest.json's bytes, as read at open.
+    manifest_bytes: bytes::Bytes,
     /// limits[i] = first cell after tile i (cumulative tile_cells).
     limits: Vec<u64>,
     /// The buffers of tiles decoded for a range or list of cells, kept for
@@ -63,6 +70,10 @@ pub struct Dataset {
     planes: crate::buffers::Pool<format::tile::ChunkPlanes>,
     /// The tile the last range read ended in, for the next range.
     recent: std::sync::Mutex<Recent>,
+    /// The version whose tiles reads go to: the one opened, or a later one.
+    current: RwLock<Arc<Current>>,
+    /// How long a read waits for a writer that is committing a new version.
+    writer_wait: Duration,
 }
 
 impl Dataset {
@@ -81,23 +92,60 @@ impl Dataset {
     /// Opens a dataset in any storage backend, reading as `options` say.
     pub fn from_storage_with(storage: Arc<dyn Storage>, options: &ReadOptions) -> Result<Dataset, DatasetError> {
         let (manifest, bytes) = read_manifest_bytes(storage.as_ref())?;
+        Ok(Dataset::with_manifest(storage, options, manifest, bytes))
+    }
+
+    /// Opens the dataset in `storage` as the version whose manifest.json is
+    /// `version` (the bytes [`Dataset::manifest_bytes`] gave, in another
+    /// process): its cells, read from the tiles of the version in place now
+    /// when that is a later version of it (see [`Dataset::manifest`]).
+    /// Refused when the dataset in place is not that version or a later one.
+    pub fn from_storage_as(
+        storage: Arc<dyn Storage>,
+        options: &ReadOptions,
+        version: &[u8],
+    ) -> Result<Dataset, DatasetError> {
+        let location = storage.location(format::MANIFEST_KEY);
+        let manifest =
+            Manifest::parse_checked(version).map_err(|source| DatasetError::Manifest { location, source })?;
+        let dataset = Dataset::with_manifest(storage, options, manifest, bytes::Bytes::copy_from_slice(version));
+        dataset.follow_at_open()?;
+        Ok(dataset)
+    }
+
+    fn with_manifest(
+        storage: Arc<dyn Storage>,
+        options: &ReadOptions,
+        manifest: Manifest,
+        bytes: bytes::Bytes,
+    ) -> Dataset {
         let limits = cumulative(&manifest.tile_cells);
         let manifest_sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
-        Ok(Dataset {
+        let current = RwLock::new(Arc::new(Current::new(manifest.clone(), manifest_sha256.clone())));
+        Dataset {
             storage,
             manifest,
             manifest_sha256,
+            manifest_bytes: bytes,
             limits,
             buffers: BufferPool::new(2 * KEPT_TILES),
             cache: cache::GatherCache::new(options),
             planes: crate::buffers::Pool::new(gather::KEPT_PLANES),
             recent: std::sync::Mutex::new(Recent::default()),
-        })
+            current,
+            writer_wait: options.writer_wait,
+        }
     }
 
-    /// SHA-256 of manifest.json as read, in hex: it changes whenever the
-    /// dataset does (an append, a new conversion), since the manifest lists
-    /// every tile's size and checksum.
+    /// manifest.json's bytes as read at open: the version this open
+    /// dataset shows (for [`Dataset::from_storage_as`]).
+    pub fn manifest_bytes(&self) -> &bytes::Bytes {
+        &self.manifest_bytes
+    }
+
+    /// SHA-256 of manifest.json as read at open, in hex: it changes whenever
+    /// the dataset does (an append, a compaction, a new conversion), since
+    /// the manifest lists every tile's size.
     pub fn manifest_sha256(&self) -> &str {
         &self.manifest_sha256
     }
@@ -114,7 +162,8 @@ impl Dataset {
         self.cache.set_chunk_budget(bytes);
     }
 
-    /// The checked manifest.
+    /// The checked manifest, as read at open: the version this open
+    /// dataset shows, even once its tiles are read from a later one.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
     }
@@ -174,45 +223,62 @@ impl Dataset {
         Ok((tile, cell - self.tile_cells(tile).start))
     }
 
-    /// What the manifest says tile `tile` holds.
+    /// What the manifest of the version read now says tile `tile` holds
+    /// (a later version's last tile may hold more cells than the opened
+    /// version's: the opened version's come first).
     pub fn tile_expectation(&self, tile: usize) -> TileExpectation {
-        TileExpectation {
-            n_cells: self.manifest.tile_cells[tile],
-            nnz: self.manifest.tile_nnz[tile],
-            n_genes: self.n_genes(),
-        }
+        self.current().expectation(tile)
     }
 
     /// Reads and decodes tile `tile`, checking it against the manifest.
     pub fn read_tile(&self, tile: usize) -> Result<CsrMatrix, DatasetError> {
-        let (location, blob) = self.tile_blob(tile)?;
-        format::decode_tile(&blob, Some(&self.tile_expectation(tile))).map_err(|source| DatasetError::Tile {
-            location,
-            tile,
-            source,
-        })
+        let mut out = CsrMatrix::default();
+        self.read_tile_into(tile, &mut out)?;
+        Ok(out)
     }
 
     /// Like [`Dataset::read_tile`], decoding into `out`'s buffers (reused as
     /// far as they are large enough), for loops over many tiles.
     pub fn read_tile_into(&self, tile: usize, out: &mut CsrMatrix) -> Result<(), DatasetError> {
-        let (location, blob) = self.tile_blob(tile)?;
-        format::decode_tile_into(&blob, Some(&self.tile_expectation(tile)), out).map_err(|source| DatasetError::Tile {
-            location,
-            tile,
-            source,
+        self.check_tile(tile)?;
+        self.on_current(|current| self.read_tile_of(current, tile, out))
+    }
+
+    /// The opened version's rows of tile `tile`, from `current`'s tile.
+    fn read_tile_of(&self, current: &Current, tile: usize, out: &mut CsrMatrix) -> Result<(), DatasetError> {
+        let (location, blob) = self.tile_blob(current, tile)?;
+        format::decode_tile_into(&blob, Some(&current.expectation(tile)), out)
+            .map_err(|source| DatasetError::Tile { location, tile, source })?;
+        keep_rows(out, self.manifest.tile_cells[tile]);
+        Ok(())
+    }
+
+    /// The bytes of tile `tile`, checked to be the size the manifest of the
+    /// version read now says, not yet decoded: with [`Dataset::parse_tile`],
+    /// for readers that fetch ahead and decode later.
+    pub fn fetch_tile(&self, tile: usize) -> Result<bytes::Bytes, DatasetError> {
+        self.check_tile(tile)?;
+        self.on_current(|current| Ok(self.tile_blob(current, tile)?.1))
+    }
+
+    /// The bytes of tile `tile`, every check made (header, CRC, chunk
+    /// table, against the manifest of the version they are of), and what
+    /// that manifest says of the tile, for
+    /// [`Dataset::parse_tile_again_as`]: a reader that fetches ahead and
+    /// decodes later, whatever version it decodes by then.
+    pub fn fetch_checked_tile(&self, tile: usize) -> Result<(bytes::Bytes, TileExpectation), DatasetError> {
+        self.check_tile(tile)?;
+        self.on_current(|current| {
+            let blob = self.tile_blob(current, tile)?.1;
+            let expect = current.expectation(tile);
+            format::ParsedTile::parse(&blob, Some(&expect)).map_err(|source| self.tile_error(tile, source))?;
+            Ok((blob, expect))
         })
     }
 
-    /// The bytes of tile `tile`, checked to be the size the manifest says, not
-    /// yet decoded: with [`Dataset::parse_tile`], for readers that fetch ahead
-    /// and decode later.
-    pub fn fetch_tile(&self, tile: usize) -> Result<bytes::Bytes, DatasetError> {
-        Ok(self.tile_blob(tile)?.1)
-    }
-
     /// Checks tile `tile`'s bytes (header, CRC, chunk table, against the
-    /// manifest) once, for decoding its chunks one by one.
+    /// manifest of the version read now) once, for decoding its chunks one
+    /// by one.
     pub fn parse_tile<'a>(&self, tile: usize, blob: &'a [u8]) -> Result<format::ParsedTile<'a>, DatasetError> {
         format::ParsedTile::parse(blob, Some(&self.tile_expectation(tile)))
             .map_err(|source| self.tile_error(tile, source))
@@ -222,8 +288,18 @@ impl Dataset {
     /// were kept unchanged since (every check but the CRC; see
     /// [`format::ParsedTile::parse_again`]).
     pub fn parse_tile_again<'a>(&self, tile: usize, blob: &'a [u8]) -> Result<format::ParsedTile<'a>, DatasetError> {
-        format::ParsedTile::parse_again(blob, Some(&self.tile_expectation(tile)))
-            .map_err(|source| self.tile_error(tile, source))
+        self.parse_tile_again_as(tile, blob, &self.tile_expectation(tile))
+    }
+
+    /// [`Dataset::parse_tile_again`] against `expect`, what
+    /// [`Dataset::fetch_checked_tile`] gave with the bytes.
+    pub fn parse_tile_again_as<'a>(
+        &self,
+        tile: usize,
+        blob: &'a [u8],
+        expect: &TileExpectation,
+    ) -> Result<format::ParsedTile<'a>, DatasetError> {
+        format::ParsedTile::parse_again(blob, Some(expect)).map_err(|source| self.tile_error(tile, source))
     }
 
     /// A tile's decoding error, naming the tile's file.
@@ -231,21 +307,27 @@ impl Dataset {
         DatasetError::Tile { location: self.storage.location(&format::tile_key(tile)), tile, source }
     }
 
-    /// The bytes of tile `tile`, checked to be the size the manifest says.
-    fn tile_blob(&self, tile: usize) -> Result<(String, bytes::Bytes), DatasetError> {
-        let key = format::tile_key(tile);
-        let location = self.storage.location(&key);
+    /// Refuses a tile the opened version does not have.
+    fn check_tile(&self, tile: usize) -> Result<(), DatasetError> {
         if tile >= self.n_tiles() {
-            return Err(DatasetError::Invalid {
-                location,
-                message: format!("the dataset has {} tiles", self.n_tiles()),
+            return Err(DatasetError::NoTile {
+                location: self.storage.location(&format::tile_key(tile)),
+                n_tiles: self.n_tiles(),
             });
         }
+        Ok(())
+    }
+
+    /// The bytes of tile `tile` (one the opened version has), checked to be
+    /// the size the manifest of `current` says.
+    fn tile_blob(&self, current: &Current, tile: usize) -> Result<(String, bytes::Bytes), DatasetError> {
+        let key = format::tile_key(tile);
+        let location = self.storage.location(&key);
         let blob = self
             .storage
             .get(&key)?
             .ok_or_else(|| DatasetError::Missing { location: location.clone(), what: format!("tile {tile}") })?;
-        let want = self.manifest.tile_bytes[tile];
+        let want = current.manifest.tile_bytes[tile];
         if blob.len() as u64 != want {
             return Err(DatasetError::Invalid {
                 location,

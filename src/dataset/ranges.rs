@@ -9,6 +9,7 @@ use rayon::prelude::*;
 use crate::buffers::BufferPool;
 use crate::format::{self, CsrFill, CsrMatrix};
 
+use super::follow::Current;
 use super::{Dataset, DatasetError};
 
 /// The tile a range read ended in: its bytes, checked (CRC included) once,
@@ -20,6 +21,8 @@ use super::{Dataset, DatasetError};
 /// [`RECENT_CHUNKS`] chunks' planes (4 bytes per nonzero).
 #[derive(Default)]
 pub(super) struct Recent {
+    /// The version (`follow.rs`) the tile is of.
+    generation: u64,
     tile: Option<usize>,
     blob: bytes::Bytes,
     chunks: Vec<(usize, format::tile::ChunkPlanes)>,
@@ -68,11 +71,17 @@ impl Dataset {
             let cell = range.end.max(range.start);
             return Err(DatasetError::CellOutOfRange { cell, n_cells: self.n_cells() });
         }
-        let mut fill = CsrFill::new(out, self.n_genes());
         if range.is_empty() {
-            fill.finish();
+            CsrFill::new(out, self.n_genes()).finish();
             return Ok(());
         }
+        self.on_current(|current| self.read_range_of(current, range.clone(), out))
+    }
+
+    /// [`Dataset::read_cells_into`] of a range that is not empty, from the
+    /// tiles of `current`.
+    fn read_range_of(&self, current: &Current, range: Range<u64>, out: &mut CsrMatrix) -> Result<(), DatasetError> {
+        let mut fill = CsrFill::new(out, self.n_genes());
         let first = self.locate(range.start)?.0;
         let last = self.locate(range.end - 1)?.0;
         // The rows of tile t the range holds, and whether that is all of them.
@@ -88,7 +97,7 @@ impl Dataset {
         // the tiles between, whole, are decoded in parallel.
         let (first_rows, first_whole) = span(first);
         if !first_whole {
-            self.read_rows_of_recent(first, first_rows, &mut fill)?;
+            self.read_rows_of_recent(current, first, first_rows, &mut fill)?;
             if first == last {
                 fill.finish();
                 return Ok(());
@@ -100,7 +109,7 @@ impl Dataset {
             .into_par_iter()
             .map(|t| {
                 let mut tile = PooledTile { matrix: self.buffers.take_matrix(), pool: &self.buffers };
-                self.read_tile_into(t, &mut tile.matrix)?;
+                self.read_tile_of(current, t, &mut tile.matrix)?;
                 Ok::<_, DatasetError>(tile)
             })
             .collect::<Result<_, _>>()?;
@@ -108,7 +117,7 @@ impl Dataset {
             fill.append(&tile.matrix);
         }
         if !last_whole {
-            self.read_rows_of_recent(last, last_rows, &mut fill)?;
+            self.read_rows_of_recent(current, last, last_rows, &mut fill)?;
         }
         fill.finish();
         Ok(())
@@ -118,16 +127,29 @@ impl Dataset {
     /// tile's bytes are fetched and checked unless they are the recent
     /// tile's, and each chunk is decompressed unless it is one of the recent
     /// chunks.
-    fn read_rows_of_recent(&self, tile: usize, rows: Range<u64>, out: &mut CsrFill<'_>) -> Result<(), DatasetError> {
+    fn read_rows_of_recent(
+        &self,
+        current: &Current,
+        tile: usize,
+        rows: Range<u64>,
+        out: &mut CsrFill<'_>,
+    ) -> Result<(), DatasetError> {
+        let generation = current.generation;
         let taken = {
             let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
-            (recent.tile == Some(tile)).then(|| (recent.blob.clone(), std::mem::take(&mut recent.chunks)))
+            (recent.tile == Some(tile) && recent.generation == generation)
+                .then(|| (recent.blob.clone(), std::mem::take(&mut recent.chunks)))
         };
         let (blob, mut chunks, checked) = match taken {
             Some((blob, chunks)) => (blob, chunks, true),
-            None => (self.tile_blob(tile)?.1, Vec::new(), false),
+            None => (self.tile_blob(current, tile)?.1, Vec::new(), false),
         };
-        let parsed = if checked { self.parse_tile_again(tile, &blob)? } else { self.parse_tile(tile, &blob)? };
+        let expect = current.expectation(tile);
+        let parsed = if checked {
+            self.parse_tile_again_as(tile, &blob, &expect)?
+        } else {
+            format::ParsedTile::parse(&blob, Some(&expect)).map_err(|e| self.tile_error(tile, e))?
+        };
         let spans: Vec<Range<u64>> = parsed.chunk_cells().collect();
         let mut used = Vec::new();
         for (c, cells) in spans.iter().enumerate() {
@@ -152,7 +174,7 @@ impl Dataset {
         // The chunks used last are kept (the last one first to be found).
         let keep = used.len().saturating_sub(RECENT_CHUNKS);
         let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
-        *recent = Recent { tile: Some(tile), blob, chunks: used.split_off(keep) };
+        *recent = Recent { generation, tile: Some(tile), blob, chunks: used.split_off(keep) };
         Ok(())
     }
 }

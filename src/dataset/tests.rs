@@ -119,7 +119,7 @@ impl crate::storage::Storage for AsRemote {
 /// [`written`]'s dataset opened through [`AsRemote`], with `cache_bytes`.
 fn as_remote(dir: &std::path::Path, cache_bytes: u64) -> Dataset {
     let store = Arc::new(AsRemote(crate::storage::LocalStorage::new(dir.to_path_buf())));
-    Dataset::from_storage_with(store, &ReadOptions { cache_bytes }).unwrap()
+    Dataset::from_storage_with(store, &ReadOptions { cache_bytes, ..ReadOptions::default() }).unwrap()
 }
 
 proptest::proptest! {

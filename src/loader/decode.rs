@@ -92,7 +92,8 @@ impl Window {
             let fetched = fetched?;
             let u = self.next;
             let unit = &units[u];
-            let tile = fetched.member.dataset.parse_tile(unit.tile, &fetched.blob)?;
+            // (checked whole, CRC included, when it was fetched)
+            let tile = fetched.member.dataset.parse_tile_again_as(unit.tile, &fetched.blob, &fetched.expect)?;
             let mut i = 0;
             for (chunk, cells) in tile.chunk_cells().enumerate() {
                 let mut rows = Vec::new();

@@ -1,7 +1,10 @@
 //! The fetching stage: the share's tiles in plan order, still compressed
 //! ([`Fetched`]), a few at a time in parallel, each dataset opened when a
-//! tile of it first comes up. It neither checks nor decompresses a tile:
-//! the decoding stage does.
+//! tile of it first comes up. Each tile is checked whole (CRC included)
+//! here, against the manifest of the version it is of (a writer may have
+//! replaced it since the dataset was opened: the dataset then reads it
+//! from the later version, see `dataset/follow.rs`); it is decompressed by
+//! the decoding stage.
 
 use std::sync::mpsc::SyncSender;
 
@@ -13,6 +16,8 @@ use super::source::{OpenMember, TileSource};
 #[derive(Clone)]
 pub(super) struct Fetched {
     pub(super) blob: bytes::Bytes,
+    /// What the manifest of the version the tile is of says it holds.
+    pub(super) expect: crate::format::TileExpectation,
     pub(super) member: OpenMember,
 }
 
@@ -42,8 +47,11 @@ pub(super) fn fetch_tiles(source: &dyn TileSource, plan: &EpochPlan, out: &SyncS
         // Each tile of the group on a thread of its own: a fetch waits on
         // the store, not on a core, and must not queue behind the chunks
         // being decompressed on the pool.
-        let fetched = members.and_then(|members| {
-            let fetch = |u: &Unit, member: OpenMember| Ok(Fetched { blob: member.dataset.fetch_tile(u.tile)?, member });
+        let fetched = |members: Vec<OpenMember>| {
+            let fetch = |u: &Unit, member: OpenMember| {
+                let (blob, expect) = member.dataset.fetch_checked_tile(u.tile)?;
+                Ok(Fetched { blob, expect, member })
+            };
             std::thread::scope(|scope| {
                 // (A thread that cannot be started leaves its tile to be
                 // fetched here, after the others.)
@@ -63,19 +71,18 @@ pub(super) fn fetch_tiles(source: &dyn TileSource, plan: &EpochPlan, out: &SyncS
                         }
                         Err((u, member)) => fetch(u, member),
                     })
-                    .collect::<Result<Vec<_>, LoaderError>>()
+                    .collect::<Vec<Result<Fetched, LoaderError>>>()
             })
-        });
-        match fetched {
-            Ok(fetched) => {
-                for f in fetched {
-                    if out.send(Ok(f)).is_err() {
-                        return;
-                    }
-                }
-            }
-            Err(e) => {
-                let _ = out.send(Err(e));
+        };
+        // The group's tiles in order, up to the first that failed (checked
+        // here, a damaged tile ends the epoch after the tiles before it).
+        let fetched = match members.map(fetched) {
+            Ok(fetched) => fetched,
+            Err(e) => vec![Err(e)],
+        };
+        for f in fetched {
+            let failed = f.is_err();
+            if out.send(f).is_err() || failed {
                 return;
             }
         }

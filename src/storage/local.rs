@@ -64,6 +64,57 @@ fn missing_is_none<T>(r: std::io::Result<T>) -> std::io::Result<Option<T>> {
     }
 }
 
+impl LocalStorage {
+    /// Ranges of `key`, from one open file, with the file's identity (see
+    /// [`identity`]); a file whose identity is not `etag` (when given) is
+    /// [`StorageError::Changed`].
+    fn read_ranges(
+        &self,
+        key: &str,
+        ranges: &[Range<u64>],
+        etag: Option<&str>,
+    ) -> Result<Option<(Vec<Bytes>, String)>, StorageError> {
+        let Some(file) = missing_is_none(File::open(self.path(key))).map_err(|e| self.io_err(key, e))? else {
+            return Ok(None);
+        };
+        let meta = file.metadata().map_err(|e| self.io_err(key, e))?;
+        let tag = identity(&meta);
+        if let Some(want) = etag.filter(|want| *want != tag) {
+            return Err(StorageError::Changed { location: self.location(key), etag: want.to_string() });
+        }
+        let size = meta.len();
+        let mut out = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            if r.start > r.end || r.end > size {
+                return Err(StorageError::Range { location: self.location(key), start: r.start, end: r.end, size });
+            }
+            let mut buf = vec![0u8; (r.end - r.start) as usize];
+            file.read_exact_at(&mut buf, r.start).map_err(|e| self.io_err(key, e))?;
+            self.stats.record(buf.len() as u64);
+            out.push(Bytes::from(buf));
+        }
+        Ok(Some((out, tag)))
+    }
+}
+
+/// A local file's version, as an entity tag: its inode, size and times of
+/// change. A writer that replaces a file renames a new one over it (another
+/// inode, and a new change time even where the inode number comes back);
+/// one that writes it in place changes its times.
+fn identity(meta: &std::fs::Metadata) -> String {
+    use std::os::unix::fs::MetadataExt;
+    format!(
+        "{:x}-{:x}-{:x}-{}.{}-{}.{}",
+        meta.dev(),
+        meta.ino(),
+        meta.size(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+        meta.ctime(),
+        meta.ctime_nsec()
+    )
+}
+
 impl Storage for LocalStorage {
     fn location(&self, key: &str) -> String {
         self.path(key).display().to_string()
@@ -94,21 +145,14 @@ impl Storage for LocalStorage {
     }
 
     fn get_ranges(&self, key: &str, ranges: &[Range<u64>]) -> Result<Option<Vec<Bytes>>, StorageError> {
-        let Some(file) = missing_is_none(File::open(self.path(key))).map_err(|e| self.io_err(key, e))? else {
-            return Ok(None);
-        };
-        let size = file.metadata().map_err(|e| self.io_err(key, e))?.len();
-        let mut out = Vec::with_capacity(ranges.len());
-        for r in ranges {
-            if r.start > r.end || r.end > size {
-                return Err(StorageError::Range { location: self.location(key), start: r.start, end: r.end, size });
-            }
-            let mut buf = vec![0u8; (r.end - r.start) as usize];
-            file.read_exact_at(&mut buf, r.start).map_err(|e| self.io_err(key, e))?;
-            self.stats.record(buf.len() as u64);
-            out.push(Bytes::from(buf));
-        }
-        Ok(Some(out))
+        Ok(self.read_ranges(key, ranges, None)?.map(|(parts, _)| parts))
+    }
+
+    fn get_ranges_pinned(&self, requests: &[super::PinnedRequest]) -> Vec<super::PinnedRanges> {
+        requests
+            .iter()
+            .map(|r| Ok(self.read_ranges(&r.key, &r.ranges, r.etag.as_deref())?.map(|(p, tag)| (p, Some(tag)))))
+            .collect()
     }
 
     fn is_local(&self) -> bool {

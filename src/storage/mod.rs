@@ -250,6 +250,20 @@ pub fn merge_ranges(mut spans: Vec<Range<u64>>, gap: u64) -> Vec<Range<u64>> {
 /// when the object does not exist.
 pub type ManyRanges = Result<Option<Vec<Bytes>>, StorageError>;
 
+/// One request of [`Storage::get_ranges_pinned`]: byte ranges of `key`, of
+/// the version `etag` names when it names one.
+#[derive(Clone, Debug)]
+pub struct PinnedRequest {
+    pub key: String,
+    pub ranges: Vec<Range<u64>>,
+    pub etag: Option<String>,
+}
+
+/// One answer of [`Storage::get_ranges_pinned`]: the ranges' bytes and the
+/// version they are of (None where the store does not tell versions
+/// apart), or None when the object does not exist.
+pub type PinnedRanges = Result<Option<(Vec<Bytes>, Option<String>)>, StorageError>;
+
 /// A dataset root: local folder or object-store prefix.
 pub trait Storage: Send + Sync {
     /// Takes the root's exclusive lock if it is free, for a writer that
@@ -290,6 +304,23 @@ pub trait Storage: Send + Sync {
     /// chunks of many tiles cost one round trip, not one a tile).
     fn get_ranges_many(&self, requests: &[(String, Vec<Range<u64>>)]) -> Vec<ManyRanges> {
         requests.iter().map(|(key, ranges)| self.get_ranges(key, ranges)).collect()
+    }
+    /// [`Storage::get_ranges_many`], each request of the version its
+    /// `etag` names (a store holding another version now answers
+    /// [`StorageError::Changed`]), each answer with the version it read: a
+    /// reader that reads a tile's index, then its chunks, pinned to the
+    /// version of the index, gets bytes of one version or an error. A
+    /// local file's version is its identity (inode, size and times: our
+    /// writers replace a file by renaming a new one over it); a store
+    /// without tags gives None and reads as `get_ranges` does.
+    fn get_ranges_pinned(&self, requests: &[PinnedRequest]) -> Vec<PinnedRanges> {
+        requests
+            .iter()
+            .map(|r| {
+                let parts = self.get_ranges_of(&r.key, &r.ranges, r.etag.as_deref())?;
+                Ok(parts.map(|parts| (parts, r.etag.clone())))
+            })
+            .collect()
     }
     /// Whether the bytes are on this machine (a local folder): reading a
     /// tile whole costs little more than reading a part of it.

@@ -145,35 +145,38 @@ impl ObjectStorage {
 }
 
 impl ObjectStorage {
-    /// Byte ranges of several keys (of the version whose entity tag is
-    /// `etag`, when given), each request's answer in its place. Ranges of
-    /// one key closer than [`COALESCE_GAP`] are fetched as one piece, and
-    /// the pieces of every key are requested at once (at most
-    /// [`PIECES_IN_FLIGHT`] in flight): a gather's chunks in many tiles
-    /// cost one round trip of latency, not one per tile or per ten ranges.
-    async fn fetch_all(&self, requests: &[(&str, &[Range<u64>])], etag: Option<&str>) -> Vec<super::ManyRanges> {
+    /// Byte ranges of several keys (each of the version its request's
+    /// entity tag names), each answer in its place with its entity tag. Ranges of one key closer
+    /// than [`COALESCE_GAP`] are fetched as one piece, and the pieces of
+    /// every key are requested at once (at most [`PIECES_IN_FLIGHT`] in
+    /// flight): a gather's chunks in many tiles cost one round trip of
+    /// latency, not one per tile or per ten ranges. Pieces of one key that
+    /// came from two versions (it was replaced between them) are
+    /// [`StorageError::Changed`], never joined.
+    async fn fetch_all(&self, requests: &[Request<'_>]) -> Vec<super::PinnedRanges> {
         use futures::StreamExt;
-        let mut answers: Vec<Option<super::ManyRanges>> = Vec::with_capacity(requests.len());
+        let mut answers: Vec<Option<super::PinnedRanges>> = Vec::with_capacity(requests.len());
         let mut pieces: Vec<Vec<Range<u64>>> = Vec::with_capacity(requests.len());
-        for &(key, ranges) in requests {
+        for &(key, ranges, etag) in requests {
             if let Some(r) = ranges.iter().find(|r| r.start > r.end) {
                 let location = self.location(key);
                 answers.push(Some(Err(StorageError::Range { location, start: r.start, end: r.end, size: 0 })));
                 pieces.push(Vec::new());
             } else if ranges.iter().all(|r| r.start == r.end) {
-                answers.push(Some(self.sizes_only(key, ranges).await));
+                let answer = self.sizes_only(key, ranges).await;
+                answers.push(Some(answer.map(|a| a.map(|parts| (parts, etag.map(str::to_string))))));
                 pieces.push(Vec::new());
             } else {
                 answers.push(None);
                 pieces.push(super::merge_ranges(ranges.to_vec(), COALESCE_GAP));
             }
         }
-        let paths: Vec<StorePath> = requests.iter().map(|(key, _)| self.path(key)).collect();
+        let paths: Vec<StorePath> = requests.iter().map(|(key, _, _)| self.path(key)).collect();
         let wanted = pieces.iter().enumerate().flat_map(|(i, p)| p.iter().map(move |r| (i, r.clone())));
-        let fetched: Vec<(usize, Result<Bytes, Fetch>)> = futures::stream::iter(wanted)
+        let fetched: Vec<(usize, Result<Tagged, Fetch>)> = futures::stream::iter(wanted)
             .map(|(i, range)| {
                 let path = &paths[i];
-                async move { (i, self.fetch_piece(path, range, etag).await) }
+                async move { (i, self.fetch_piece(path, range, requests[i].2).await) }
             })
             .buffered(PIECES_IN_FLIGHT)
             .collect()
@@ -187,9 +190,18 @@ impl ObjectStorage {
             while let Some((_, piece)) = fetched.next_if(|(j, _)| *j == i) {
                 got.push(piece);
             }
-            let (key, ranges) = requests[i];
-            *answer = Some(match got.into_iter().collect::<Result<Vec<Bytes>, Fetch>>() {
-                Ok(bytes) => Ok(Some(cut(ranges, &pieces[i], &bytes))),
+            let (key, ranges, etag) = requests[i];
+            *answer = Some(match got.into_iter().collect::<Result<Vec<Tagged>, Fetch>>() {
+                Ok(parts) => {
+                    let tag = parts.first().and_then(|(_, t)| t.clone());
+                    if parts.iter().any(|(_, t)| *t != tag) {
+                        let was = tag.unwrap_or_default();
+                        Err(StorageError::Changed { location: self.location(key), etag: was })
+                    } else {
+                        let bytes: Vec<Bytes> = parts.into_iter().map(|(b, _)| b).collect();
+                        Ok(Some((cut(ranges, &pieces[i], &bytes), tag.or_else(|| etag.map(str::to_string)))))
+                    }
+                }
                 Err(e) => self.settle(key, e, etag),
             });
         }
@@ -212,24 +224,26 @@ impl ObjectStorage {
         Ok(Some(vec![Bytes::new(); ranges.len()]))
     }
 
-    /// One piece: a ranged request, its length checked.
-    async fn fetch_piece(&self, path: &StorePath, range: Range<u64>, etag: Option<&str>) -> Result<Bytes, Fetch> {
+    /// One piece: a ranged request, its length checked; with the entity
+    /// tag of the object it came from.
+    async fn fetch_piece(&self, path: &StorePath, range: Range<u64>, etag: Option<&str>) -> Result<Tagged, Fetch> {
         let options = object_store::GetOptions {
             range: Some(range.clone().into()),
             if_match: etag.map(str::to_string),
             ..Default::default()
         };
         let got = self.store.get_opts(path, options).await.map_err(Fetch::Store)?;
+        let tag = got.meta.e_tag.clone();
         let bytes = got.bytes().await.map_err(Fetch::Store)?;
         self.stats.record(bytes.len() as u64);
         if bytes.len() as u64 != range.end - range.start {
             return Err(Fetch::Short { range, got: bytes.len() as u64 });
         }
-        Ok(bytes)
+        Ok((bytes, tag))
     }
 
     /// A failed piece of `key` as the answer to its request.
-    fn settle(&self, key: &str, e: Fetch, etag: Option<&str>) -> super::ManyRanges {
+    fn settle(&self, key: &str, e: Fetch, etag: Option<&str>) -> super::PinnedRanges {
         match e {
             Fetch::Store(e) if is_not_found(&e) => Ok(None),
             Fetch::Store(object_store::Error::Precondition { .. }) if etag.is_some() => {
@@ -245,6 +259,11 @@ impl ObjectStorage {
         }
     }
 }
+
+/// A key, its ranges and the entity tag of the version to read (if any).
+type Request<'a> = (&'a str, &'a [Range<u64>], Option<&'a str>);
+/// A piece's bytes, with the entity tag of the object they came from.
+type Tagged = (Bytes, Option<String>);
 
 /// Each of `ranges` cut out of the fetched `pieces` (sorted, from
 /// [`super::merge_ranges`]: each range lies whole in one).
@@ -448,12 +467,20 @@ impl Storage for ObjectStorage {
         ranges: &[Range<u64>],
         etag: Option<&str>,
     ) -> Result<Option<Vec<Bytes>>, StorageError> {
-        runtime().block_on(self.fetch_all(&[(key, ranges)], etag)).pop().unwrap_or(Ok(None))
+        let answer = runtime().block_on(self.fetch_all(&[(key, ranges, etag)])).pop().unwrap_or(Ok(None));
+        answer.map(|a| a.map(|(parts, _)| parts))
     }
 
     fn get_ranges_many(&self, requests: &[(String, Vec<Range<u64>>)]) -> Vec<super::ManyRanges> {
-        let requests: Vec<(&str, &[Range<u64>])> = requests.iter().map(|(k, r)| (k.as_str(), r.as_slice())).collect();
-        runtime().block_on(self.fetch_all(&requests, None))
+        let requests: Vec<Request<'_>> = requests.iter().map(|(k, r)| (k.as_str(), r.as_slice(), None)).collect();
+        let answers = runtime().block_on(self.fetch_all(&requests));
+        answers.into_iter().map(|a| a.map(|a| a.map(|(parts, _)| parts))).collect()
+    }
+
+    fn get_ranges_pinned(&self, requests: &[super::PinnedRequest]) -> Vec<super::PinnedRanges> {
+        let requests: Vec<Request<'_>> =
+            requests.iter().map(|r| (r.key.as_str(), r.ranges.as_slice(), r.etag.as_deref())).collect();
+        runtime().block_on(self.fetch_all(&requests))
     }
 
     fn read_cost(&self, ranges: &[Range<u64>]) -> (u64, u64) {

@@ -17,6 +17,7 @@ mod hardening;
 mod library_errors;
 mod obs;
 mod pbmc;
+mod readers;
 mod real_world;
 mod remote;
 mod secrets;
