@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import deltacells
-
 from conftest import REPO, run
 
 EXAMPLE = REPO / "examples" / "pbmc_1k.h5ad"
