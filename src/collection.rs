@@ -127,6 +127,12 @@ pub struct MemberSummary {
     pub tile_cells: Vec<u64>,
     /// SHA-256 of its manifest.json, in hex.
     pub manifest_sha256: String,
+    /// Its manifest.json as opened, when it was (not from a collection
+    /// file): another process opens the member as this version, reading on
+    /// from a later one when a writer changed it since, as an open dataset
+    /// does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<String>,
     /// Its stored columns are the vocabulary's, in its order: its cells are
     /// written as they are stored, with no map.
     pub in_vocabulary: bool,
@@ -256,6 +262,7 @@ impl Collection {
                 n_genes: o.dataset.n_genes(),
                 tile_cells: m.tile_cells.clone(),
                 manifest_sha256: o.dataset.manifest_sha256().to_string(),
+                manifest: std::str::from_utf8(o.dataset.manifest_bytes()).ok().map(str::to_string),
                 in_vocabulary,
             };
             let limits = o.dataset.tile_limits().to_vec();
@@ -387,7 +394,15 @@ impl Collection {
         let read = member_read_options(self.cache_bytes.load(Ordering::Relaxed), self.members.len());
         let dataset = storage::open_with(&s.root, &self.store)
             .map_err(DatasetError::from)
-            .and_then(|store| Dataset::from_storage_with(store, &read))
+            .and_then(|store| match &s.manifest {
+                // (another dataset in its place: opened as it is, to name
+                // its manifest below)
+                Some(version) => match Dataset::from_storage_as(store.clone(), &read, version.as_bytes()) {
+                    Err(DatasetError::Replaced { .. }) => Dataset::from_storage_with(store, &read),
+                    opened => opened,
+                },
+                None => Dataset::from_storage_with(store, &read),
+            })
             .map_err(failed)?;
         if dataset.manifest_sha256() != s.manifest_sha256 {
             return Err(CollectionError::Changed {

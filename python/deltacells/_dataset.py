@@ -353,6 +353,19 @@ class Dataset:
         requests, fetched, retries = self.native.io_stats()
         return {"requests": requests, "bytes": fetched, "retries": retries}
 
+    @property
+    def versions_followed(self) -> int:
+        """How many later versions of the dataset this process's reads of
+        it have moved to since it was opened: each is a writer's change
+        (``append``, a sharded append's ``finalize``, ``compact``) noticed by
+        a read, which then reads on from the new version. The cells, genes
+        and obs stay those of the version opened. 0 while nothing changed.
+
+        >>> ds.versions_followed  # doctest: +SKIP
+        0
+        """
+        return self.native.versions_followed
+
     def read_tile(self, tile: int) -> Batch:
         """Tile ``tile``, whole, as a :class:`Batch`."""
         return Batch(*self.native.read_tile(tile), self.n_genes)

@@ -111,32 +111,34 @@ def _distributed() -> tuple[int, int]:
 
 def _source(
     root: str | os.PathLike[str] | Dataset | Collection, open_options: dict[str, Any]
-) -> tuple[str | Collection, dict[str, Any]]:
+) -> tuple[str | Collection, dict[str, Any], bytes | None]:
     """What each process opens: a root with the options of
     :func:`deltacells.open_dataset` (an open Dataset's own, with its cache
     folder, under those given; its threads left to each process), or a
-    collection."""
+    collection; and, for an open Dataset, the version it shows (its
+    manifest), which every process opens too, whatever writers did since."""
     if isinstance(root, Collection):
-        return root, open_options
+        return root, open_options, None
     if isinstance(root, Dataset):
         given = {k: v for k, v in root._options.items() if k != "threads"}
-        return root.root, {**given, "cache_dir": root._cache_dir, **open_options}
-    return location("root", root), open_options
+        return root.root, {**given, "cache_dir": root._cache_dir, **open_options}, root.native.version()
+    return location("root", root), open_options, None
 
 
 def _new_source(
-    root: str | Collection, open_options: dict[str, Any], threads: int | None, num_workers: int
+    root: str | Collection, open_options: dict[str, Any], threads: int | None, num_workers: int,
+    version: bytes | None = None,
 ) -> Dataset | Collection:
     """The dataset or collection a process reads, with ``threads`` decoding
-    threads (default: the cores divided among the workers); nothing is
-    opened until it is read."""
+    threads (default: the cores divided among the workers), as ``version``
+    when given; nothing is opened until it is read."""
     threads = threads or max(1, (os.cpu_count() or 1) // num_workers)
     if isinstance(root, Collection):
         return root._copy(threads)
     options: dict[str, Any] = dict(threads=threads, **store_options({}), cache_bytes=0)
     options.update(open_options)
     cache_dir = options.pop("cache_dir", None)
-    return Dataset(root, options, cache_dir)
+    return Dataset(root, options, cache_dir, None, version)
 
 
 def _gene_choice(
@@ -218,7 +220,7 @@ class CellDataset(torch.utils.data.IterableDataset):
         **open_options: Any,
     ) -> None:
         super().__init__()
-        self.root, open_options = _source(root, open_options)
+        self.root, open_options, self._version = _source(root, open_options)
         genes, gene_column = _gene_choice(root, genes, gene_column)
         if isinstance(root, Collection) and obs_columns:
             root.obs.ensure_local(list(obs_columns))  # merges the obs schemas once, here
@@ -275,7 +277,7 @@ class CellDataset(torch.utils.data.IterableDataset):
         return state
 
     def _new_dataset(self, num_workers: int) -> Dataset | Collection:
-        return _new_source(self.root, self.open_options, self.threads, num_workers)
+        return _new_source(self.root, self.open_options, self.threads, num_workers, self._version)
 
     def _open(self, num_workers: int) -> Dataset | Collection:
         if self._dataset is None:
@@ -440,7 +442,7 @@ class CellMapDataset(torch.utils.data.Dataset):
                     f"({', '.join(_OPEN_OPTIONS)})"
                 )
         self.genes, self.gene_column = _gene_choice(root, genes, gene_column)
-        self.root, self.open_options = _source(root, open_options)
+        self.root, self.open_options, self._version = _source(root, open_options)
         main: Dataset | Collection
         if isinstance(self.root, Collection):
             if self.open_options:
@@ -450,6 +452,8 @@ class CellMapDataset(torch.utils.data.Dataset):
             main = _new_source(self.root, {}, self.threads, 1)
         else:
             main = open_dataset(self.root, threads=self.threads, **self.open_options)  # checks the options
+            if self._version is not None:
+                main = _new_source(self.root, self.open_options, self.threads, 1, self._version)
         self.obs_columns = [] if obs_columns is None else column_names("obs_columns", obs_columns)
         self.dtype = _tensor_dtype(dtype)
         self.transform = transform
@@ -494,7 +498,8 @@ class CellMapDataset(torch.utils.data.Dataset):
             # would wait for the parent's threads, which this process lacks).
             _INHERITED.append(opened)
         info = torch.utils.data.get_worker_info()
-        dataset = _new_source(self.root, self.open_options, self.threads, 1 if info is None else info.num_workers)
+        workers = 1 if info is None else info.num_workers
+        dataset = _new_source(self.root, self.open_options, self.threads, workers, self._version)
         return self._prepare(dataset)
 
     def __len__(self) -> int:

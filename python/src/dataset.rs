@@ -12,7 +12,6 @@ use deltacells::batch::BatchOutput;
 use deltacells::batch::CellWriter;
 use deltacells::format::{self, CsrMatrix};
 use deltacells::loader::{self, BufferPool, EpochPlan};
-use deltacells::obs::localize;
 use deltacells::storage::{self, StoreOptions};
 use deltacells::{Dataset, ReadOptions};
 
@@ -144,6 +143,13 @@ impl RawDataset {
     #[getter]
     fn location(&self) -> String {
         self.dataset.storage().location("")
+    }
+
+    /// How many later versions (appends, finalizes, compactions) reads
+    /// have moved to since the dataset was opened.
+    #[getter]
+    fn versions_followed(&self) -> u64 {
+        self.dataset.versions_followed()
     }
 
     /// Cells per tile, as an int64 array.
@@ -413,13 +419,7 @@ impl RawDataset {
     ) -> PyResult<String> {
         detached(py, || {
             let run = || {
-                let report = localize::localize(
-                    self.dataset.storage().as_ref(),
-                    self.dataset.manifest(),
-                    &columns,
-                    Path::new(&cache_root),
-                    force,
-                )?;
+                let report = self.dataset.localize_obs(&columns, Path::new(&cache_root), force)?;
                 Ok(serde_json::to_string(&report).unwrap_or_default())
             };
             match threads {

@@ -5,7 +5,7 @@ use anyhow::{bail, Context};
 use indicatif::HumanBytes;
 use serde::Serialize;
 
-use crate::obs::localize::{cache_root, cached_file_is_valid, column_path, localize, ObsSource};
+use crate::obs::localize::{cache_root, cached_file_is_valid, column_path, ObsSource};
 use crate::Dataset;
 
 use crate::cli::{LocalizeArgs, ObsCommand, ObsInfoArgs};
@@ -142,7 +142,7 @@ fn run_localize(args: &LocalizeArgs) -> anyhow::Result<u8> {
         args.columns.clone()
     };
     let root = cache_root(args.cache_dir.as_deref().map(Path::new));
-    let report = localize(ds.storage().as_ref(), manifest, &columns, &root, args.force).context("obs localize")?;
+    let report = ds.localize_obs(&columns, &root, args.force).context("obs localize")?;
     if args.json {
         super::print_json(&report)?;
     } else {

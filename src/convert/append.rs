@@ -520,6 +520,7 @@ fn plan_staged(
             metadata.insert("appends".into(), json!([entry]));
         }
     }
+    format::manifest::extend_lineage(&mut metadata, &record.base);
 
     let plan = Plan {
         format: PLAN_FORMAT.into(),

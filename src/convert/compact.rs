@@ -112,6 +112,7 @@ pub fn compact(ds: Arc<dyn Storage>, level: i32, progress: &dyn ConvertProgress)
     after.zstd_level = level.into();
     let note = json!({ "zstd_level": level, "from_zstd_level": manifest.zstd_level, "time": now() });
     after.metadata.insert("compacted".into(), note);
+    format::manifest::extend_lineage(&mut after.metadata, dataset.manifest_sha256());
     let staged = Bytes::from(after.to_json());
     staging.put(STAGED_MANIFEST, staged.clone())?;
     let after = commit_staged(ds.as_ref(), &staged)?;

@@ -114,8 +114,10 @@ pub(super) struct GatherCache {
     indexes: Mutex<Budgeted<Of<usize>, PinnedIndex>>,
     chunks: Mutex<Budgeted<Of<(usize, usize)>, ChunkPlanes>>,
     /// Tiles whose CRC this process has checked (local datasets read a
-    /// tile whole the first time a gather touches it).
-    checked: Mutex<std::collections::HashSet<Of<usize>>>,
+    /// tile whole the first time a gather touches it), each with the
+    /// version of its file that was checked: a file a writer replaced is
+    /// checked again, one it left alone is not, whatever manifest is read.
+    checked: Mutex<std::collections::HashMap<usize, String>>,
     /// The oldest generation kept: what older reads put is not kept.
     oldest: std::sync::atomic::AtomicU64,
 }
@@ -139,7 +141,6 @@ impl GatherCache {
         self.oldest.fetch_max(generation, std::sync::atomic::Ordering::AcqRel);
         self.indexes.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.chunks.lock().unwrap_or_else(|p| p.into_inner()).clear();
-        self.checked.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
     pub(super) fn index(&self, generation: u64, tile: usize) -> Option<Arc<PinnedIndex>> {
@@ -166,14 +167,14 @@ impl GatherCache {
         self.chunks.lock().unwrap_or_else(|p| p.into_inner()).put((generation, (tile, chunk)), planes, size);
     }
 
-    pub(super) fn crc_checked(&self, generation: u64, tile: usize) -> bool {
-        self.checked.lock().unwrap_or_else(|p| p.into_inner()).contains(&(generation, tile))
+    /// Whether the CRC of tile `tile`'s file, in the version `etag`
+    /// names, was checked.
+    pub(super) fn crc_checked(&self, tile: usize, etag: &str) -> bool {
+        self.checked.lock().unwrap_or_else(|p| p.into_inner()).get(&tile).is_some_and(|t| t == etag)
     }
 
-    pub(super) fn set_crc_checked(&self, generation: u64, tile: usize) {
-        if !self.stale(generation) {
-            self.checked.lock().unwrap_or_else(|p| p.into_inner()).insert((generation, tile));
-        }
+    pub(super) fn set_crc_checked(&self, tile: usize, etag: String) {
+        self.checked.lock().unwrap_or_else(|p| p.into_inner()).insert(tile, etag);
     }
 
     /// A new budget for decompressed chunks.

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::format::{self, Manifest, TileExpectation};
+use crate::obs::localize;
 use crate::storage::StorageError;
 
 use super::{Dataset, DatasetError};
@@ -49,10 +50,12 @@ impl Current {
     }
 
     /// What this version's manifest says tile `tile` holds.
+    /// (A tile the manifest does not list is expected empty, so that
+    /// reading it is refused as a mismatch, not a panic.)
     pub(crate) fn expectation(&self, tile: usize) -> TileExpectation {
         TileExpectation {
-            n_cells: self.manifest.tile_cells[tile],
-            nnz: self.manifest.tile_nnz[tile],
+            n_cells: self.manifest.tile_cells.get(tile).copied().unwrap_or(0),
+            nnz: self.manifest.tile_nnz.get(tile).copied().unwrap_or(0),
             n_genes: self.manifest.n_genes as u32,
         }
     }
@@ -106,18 +109,28 @@ impl Dataset {
     /// another thread's, if it moved on already; else read now (waiting for
     /// a writer's commit to end). `cause` when nothing changed.
     fn follow(&self, seen: &Arc<Current>, cause: DatasetError) -> Result<Arc<Current>, DatasetError> {
+        let changed_in_place = matches!(cause, DatasetError::Storage(StorageError::Changed { .. }));
+        self.next_version(seen, changed_in_place)?.ok_or(cause)
+    }
+
+    /// The version after `seen`: another thread's, if it moved on already;
+    /// else read now (waiting for a writer's commit to end). None when the
+    /// manifest is still `seen`'s, unless a file `changed_in_place` under a
+    /// pinned read (then the read is tried again on the same manifest).
+    fn next_version(&self, seen: &Arc<Current>, changed_in_place: bool) -> Result<Option<Arc<Current>>, DatasetError> {
         let now = self.current();
         if now.generation > seen.generation {
-            return Ok(now);
+            return Ok(Some(now));
         }
-        let deadline = Instant::now() + self.writer_wait;
+        // (None: a wait longer than the clock can count, so no end)
+        let deadline = Instant::now().checked_add(self.writer_wait);
         let mut pause = FIRST_PAUSE;
+        let mut no_writer_seen = false;
         let (manifest, sha256) = loop {
             if let Some(bytes) = self.storage.get(format::MANIFEST_KEY)? {
                 let sha256 = format::fingerprint::sha256_hex(&bytes);
-                let changed_in_place = matches!(cause, DatasetError::Storage(StorageError::Changed { .. }));
                 if sha256 == seen.sha256 && !changed_in_place {
-                    return Err(cause); // the same version: the tile is what is wrong
+                    return Ok(None); // the same version: the file read is what is wrong
                 }
                 let location = self.storage.location(format::MANIFEST_KEY);
                 let manifest =
@@ -125,14 +138,25 @@ impl Dataset {
                 break (manifest, sha256);
             }
             // No manifest: a writer is between removing the old one and
-            // writing the new one (or was stopped there).
-            if Instant::now() >= deadline {
+            // writing the new one (or was stopped there), and its record is
+            // there until it has written the new one. Without a record, the
+            // dataset is gone, unless a writer finished between the two
+            // looks: so one more look, then the error, at once.
+            if self.storage.size(super::files::APPEND_KEY)?.is_none() {
+                if no_writer_seen {
+                    return Err(super::no_manifest(self.storage.as_ref()));
+                }
+                no_writer_seen = true;
+                continue;
+            }
+            no_writer_seen = false;
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(super::no_manifest(self.storage.as_ref()));
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(LONGEST_PAUSE);
         };
-        if !is_later_version(&self.manifest, &manifest) {
+        if !is_later_version((&self.manifest, &self.manifest_sha256), (&manifest, &sha256)) {
             return Err(DatasetError::Replaced { location: self.storage.location("") });
         }
         let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
@@ -141,7 +165,50 @@ impl Dataset {
             self.cache.forget_before(current.generation);
             *self.recent.lock().unwrap_or_else(|p| p.into_inner()) = Default::default();
         }
-        Ok(current.clone())
+        Ok(Some(current.clone()))
+    }
+
+    /// Copies obs `columns` of the version opened into the local cache
+    /// under `root` ([`localize::localize`]), from the shards of whichever
+    /// later version is in place when a writer rewrote them (an append
+    /// rewrites the last shard, its old rows first).
+    pub fn localize_obs(
+        &self,
+        columns: &[String],
+        root: &std::path::Path,
+        force: bool,
+    ) -> Result<localize::LocalizeReport, localize::ObsError> {
+        let mut current = self.current();
+        for _ in 0..MAX_FOLLOWS {
+            match localize::localize_as(
+                self.storage.as_ref(),
+                (&self.manifest, &current.manifest),
+                columns,
+                root,
+                force,
+            ) {
+                Err(e) if obs_may_be_a_change(&e) => {
+                    let in_place = matches!(e, localize::ObsError::Storage(StorageError::Changed { .. }));
+                    match self.next_version(&current, in_place)? {
+                        Some(next) => current = next,
+                        None => return Err(e),
+                    }
+                }
+                done => return done,
+            }
+        }
+        localize::localize_as(self.storage.as_ref(), (&self.manifest, &current.manifest), columns, root, force)
+    }
+}
+
+/// Whether a failed read of obs may be explained by a writer's change (a
+/// shard of another size, gone, or not what its footer said).
+fn obs_may_be_a_change(e: &localize::ObsError) -> bool {
+    use localize::ObsError;
+    match e {
+        ObsError::Missing { .. } | ObsError::Shard { .. } | ObsError::RowGroup { .. } => true,
+        ObsError::Storage(s) => matches!(s, StorageError::Changed { .. } | StorageError::Range { .. }),
+        _ => false,
     }
 }
 
@@ -159,18 +226,29 @@ fn may_be_a_change(e: &DatasetError) -> bool {
     }
 }
 
-/// Whether `later` is a later version of the dataset `opened` describes, as
-/// our writers make them: the same genes in the same layout; every full
-/// tile of `opened` with the same cells and nonzeros, and its last tile
-/// with at least its cells and nonzeros (an append fills it); the same
-/// record of how the dataset was made, with the appends since added after
-/// those `opened` lists (a compaction notes itself beside them).
-fn is_later_version(opened: &Manifest, later: &Manifest) -> bool {
+/// Whether `later` is a later version of the dataset `opened` describes
+/// (each with its manifest's SHA-256), as our writers make them: the same
+/// genes in the same layout; every full tile of `opened` with the same cells
+/// and nonzeros, and its last tile with at least its cells and nonzeros (an
+/// append fills it); the same record of how the dataset was made, with the
+/// appends since added after those `opened` lists; and `opened`'s manifest
+/// in the lineage `later` lists. A version without a lineage (an older
+/// writer's) must at least record a change since `opened`: another append,
+/// or another compaction. So a new conversion of the same inputs with the
+/// same options, whose tiles agree with the opened ones in every size, is
+/// another dataset, not a later version.
+pub(super) fn is_later_version(opened: (&Manifest, &str), later: (&Manifest, &str)) -> bool {
+    let ((opened, opened_sha256), (later, later_sha256)) = (opened, later);
+    if opened_sha256 == later_sha256 {
+        return true;
+    }
     let n = opened.tile_cells.len();
     let same_layout = later.n_genes == opened.n_genes
         && later.tile_size == opened.tile_size
         && later.n_cells >= opened.n_cells
         && later.tile_cells.len() >= n
+        && later.tile_nnz.len() >= n
+        && opened.tile_nnz.len() == n
         && later.n_chunks == opened.n_chunks
         && later.has_gene_order == opened.has_gene_order
         && later.has_var_names == opened.has_var_names
@@ -187,18 +265,21 @@ fn is_later_version(opened: &Manifest, later: &Manifest) -> bool {
             later.tile_cells[t] >= cells && later.tile_nnz[t] >= nnz
         }
     });
-    tiles_kept && same_lineage(&opened.metadata, &later.metadata)
+    tiles_kept && same_lineage((&opened.metadata, opened_sha256), &later.metadata)
 }
 
 /// The metadata keys our writers change after a conversion: the list of
-/// appends (extended) and the record of the last compaction (replaced).
+/// appends (extended), the record of the last compaction (replaced), and
+/// the lineage (extended).
 const APPENDS: &str = "appends";
 const COMPACTED: &str = "compacted";
 
-fn same_lineage(opened: &serde_json::Map<String, Value>, later: &serde_json::Map<String, Value>) -> bool {
+fn same_lineage(opened: (&serde_json::Map<String, Value>, &str), later: &serde_json::Map<String, Value>) -> bool {
+    let (opened, opened_sha256) = opened;
+    let changed = [APPENDS, COMPACTED, format::manifest::LINEAGE_KEY];
     let made = |m: &serde_json::Map<String, Value>| -> Vec<(String, Value)> {
         let mut kept: Vec<(String, Value)> =
-            m.iter().filter(|(k, _)| *k != APPENDS && *k != COMPACTED).map(|(k, v)| (k.clone(), v.clone())).collect();
+            m.iter().filter(|(k, _)| !changed.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
         kept.sort_by(|a, b| a.0.cmp(&b.0));
         kept
     };
@@ -207,9 +288,15 @@ fn same_lineage(opened: &serde_json::Map<String, Value>, later: &serde_json::Map
         None => Some(Vec::new()),
         Some(_) => None,
     };
-    match (appends(opened), appends(later)) {
-        (Some(before), Some(after)) => made(opened) == made(later) && after.starts_with(&before),
-        _ => false,
+    let (Some(before), Some(after)) = (appends(opened), appends(later)) else {
+        return false;
+    };
+    if made(opened) != made(later) || !after.starts_with(&before) {
+        return false;
+    }
+    match format::manifest::lineage(later) {
+        Some(lineage) => lineage.contains(&opened_sha256),
+        None => after.len() > before.len() || later.get(COMPACTED) != opened.get(COMPACTED),
     }
 }
 

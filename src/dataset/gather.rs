@@ -167,7 +167,7 @@ impl Dataset {
         let read = if self.storage.is_local() {
             missing.par_iter().map(|&i| self.index_checked_whole(current, tiles[i])).collect::<Result<Vec<_>, _>>()?
         } else {
-            self.indexes_from_prefixes(current, &missing.iter().map(|&i| tiles[i]).collect::<Vec<_>>())?
+            self.indexes_from_prefixes(current, &missing.iter().map(|&i| tiles[i]).collect::<Vec<_>>(), &[])?
         };
         for (i, index) in missing.into_iter().zip(read) {
             self.cache.put_index(generation, tiles[i], index.clone());
@@ -177,28 +177,44 @@ impl Dataset {
     }
 
     /// Tile `tile`'s index, from the whole tile, every check (CRC included)
-    /// made, the first time in this open dataset; from its first bytes after.
+    /// made, the first time this open dataset reads that version of its
+    /// file; from its first bytes after. Either read is pinned to the
+    /// version whose size was compared with the manifest.
     fn index_checked_whole(&self, current: &Current, tile: usize) -> Result<Arc<PinnedIndex>, DatasetError> {
-        if self.cache.crc_checked(current.generation, tile) {
-            return Ok(self.indexes_from_prefixes(current, &[tile])?.remove(0));
-        }
-        let request = PinnedRequest {
-            key: format::tile_key(tile),
-            ranges: std::iter::once(0..current.manifest.tile_bytes[tile]).collect(),
-            etag: None,
+        let key = format::tile_key(tile);
+        let want = current.manifest.tile_bytes[tile];
+        let location = || self.storage.location(&key);
+        let Some(version) = self.storage.version(&key)? else {
+            return Err(DatasetError::Missing { location: location(), what: format!("tile {tile}") });
         };
+        if version.size != want {
+            let message = format!("tile is {} bytes, the manifest says {want}", version.size);
+            return Err(DatasetError::Invalid { location: location(), message });
+        }
+        // (a store that tells no versions apart: its size stands for one)
+        let identity = version.etag.clone().unwrap_or_else(|| format!("{} bytes", version.size));
+        if self.cache.crc_checked(tile, &identity) {
+            return Ok(self.indexes_from_prefixes(current, &[tile], &[version.etag])?.remove(0));
+        }
+        let request = PinnedRequest { key, ranges: std::iter::once(0..want).collect(), etag: version.etag };
         let answer = self.storage.get_ranges_pinned(&[request]).pop().unwrap_or(Ok(None));
         let (mut parts, etag) = self.answer(current, tile, answer)?;
         let blob = parts.pop().unwrap_or_default();
         let parsed = format::ParsedTile::parse(&blob, Some(&current.expectation(tile)))
             .map_err(|source| self.tile_error(tile, source))?;
-        self.cache.set_crc_checked(current.generation, tile);
+        self.cache.set_crc_checked(tile, identity);
         Ok(Arc::new(PinnedIndex { index: parsed.index().clone(), etag }))
     }
 
     /// The indexes of `tiles`, each read from its tile's first bytes (all at
     /// once; a tile whose index lies further in is read again, up to it).
-    fn indexes_from_prefixes(&self, current: &Current, tiles: &[usize]) -> Result<Vec<Arc<PinnedIndex>>, DatasetError> {
+    /// Each read is of the version `etags` names, where it names one.
+    fn indexes_from_prefixes(
+        &self,
+        current: &Current,
+        tiles: &[usize],
+        etags: &[Option<String>],
+    ) -> Result<Vec<Arc<PinnedIndex>>, DatasetError> {
         let m = &current.manifest;
         let mut want: Vec<u64> = tiles
             .iter()
@@ -220,7 +236,7 @@ impl Dataset {
                 .map(|&i| PinnedRequest {
                     key: format::tile_key(tiles[i]),
                     ranges: std::iter::once(0..want[i]).collect(),
-                    etag: None,
+                    etag: etags.get(i).cloned().flatten(),
                 })
                 .collect();
             let answers = self.storage.get_ranges_pinned(&requests);

@@ -150,6 +150,13 @@ impl Dataset {
         &self.manifest_sha256
     }
 
+    /// How many later versions of the dataset (each a writer's change: an
+    /// append, a finalize, a compaction) its reads have moved to since it
+    /// was opened; 0 while they read the version opened.
+    pub fn versions_followed(&self) -> u64 {
+        self.current().generation
+    }
+
     /// Bytes of decompressed chunks that gathers keep now (at most the
     /// [`ReadOptions::cache_bytes`] the dataset was opened with).
     pub fn cached_chunk_bytes(&self) -> u64 {

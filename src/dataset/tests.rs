@@ -192,3 +192,55 @@ fn a_damaged_chunk_read_in_ranges_is_refused_naming_the_tile_and_chunk() {
     let text = crate::error_chain(&e);
     assert!(text.contains("tile 1") && text.contains("crc32"), "{text}");
 }
+
+/// Only a writer's record makes a manifest a later version: a lineage that
+/// lists the opened manifest, or (an older writer's version) another append
+/// or compaction. A new conversion with the same sizes is another dataset.
+#[test]
+fn only_a_writers_record_makes_a_later_version() {
+    use follow::is_later_version;
+    let (_dir, ds, _) = written(700, 97);
+    let opened = ds.manifest().clone();
+    let sha = ds.manifest_sha256().to_string();
+    let same_again = (opened.clone(), "another conversion".to_string());
+    assert!(is_later_version((&opened, &sha), (&opened, &sha)), "the version opened is its own");
+    assert!(!is_later_version((&opened, &sha), (&same_again.0, &same_again.1)), "a new conversion is not later");
+
+    let mut compacted = opened.clone();
+    format::manifest::extend_lineage(&mut compacted.metadata, &sha);
+    assert!(is_later_version((&opened, &sha), (&compacted, "c")), "a version that lists the opened one");
+    let mut elsewhere = opened.clone();
+    format::manifest::extend_lineage(&mut elsewhere.metadata, "some other manifest");
+    assert!(!is_later_version((&opened, &sha), (&elsewhere, "e")), "a lineage without the opened one");
+
+    // An older writer's version, without a lineage: a new append record.
+    let mut appended = opened.clone();
+    appended.metadata.insert("appends".into(), serde_json::json!([{ "cells": 0 }]));
+    assert!(is_later_version((&opened, &sha), (&appended, "a")));
+    let mut other_genes = appended.clone();
+    other_genes.n_genes += 1;
+    assert!(!is_later_version((&opened, &sha), (&other_genes, "g")), "another layout");
+}
+
+/// A wait for a writer longer than the clock counts is no wait limit, not
+/// a panic; and a tile past the manifest's list is a mismatch, not a panic.
+#[test]
+fn an_endless_writer_wait_and_an_unlisted_tile_do_not_panic() {
+    let (dir, _, m) = written(200, 97);
+    let options = ReadOptions { writer_wait: std::time::Duration::MAX, ..ReadOptions::default() };
+    let store = Arc::new(crate::storage::LocalStorage::new(dir.path().to_path_buf()));
+    let ds = Dataset::from_storage_with(store, &options).unwrap();
+    assert_eq!(ds.read_cells(0..50).unwrap().indptr[..], m.indptr[..51]);
+    assert_eq!(ds.current().expectation(99).n_cells, 0);
+    // The dataset deleted: the error comes at once (no writer's record),
+    // not after the endless wait.
+    std::fs::remove_file(dir.path().join(format::MANIFEST_KEY)).unwrap();
+    std::fs::remove_file(dir.path().join(format::tile_key(1))).unwrap();
+    let fresh = Dataset::from_storage_with(
+        Arc::new(crate::storage::LocalStorage::new(dir.path().to_path_buf())),
+        &ReadOptions { cache_bytes: 0, ..options },
+    );
+    assert!(fresh.is_err(), "no manifest: nothing to open");
+    let e = ds.read_cells(100..200).unwrap_err().to_string();
+    assert!(e.contains("no dataset") || e.contains("incomplete") || e.contains("manifest"), "{e}");
+}

@@ -222,6 +222,39 @@ impl Manifest {
     }
 }
 
+/// The metadata key under which the writers that change a finished dataset
+/// (append, a sharded append's finalize, compact) list the SHA-256 of each
+/// manifest the new version descends from, the latest last: a reader of an
+/// older version tells a later version of its dataset from another dataset
+/// made with the same inputs and options.
+pub const LINEAGE_KEY: &str = "lineage";
+
+/// The most versions a lineage lists: a reader more changes behind than
+/// this takes the dataset as replaced.
+pub const LINEAGE_KEPT: usize = 64;
+
+/// Adds `base_sha256` (the manifest a writer started from) to the lineage in
+/// `metadata`, the oldest entries dropped beyond [`LINEAGE_KEPT`].
+pub fn extend_lineage(metadata: &mut Map<String, Value>, base_sha256: &str) {
+    let mut list: Vec<Value> = match metadata.get(LINEAGE_KEY) {
+        Some(Value::Array(list)) => list.clone(),
+        _ => Vec::new(),
+    };
+    list.push(Value::String(base_sha256.to_string()));
+    let extra = list.len().saturating_sub(LINEAGE_KEPT);
+    list.drain(..extra);
+    metadata.insert(LINEAGE_KEY.into(), Value::Array(list));
+}
+
+/// The lineage `metadata` lists, or None when it has none (a dataset no
+/// writer changed, or one an older writer did).
+pub fn lineage(metadata: &Map<String, Value>) -> Option<Vec<&str>> {
+    match metadata.get(LINEAGE_KEY)? {
+        Value::Array(list) => Some(list.iter().filter_map(Value::as_str).collect()),
+        _ => Some(Vec::new()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

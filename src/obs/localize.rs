@@ -219,18 +219,29 @@ const TAIL_GUESS: u64 = 64 * 1024;
 /// One shard's footer, fetched.
 struct Footer {
     len: u64,
+    /// The version of the shard it was read from, which the column's reads
+    /// ask for (bytes of one version, or [`crate::storage::StorageError::Changed`]).
+    etag: Option<String>,
     tail: (u64, Bytes),
     metadata: Arc<ParquetMetaData>,
 }
 
+/// Shard `key`'s footer, from the version of the file that is `size` bytes
+/// long as the manifest says (another size is refused, naming both).
 fn read_footer(storage: &dyn Storage, key: &str, size: u64, requests: &mut u64) -> Result<Footer, ObsError> {
     let location = storage.location(key);
     let bad = |reason: String| ObsError::Shard { location: location.clone(), reason };
+    *requests += 1;
+    let version = storage.version(key)?.ok_or_else(|| ObsError::Missing { location: location.clone() })?;
+    if version.size != size {
+        return Err(bad(format!("shard is {} bytes, the manifest says {size}", version.size)));
+    }
+    let etag = version.etag;
     if size < 12 {
         return Err(bad(format!("{size} bytes is too short for a Parquet file")));
     }
     let start = size.saturating_sub(TAIL_GUESS);
-    let mut tail = fetch(storage, key, start..size, requests)?;
+    let mut tail = fetch(storage, key, start..size, etag.as_deref(), requests)?;
     let n = tail.len();
     if &tail[n - 4..] != b"PAR1" {
         return Err(bad("not a Parquet file (no PAR1 at the end)".into()));
@@ -242,24 +253,34 @@ fn read_footer(storage: &dyn Storage, key: &str, size: u64, requests: &mut u64) 
     let mut tail_start = start;
     if meta_len + 8 > n as u64 {
         tail_start = size - meta_len - 8;
-        tail = fetch(storage, key, tail_start..size, requests)?;
+        tail = fetch(storage, key, tail_start..size, etag.as_deref(), requests)?;
     }
     let footer = &tail[tail.len() - 8 - meta_len as usize..tail.len() - 8];
     let metadata = ParquetMetaDataReader::decode_metadata(footer).map_err(|e| bad(format!("footer: {e}")))?;
-    Ok(Footer { len: size, tail: (tail_start, tail), metadata: Arc::new(metadata) })
+    Ok(Footer { len: size, etag, tail: (tail_start, tail), metadata: Arc::new(metadata) })
 }
 
-fn fetch(storage: &dyn Storage, key: &str, range: Range<u64>, requests: &mut u64) -> Result<Bytes, ObsError> {
+fn fetch(
+    storage: &dyn Storage,
+    key: &str,
+    range: Range<u64>,
+    etag: Option<&str>,
+    requests: &mut u64,
+) -> Result<Bytes, ObsError> {
     *requests += 1;
     let mut parts = storage
-        .get_ranges(key, std::slice::from_ref(&range))?
+        .get_ranges_of(key, std::slice::from_ref(&range), etag)?
         .ok_or_else(|| ObsError::Missing { location: storage.location(key) })?;
-    Ok(parts.remove(0))
+    Ok(parts.swap_remove(0))
 }
 
 /// The obs of one dataset, for localizing and for `obs info`.
 pub struct ObsSource<'a> {
     storage: &'a dyn Storage,
+    /// The cells of each tile of the version read as (the version whose
+    /// shards are read, or an earlier one, whose rows of each tile come
+    /// first in the later one's row group of it).
+    tile_cells: &'a [u64],
     manifest: &'a Manifest,
     pub schema: ObsSchema,
     footers: Vec<Footer>,
@@ -271,11 +292,28 @@ pub struct ObsSource<'a> {
 impl<'a> ObsSource<'a> {
     /// Reads obs/schema.json and every shard's footer (in parallel).
     pub fn open(storage: &'a dyn Storage, manifest: &'a Manifest) -> Result<ObsSource<'a>, ObsError> {
+        ObsSource::open_as(storage, manifest, &manifest.tile_cells)
+    }
+
+    /// The obs of the version whose tiles hold `tile_cells`, read from the
+    /// shards `manifest` lists: that version's, or a later one's (a writer
+    /// that changed the dataset since it was opened).
+    pub fn open_as(
+        storage: &'a dyn Storage,
+        manifest: &'a Manifest,
+        tile_cells: &'a [u64],
+    ) -> Result<ObsSource<'a>, ObsError> {
         let obs = manifest.obs().ok_or_else(|| ObsError::NoObs { location: storage.location("") })?;
+        let k = obs.tiles_per_file.max(1) as usize;
+        let shards = tile_cells.len().div_ceil(k);
+        if tile_cells.len() > manifest.n_tiles() || shards > obs.shard_bytes.len() {
+            let location = storage.location("");
+            let reason = format!("the manifest lists {} obs shards, {shards} are needed", obs.shard_bytes.len());
+            return Err(ObsError::Shard { location, reason });
+        }
         let stored = super::read_schema(storage)?;
         let (schema, schema_bytes) = (stored.schema, stored.text.len() as u64);
-        let results: Vec<Result<(Footer, u64), ObsError>> = obs
-            .shard_bytes
+        let results: Vec<Result<(Footer, u64), ObsError>> = obs.shard_bytes[..shards]
             .par_iter()
             .enumerate()
             .map(|(s, &size)| {
@@ -291,7 +329,7 @@ impl<'a> ObsSource<'a> {
             footers.push(footer);
             requests += n;
         }
-        Ok(ObsSource { storage, manifest, schema, footers, requests, schema_bytes })
+        Ok(ObsSource { storage, tile_cells, manifest, schema, footers, requests, schema_bytes })
     }
 
     /// What opening the obs costs, before any column: obs/schema.json and
@@ -304,11 +342,13 @@ impl<'a> ObsSource<'a> {
     fn column_ranges(&self, column: usize) -> Vec<Vec<Range<u64>>> {
         self.footers
             .iter()
-            .map(|footer| {
+            .enumerate()
+            .map(|(s, footer)| {
                 footer
                     .metadata
                     .row_groups()
                     .iter()
+                    .take(self.tiles_of(s).len())
                     .map(|rg| {
                         let (start, len) = rg.column(column).byte_range();
                         start..start.saturating_add(len)
@@ -324,6 +364,12 @@ impl<'a> ObsSource<'a> {
         self.cost_of(&self.column_ranges(column))
     }
 
+    /// The tiles whose rows shard `s` holds, of the version read as.
+    fn tiles_of(&self, s: usize) -> Range<usize> {
+        let k = self.manifest.obs_tiles_per_file.unwrap_or(1).max(1) as usize;
+        (s * k).min(self.tile_cells.len())..((s + 1) * k).min(self.tile_cells.len())
+    }
+
     fn cost_of(&self, ranges: &[Vec<Range<u64>>]) -> (u64, u64) {
         ranges.iter().map(|r| self.storage.read_cost(r)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     }
@@ -331,7 +377,6 @@ impl<'a> ObsSource<'a> {
     /// Every tile's values of `column`, read with ranged reads of its chunks
     /// only; with the requests and bytes that took.
     pub fn fetch_column(&self, column: usize) -> Result<(Vec<RecordBatch>, u64, u64), ObsError> {
-        let k = self.manifest.obs_tiles_per_file.unwrap_or(1) as usize;
         let ranges = self.column_ranges(column);
         let (requests, bytes) = self.cost_of(&ranges);
         // Each shard's chunks of the column in one call (the storage merges
@@ -345,7 +390,7 @@ impl<'a> ObsSource<'a> {
                 let key = format::obs_shard_key(s);
                 let chunks = self
                     .storage
-                    .get_ranges(&key, shard_ranges)?
+                    .get_ranges_of(&key, shard_ranges, footer.etag.as_deref())?
                     .ok_or_else(|| ObsError::Missing { location: self.storage.location(&key) })?;
                 let mut parts = vec![footer.tail.clone()];
                 parts.extend(shard_ranges.iter().map(|r| r.start).zip(chunks));
@@ -354,18 +399,30 @@ impl<'a> ObsSource<'a> {
                 let meta = ArrowReaderMetadata::try_new(footer.metadata.clone(), ArrowReaderOptions::new())
                     .map_err(|e| ObsError::Shard { location: location.clone(), reason: format!("footer: {e}") })?;
                 let mask = ProjectionMask::roots(meta.parquet_schema(), [column]);
-                let mut batches = Vec::new();
-                for (i, rg) in footer.metadata.row_groups().iter().enumerate() {
-                    let batch = read_row_group(file.clone(), meta.clone(), mask.clone(), i, rg.num_rows() as usize)
-                        .map_err(|source| ObsError::RowGroup { location: location.clone(), row_group: i, source })?;
-                    batches.push(batch);
-                }
-                let tiles = s * k..((s + 1) * k).min(self.manifest.n_tiles());
-                if batches.len() != tiles.len() {
+                let tiles = self.tiles_of(s);
+                let groups = footer.metadata.row_groups();
+                // One row group per tile; a later version's shard may hold
+                // more tiles than the version read as.
+                let later = self.manifest.n_tiles() > self.tile_cells.len();
+                if groups.len() < tiles.len() || (!later && groups.len() != tiles.len()) {
                     return Err(ObsError::Shard {
                         location,
-                        reason: format!("{} row groups, expected {} (one per tile)", batches.len(), tiles.len()),
+                        reason: format!("{} row groups, expected {} (one per tile)", groups.len(), tiles.len()),
                     });
+                }
+                let mut batches = Vec::new();
+                for ((i, rg), t) in groups.iter().enumerate().zip(tiles) {
+                    let batch = read_row_group(file.clone(), meta.clone(), mask.clone(), i, rg.num_rows() as usize)
+                        .map_err(|source| ObsError::RowGroup { location: location.clone(), row_group: i, source })?;
+                    // The tile's cells of the version read as come first.
+                    let rows = self.tile_cells[t] as usize;
+                    if batch.num_rows() < rows {
+                        return Err(ObsError::Shard {
+                            location,
+                            reason: format!("row group {i} has {} rows, tile {t} {rows} cells", batch.num_rows()),
+                        });
+                    }
+                    batches.push(batch.slice(0, rows));
                 }
                 Ok(batches)
             })
@@ -446,6 +503,20 @@ pub fn localize(
     root: &Path,
     force: bool,
 ) -> Result<LocalizeReport, ObsError> {
+    localize_as(storage, (manifest, manifest), columns, root, force)
+}
+
+/// [`localize`] of the version `versions.0` describes (its fingerprint, its
+/// tiles' cells), from the shards of the version `versions.1` describes:
+/// the same one, or a later one (see [`ObsSource::open_as`]).
+pub(crate) fn localize_as(
+    storage: &dyn Storage,
+    versions: (&Manifest, &Manifest),
+    columns: &[String],
+    root: &Path,
+    force: bool,
+) -> Result<LocalizeReport, ObsError> {
+    let (manifest, files) = versions;
     let started = Instant::now();
     let obs = manifest.obs().ok_or_else(|| ObsError::NoObs { location: storage.location("") })?;
     let dir = column_dir(root, obs.fingerprint);
@@ -472,7 +543,7 @@ pub fn localize(
         }
         let src = match &mut source {
             Some(src) => &*src,
-            slot => &*slot.insert(ObsSource::open(storage, manifest)?),
+            slot => &*slot.insert(ObsSource::open_as(storage, files, &manifest.tile_cells)?),
         };
         let index = src
             .schema

@@ -144,8 +144,22 @@ impl Storage for LocalStorage {
         Ok(data.map(Bytes::from))
     }
 
+    fn version(&self, key: &str) -> Result<Option<super::Version>, StorageError> {
+        let meta = missing_is_none(std::fs::metadata(self.path(key))).map_err(|e| self.io_err(key, e))?;
+        Ok(meta.filter(|m| m.is_file()).map(|m| super::Version { size: m.len(), etag: Some(identity(&m)) }))
+    }
+
     fn get_ranges(&self, key: &str, ranges: &[Range<u64>]) -> Result<Option<Vec<Bytes>>, StorageError> {
         Ok(self.read_ranges(key, ranges, None)?.map(|(parts, _)| parts))
+    }
+
+    fn get_ranges_of(
+        &self,
+        key: &str,
+        ranges: &[Range<u64>],
+        etag: Option<&str>,
+    ) -> Result<Option<Vec<Bytes>>, StorageError> {
+        Ok(self.read_ranges(key, ranges, etag)?.map(|(parts, _)| parts))
     }
 
     fn get_ranges_pinned(&self, requests: &[super::PinnedRequest]) -> Vec<super::PinnedRanges> {

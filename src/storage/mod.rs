@@ -311,15 +311,13 @@ pub trait Storage: Send + Sync {
     /// reader that reads a tile's index, then its chunks, pinned to the
     /// version of the index, gets bytes of one version or an error. A
     /// local file's version is its identity (inode, size and times: our
-    /// writers replace a file by renaming a new one over it); a store
-    /// without tags gives None and reads as `get_ranges` does.
+    /// writers replace a file by renaming a new one over it). This default,
+    /// for a store without tags, reads as `get_ranges_of` does and claims no
+    /// version (None): it pins nothing it cannot check.
     fn get_ranges_pinned(&self, requests: &[PinnedRequest]) -> Vec<PinnedRanges> {
         requests
             .iter()
-            .map(|r| {
-                let parts = self.get_ranges_of(&r.key, &r.ranges, r.etag.as_deref())?;
-                Ok(parts.map(|parts| (parts, r.etag.clone())))
-            })
+            .map(|r| Ok(self.get_ranges_of(&r.key, &r.ranges, r.etag.as_deref())?.map(|parts| (parts, None))))
             .collect()
     }
     /// Whether the bytes are on this machine (a local folder): reading a
@@ -413,6 +411,11 @@ impl Storage for Within<'_> {
         etag: Option<&str>,
     ) -> Result<Option<Vec<Bytes>>, StorageError> {
         self.inner.get_ranges_of(&self.key(key), ranges, etag)
+    }
+    fn get_ranges_pinned(&self, requests: &[PinnedRequest]) -> Vec<PinnedRanges> {
+        let within: Vec<PinnedRequest> =
+            requests.iter().map(|r| PinnedRequest { key: self.key(&r.key), ..r.clone() }).collect();
+        self.inner.get_ranges_pinned(&within)
     }
     fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError> {
         self.inner.put(&self.key(key), data)

@@ -52,13 +52,15 @@ struct Shared {
 }
 
 /// Opens the dataset at `root` (no writer runs now) and reads every row of
-/// it once, for the readers to compare with.
-fn open(root: &str, endpoint: Option<&str>) -> Arc<Opened> {
+/// it once, for the readers to compare with; every other one without a
+/// cache of chunks, so that its gathers read the store every time.
+fn open(root: &str, endpoint: Option<&str>, cached: bool) -> Arc<Opened> {
     let store: Arc<dyn deltacells::storage::Storage> = match endpoint {
         Some(endpoint) => Arc::new(s3_storage(endpoint, root.trim_start_matches("s3://test/"))),
         None => deltacells::storage::open(root).unwrap(),
     };
-    let read = ReadOptions { writer_wait: Duration::from_secs(90), ..ReadOptions::default() };
+    let cache_bytes = if cached { ReadOptions::default().cache_bytes } else { 0 };
+    let read = ReadOptions { writer_wait: Duration::from_secs(90), cache_bytes };
     let dataset = Arc::new(Dataset::from_storage_with(store, &read).unwrap());
     let rows = dataset.read_cells(0..dataset.n_cells()).unwrap();
     Arc::new(Opened { dataset, rows })
@@ -174,7 +176,7 @@ fn write(t: &TestDir, args: &[&str], env: &[(&str, &str)], run: Run) {
 /// writer. Returns the reads checked.
 fn readers_during_writers(t: &TestDir, root: &str, endpoint: Option<&str>, env: &[(&str, &str)], rounds: usize) -> u64 {
     let shared = Arc::new(Shared::default());
-    shared.opened.lock().unwrap().push(open(root, endpoint));
+    shared.opened.lock().unwrap().push(open(root, endpoint, false));
     let readers: Vec<_> = (0..2)
         .map(|k| {
             let shared = shared.clone();
@@ -192,10 +194,24 @@ fn readers_during_writers(t: &TestDir, root: &str, endpoint: Option<&str>, env: 
     for round in 0..rounds {
         let seed = round.to_string();
         let level = if round % 2 == 0 { "3" } else { "1" };
-        let writer: Vec<&str> = match round % 3 {
+        let sharded = round % 4 == 3;
+        let writer: Vec<&str> = match round % 4 {
             0 => [&["append", "-q"][..], &at, &[root, &input]].concat(),
             1 => [&["append", "-q", "--shuffle", &seed][..], &at, &[root, &input]].concat(),
-            _ => [&["compact", "-q", "--level", level][..], &at, &[root]].concat(),
+            2 => [&["compact", "-q", "--level", level][..], &at, &[root]].concat(),
+            // a sharded append: planned and staged by two shards, then the
+            // finalize (the writer run, killed or stopped as the others)
+            _ => {
+                let plan = [&["plan", "-q"][..], &at, &["--append", root, &input]].concat();
+                let planned = t.run_env(&plan, env);
+                assert_eq!(planned.code(), 0, "plan --append: {}", planned.stderr());
+                for k in ["0/2", "1/2"] {
+                    let shard = [&["shard", "-q"][..], &at, &[root, "--shard", k]].concat();
+                    let staged = t.run_env(&shard, env);
+                    assert_eq!(staged.code(), 0, "shard {k}: {}", staged.stderr());
+                }
+                [&["finalize", "-q"][..], &at, &[root]].concat()
+            }
         };
         let run = match round % 4 {
             1 => Run::KilledAfter(Duration::from_millis(rng.random_range(50..1500))),
@@ -212,15 +228,17 @@ fn readers_during_writers(t: &TestDir, root: &str, endpoint: Option<&str>, env: 
             // What the writer left: an append's commit completed by
             // `append --resume` (a compaction's by the next compact, a
             // staging discarded), so that the dataset is whole again.
+            // (a finalize stopped before its commit is run again)
+            let finalized = sharded && t.run_env(&[&["finalize", "-q"][..], &at, &[root]].concat(), env).code() == 0;
             let resume = [&["append", "-q", "--resume"][..], &at, &[root]].concat();
-            let resumed = t.run_env(&resume, env);
+            let resumed = if finalized { t.run_env(&["--version"], env) } else { t.run_env(&resume, env) };
             if resumed.code() != 0 {
                 let compact = [&["compact", "-q", "--level", level][..], &at, &[root]].concat();
                 write(t, &compact, env, Run::Whole);
             }
         }
         std::thread::sleep(Duration::from_millis(100));
-        shared.opened.lock().unwrap().push(open(root, endpoint));
+        shared.opened.lock().unwrap().push(open(root, endpoint, round % 2 == 1));
     }
     shared.done.store(true, Ordering::Release);
     for r in readers {
@@ -240,8 +258,16 @@ fn readers_during_writers(t: &TestDir, root: &str, endpoint: Option<&str>, env: 
         let cells: Vec<u64> = (0..o.dataset.n_cells()).collect();
         assert_eq!(o.rows, rows_of(&last.rows, &cells));
     }
+    // The readers moved to later versions, not only read the ones opened:
+    // the first dataset opened, read all along, has moved on.
+    let followed: Vec<u64> = opened.iter().map(|o| o.dataset.versions_followed()).collect();
+    assert!(followed[0] > 0, "no reader moved to a later version: {followed:?}");
     let reads = shared.reads.load(Ordering::Relaxed);
-    eprintln!("{rounds} writers, {} versions opened, {reads} reads checked in {:.0?}", opened.len(), started.elapsed());
+    eprintln!(
+        "{rounds} writers, {} versions opened, {reads} reads checked, versions followed {followed:?}, in {:.0?}",
+        opened.len(),
+        started.elapsed()
+    );
     assert!(reads > 20 * rounds as u64, "only {reads} reads were checked");
     reads
 }
