@@ -142,7 +142,8 @@ impl Dataset {
             // there until it has written the new one. Without a record, the
             // dataset is gone, unless a writer finished between the two
             // looks: so one more look, then the error, at once.
-            if self.storage.size(super::files::APPEND_KEY)?.is_none() {
+            // (a store that cannot answer a HEAD is waited for, as before)
+            if matches!(self.storage.size(super::files::APPEND_KEY), Ok(None)) {
                 if no_writer_seen {
                     return Err(super::no_manifest(self.storage.as_ref()));
                 }
