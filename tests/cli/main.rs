@@ -20,6 +20,7 @@ mod pbmc;
 mod readers;
 mod real_world;
 mod remote;
+mod remote_inputs;
 mod secrets;
 mod servers;
 mod sharded;
