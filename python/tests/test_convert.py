@@ -121,6 +121,25 @@ def test_missing_input_raises_the_commands_message(tmp_path: Path, binary: Path)
     assert not (tmp_path / "py" / "manifest.json").exists()
 
 
+def test_a_hostile_matrix_market_shape_raises_the_commands_message(tmp_path: Path, binary: Path) -> None:
+    # a header that says 10^15 rows: refused before anything is sized by it
+    folder = tmp_path / "huge"
+    folder.mkdir()
+    (folder / "matrix.mtx").write_text(
+        "%%MatrixMarket matrix coordinate integer general\n1000000000000000 2 1\n1 1 5\n"
+    )
+    (folder / "features.tsv").write_text("g1\tG1\tGene Expression\n")
+    (folder / "barcodes.tsv").write_text("AAAC-1\nAAAG-1\n")
+    expected = command_error(binary, "convert", folder, tmp_path / "cli")
+    assert "matrix.mtx, line 2" in expected
+    with pytest.raises(deltacells.InvalidInputError) as raised:
+        deltacells.convert(folder, tmp_path / "py", progress=False)
+    assert isinstance(raised.value, deltacells.DeltacellsError)
+    assert str(raised.value) == expected
+    assert not (tmp_path / "py").exists()
+    assert not (tmp_path / "cli").exists()
+
+
 def test_fractions_raise_the_commands_message_and_leave_nothing(tmp_path: Path, binary: Path) -> None:
     import anndata
 

@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 mod error;
 mod features;
 mod format;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod h5ad;
 pub mod mtx;
 mod options;

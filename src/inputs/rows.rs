@@ -84,6 +84,41 @@ pub fn made_once<E>(
     Ok(cell.get_or_init(|| made))
 }
 
+/// The most genes a dataset holds (format.md: `n_genes` from 1 to 2^31).
+pub(crate) const MAX_GENES: u64 = 1 << 31;
+
+/// The most cells an input may declare: 2^32-1, as Matrix Market's reader
+/// has always said, and far above any atlas. A shape beyond it is refused
+/// before anything is sized by it.
+pub(crate) const MAX_CELLS: u64 = u32::MAX as u64;
+
+/// Why a matrix of `n_rows` cells and `n_cols` genes cannot be an input:
+/// None when it can.
+pub(crate) fn shape_problem(n_rows: u64, n_cols: u64) -> Option<String> {
+    if n_rows > MAX_CELLS {
+        Some(format!("{n_rows} cells, more than an input may have (2^32-1)"))
+    } else if n_cols > MAX_GENES {
+        Some(format!("{n_cols} genes, more than a dataset holds (2^31)"))
+    } else {
+        None
+    }
+}
+
+/// Elements an array read whole may declare beyond what its stored bytes
+/// back, and elements per stored byte: compression of real columns stays
+/// far below it, while an array that declares billions of elements in
+/// chunks never written (read as its fill value) is refused before they
+/// are allocated.
+const UNBACKED_ELEMENTS: u64 = 1 << 22;
+const ELEMENTS_PER_STORED_BYTE: u64 = 256;
+
+/// Why an array of `declared` elements, of which `stored` bytes are stored,
+/// is not read whole: None when it may be.
+pub(crate) fn unbacked(declared: u64, stored: u64) -> Option<String> {
+    let most = UNBACKED_ELEMENTS.saturating_add(stored.saturating_mul(ELEMENTS_PER_STORED_BYTE));
+    (declared > most).then(|| format!("declares {declared} elements, but only {stored} bytes of them are stored"))
+}
+
 /// Checks entries `first..` of a sparse matrix's indptr as stored: never
 /// decreasing, each within the `n_entries` stored entries. On failure, the
 /// entry's position and what is wrong with it.

@@ -22,7 +22,7 @@ use crate::inputs::error::InputError;
 pub use crate::inputs::features::GENE_EXPRESSION;
 use crate::inputs::features::{kept_columns, picked, tally};
 use crate::inputs::h5ad::{read_strings, read_strings_range, H5adFile, Layout, MatrixReader};
-use crate::inputs::rows::{RawRows, DROPPED_COLUMN};
+use crate::inputs::rows::{shape_problem, RawRows, DROPPED_COLUMN};
 use crate::inputs::source::InputSource;
 use crate::inputs::table::{FrameColumn, MemoryTable, Table};
 
@@ -98,15 +98,20 @@ impl TenxSource {
         };
         let g = h5.group(&group).map_err(|e| file.invalid(&group, e.to_string()))?;
         let shape_object = format!("{group}/shape");
-        let shape: Vec<i64> = g
-            .dataset("shape")
-            .and_then(|d| d.read_raw::<i64>())
-            .map_err(|e| file.invalid(&shape_object, first_line(&e.to_string())))?;
+        let shape_ds = g.dataset("shape").map_err(|e| file.invalid(&shape_object, first_line(&e.to_string())))?;
+        if shape_ds.size() > 16 {
+            return Err(file.invalid(&shape_object, format!("has {} entries, not two sizes", shape_ds.size())));
+        }
+        let shape: Vec<i64> =
+            shape_ds.read_raw::<i64>().map_err(|e| file.invalid(&shape_object, first_line(&e.to_string())))?;
         let [n_features, n_barcodes] = shape[..] else {
             return Err(file.invalid(&shape_object, format!("{shape:?} is not two sizes")));
         };
         if n_features < 0 || n_barcodes < 0 {
             return Err(file.invalid(&shape_object, format!("{shape:?} is negative")));
+        }
+        if let Some(problem) = shape_problem(n_barcodes as u64, n_features as u64) {
+            return Err(file.invalid(&shape_object, format!("{shape:?}: {problem}")));
         }
         // Stored by barcode, it reads as a barcodes x features CSR matrix.
         let matrix = file.sparse_matrix(&group, &g, Layout::Csr, n_barcodes as u64, n_features as u64)?;

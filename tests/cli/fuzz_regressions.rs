@@ -121,3 +121,63 @@ fn obs_schema_regressions() {
         }
     }
 }
+
+/// The inputs kept in fuzz/regressions/<target>/ of an input format's
+/// target: the ones it crashed on once, and `valid-*` ones, which it must
+/// accept. An empty or missing folder fails: a loop over nothing checks
+/// nothing.
+fn recorded(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/regressions").join(target);
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut out: Vec<_> = entries.map(|e| e.unwrap().path()).map(|p| (p.clone(), std::fs::read(&p).unwrap())).collect();
+    out.sort();
+    assert!(!out.is_empty(), "{} holds no input", dir.display());
+    out
+}
+
+/// Runs an input format's harness (the fuzz target's own) on every recorded
+/// input of `target`, and on damaged copies of the valid ones (prefixes and
+/// flipped bytes at up to ~120 places each): the harness panics on a
+/// finding; the valid ones must be accepted.
+fn replay(target: &str, harness: fn(&[u8]) -> Result<(), deltacells::inputs::InputError>) {
+    let recorded = recorded(target);
+    let mut valid = 0;
+    for (path, data) in &recorded {
+        let result = harness(data);
+        if path.file_name().unwrap().to_string_lossy().starts_with("valid-") {
+            valid += 1;
+            if let Err(e) = result {
+                panic!("{} is refused: {}", path.display(), deltacells::error_chain(&e));
+            }
+        }
+    }
+    assert!(valid > 0, "fuzz/regressions/{target} holds no valid-* input");
+    for (path, data) in recorded.iter().filter(|(p, _)| p.file_name().unwrap().to_string_lossy().starts_with("valid-"))
+    {
+        let stride = data.len() / 120 + 1;
+        for at in (0..data.len()).step_by(stride) {
+            let _ = harness(&data[..at]);
+            for flip in [0x01u8, 0x80, 0xff] {
+                let mut damaged = data.clone();
+                damaged[at] ^= flip;
+                let _ = harness(&damaged);
+            }
+        }
+        eprintln!("{}: {} damaged copies read", path.display(), data.len().div_ceil(stride) * 4);
+    }
+}
+
+#[test]
+fn mtx_regressions() {
+    replay("mtx", deltacells::inputs::fuzzing::mtx);
+}
+
+#[test]
+fn tenx_h5_regressions() {
+    replay("tenx_h5", deltacells::inputs::fuzzing::tenx_h5);
+}
+
+#[test]
+fn zarr_regressions() {
+    replay("zarr", deltacells::inputs::fuzzing::zarr);
+}

@@ -14,6 +14,7 @@ mod gene_order;
 mod golden;
 mod h5;
 mod hardening;
+mod hostile_inputs;
 mod library_errors;
 mod obs;
 mod pbmc;

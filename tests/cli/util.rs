@@ -92,7 +92,39 @@ impl TestDir {
 /// flock, which real runs never share), and none of the job-array variables
 /// that `shard --shard-from-env` reads.
 pub fn deltacells() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_deltacells"));
+    with_test_environment(Command::new(env!("CARGO_BIN_EXE_deltacells")))
+}
+
+/// The address space [`TestDir::run_limited`] gives the binary, in KiB.
+pub const ADDRESS_SPACE_KIB: u64 = 1 << 20;
+
+impl TestDir {
+    /// Runs `deltacells ARGS...` in this folder with its address space
+    /// limited to [`ADDRESS_SPACE_KIB`] (`ulimit -v`, so even a reservation
+    /// never touched fails): an allocation sized by a hostile length field
+    /// aborts the run instead of passing unseen, while converting a small
+    /// file needs far less. Two threads and two malloc arenas, so that
+    /// threads' reservations stay well within it.
+    pub fn run_limited(&self, args: &[&str]) -> Run {
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg(format!("ulimit -v {ADDRESS_SPACE_KIB} && exec \"$0\" \"$@\""))
+            .arg(env!("CARGO_BIN_EXE_deltacells"))
+            .args(args)
+            .current_dir(self.path())
+            .env("MALLOC_ARENA_MAX", "2")
+            .env("RAYON_NUM_THREADS", "2");
+        let output = with_test_environment(c).output().expect("run deltacells");
+        Run {
+            cmd: format!("(ulimit -v {ADDRESS_SPACE_KIB}) deltacells {}", args.join(" ")),
+            output,
+            listing: listing(self.path()),
+        }
+    }
+}
+
+/// `c` with the environment of every test run (see [`deltacells`]).
+fn with_test_environment(mut c: Command) -> Command {
     c.env("NO_COLOR", "1").env("HDF5_USE_FILE_LOCKING", "FALSE");
     for var in [
         "SLURM_ARRAY_TASK_ID",

@@ -23,7 +23,7 @@ use hdf5::types::{FloatSize, IntSize, TypeDescriptor};
 
 use super::remote;
 use crate::inputs::error::InputError as H5adError;
-use crate::inputs::rows::{checked_indices, checked_indptr, made_once, RawRows};
+use crate::inputs::rows::{checked_indices, checked_indptr, made_once, shape_problem, unbacked, RawRows};
 
 pub(crate) use strings::{read_string_attr, read_strings, read_strings_range};
 
@@ -176,6 +176,12 @@ impl H5adFile {
                 return Err(self.unsupported(name, format!("a dense matrix must be 2-D, this one has shape {shape:?}")));
             }
             check_numeric(self, name, &ds)?;
+            if let Some(problem) = shape_problem(shape[0] as u64, shape[1] as u64) {
+                return Err(self.invalid(name, format!("shape {shape:?}: {problem}")));
+            }
+            if let Some(problem) = unbacked(ds.size() as u64, ds.storage_size()) {
+                return Err(self.invalid(name, problem));
+            }
             return Ok(MatrixReader {
                 path: self.path.clone(),
                 name: name.into(),
@@ -237,6 +243,14 @@ impl H5adFile {
             }
             check_numeric(self, &object, &ds)?;
             datasets.push(ds);
+        }
+        if let Some(problem) = shape_problem(n_rows, n_cols) {
+            return Err(self.invalid(name, format!("shape [{n_rows}, {n_cols}]: {problem}")));
+        }
+        for (part, ds) in ["data", "indices"].iter().zip(&datasets) {
+            if let Some(problem) = unbacked(ds.size() as u64, ds.storage_size()) {
+                return Err(self.invalid(&format!("{name}/{part}"), problem));
+            }
         }
         let (data_len, indices_len, indptr_len) = (datasets[0].size(), datasets[1].size(), datasets[2].size());
         if data_len != indices_len {

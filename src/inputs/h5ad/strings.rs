@@ -43,6 +43,11 @@ fn read_any(c: &hdf5::Container) -> Result<Vec<String>, String> {
 
 /// Reads a 1-D dataset of strings.
 pub fn read_strings(ds: &hdf5::Dataset) -> Result<Vec<String>, String> {
+    // (a dataset that declares more strings than its bytes hold, in chunks
+    // never written, is refused before they are allocated)
+    if let Some(problem) = crate::inputs::rows::unbacked(ds.size() as u64, ds.storage_size()) {
+        return Err(problem);
+    }
     read_any(ds)
 }
 

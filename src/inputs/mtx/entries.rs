@@ -5,7 +5,7 @@
 use std::io::{BufRead, Write};
 use std::ops::Range;
 
-use super::place::{read_failure, LineError};
+use super::place::{read_line, LineError};
 
 /// Entries sorted in memory at once before they are written to the
 /// temporary file: 16 bytes each, so 64 MiB.
@@ -37,9 +37,8 @@ pub(super) fn read_header(stream: &mut dyn BufRead) -> Result<Header, LineError>
     let mut line = Vec::new();
     let mut n = 0u64;
     let mut next = |line: &mut Vec<u8>| -> Result<bool, LineError> {
-        line.clear();
         n += 1;
-        let read = stream.read_until(b'\n', line).map_err(|e| (n, read_failure(&e)))?;
+        let read = read_line(stream, line).map_err(|m| (n, m))?;
         Ok(read > 0)
     };
     if !next(&mut line)? {
@@ -153,7 +152,8 @@ pub(super) fn parse(
     let temp = |e: std::io::Error| (0, format!("cannot write the temporary file of sorted entries ($TMPDIR): {e}"));
     let mut file = std::io::BufWriter::with_capacity(1 << 20, tempfile::tempfile().map_err(temp)?);
     let mut counts = vec![0u64; n_cells as usize + 1];
-    let mut run: Vec<Entry> = Vec::with_capacity(run_entries.min(header.entries as usize));
+    // (grown as entries come: the header's count is only a claim)
+    let mut run: Vec<Entry> = Vec::new();
     // Each run's first entry in the file, and whether each run starts at or
     // after the cells of the one before (then no merge is needed).
     let mut runs: Vec<u64> = vec![0];
@@ -183,16 +183,14 @@ pub(super) fn parse(
     let mut line = Vec::with_capacity(64);
     let mut number = 0u64;
     while number + 1 < header.first_line {
-        line.clear();
         number += 1;
-        stream.read_until(b'\n', &mut line).map_err(|e| (number, read_failure(&e)))?;
+        read_line(stream.as_mut(), &mut line).map_err(|m| (number, m))?;
     }
     let mut seen = 0u64;
     let (n_rows, n_cols) = (header.rows, header.cols);
     loop {
-        line.clear();
         number += 1;
-        let read = stream.read_until(b'\n', &mut line).map_err(|e| (number, read_failure(&e)))?;
+        let read = read_line(stream.as_mut(), &mut line).map_err(|m| (number, m))?;
         if read == 0 {
             break;
         }

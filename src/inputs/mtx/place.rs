@@ -115,13 +115,33 @@ pub(super) fn read_failure(e: &std::io::Error) -> String {
     }
 }
 
+/// The longest line read: far above any line of a matrix, features or
+/// barcodes file, so that a file without line ends (or a gzip stream that
+/// decodes to gigabytes of one) is refused instead of held whole.
+pub(super) const MAX_LINE: usize = 1 << 20;
+
+/// Reads the next line of `stream`, its end included, into `line` (cleared
+/// first): its length, 0 at the end of the file; a failure's reason.
+pub(super) fn read_line(stream: &mut dyn BufRead, line: &mut Vec<u8>) -> Result<usize, String> {
+    line.clear();
+    let n = stream.take(MAX_LINE as u64 + 1).read_until(b'\n', line).map_err(|e| read_failure(&e))?;
+    if n > MAX_LINE {
+        return Err(format!("a line longer than {MAX_LINE} bytes: not a text file of this format"));
+    }
+    Ok(n)
+}
+
 /// The lines of a tab-separated text file, each split into its fields.
 pub(super) fn read_tsv(place: &Place, remote: &RemoteOptions) -> Result<Vec<Vec<String>>, LineError> {
-    let stream = place.open(remote).map_err(|m| (0, m))?;
+    let mut stream = place.open(remote).map_err(|m| (0, m))?;
     let mut rows = Vec::new();
-    for (n, line) in stream.split(b'\n').enumerate() {
-        let line = line.map_err(|e| (n as u64 + 1, read_failure(&e)))?;
-        let text = std::str::from_utf8(&line).map_err(|_| (n as u64 + 1, "is not UTF-8 text".to_string()))?;
+    let mut line = Vec::new();
+    for n in 1u64.. {
+        if read_line(stream.as_mut(), &mut line).map_err(|m| (n, m))? == 0 {
+            break;
+        }
+        let line = line.strip_suffix(b"\n").unwrap_or(&line);
+        let text = std::str::from_utf8(line).map_err(|_| (n, "is not UTF-8 text".to_string()))?;
         let text = text.strip_suffix('\r').unwrap_or(text);
         if text.is_empty() {
             continue;

@@ -11,6 +11,7 @@
 //! same kinds as an .h5ad file's (strings, numbers, booleans, categoricals,
 //! nullable integers, booleans and strings).
 
+mod chunks;
 mod store;
 mod table;
 
@@ -22,7 +23,7 @@ use serde_json::Value;
 
 use crate::inputs::error::InputError;
 use crate::inputs::remote::{is_url, RemoteOptions};
-use crate::inputs::rows::{checked_indices, checked_indptr, made_once, RawRows};
+use crate::inputs::rows::{checked_indices, checked_indptr, made_once, shape_problem, RawRows};
 use crate::inputs::source::{first_rows_are_counts, InputSource};
 use crate::inputs::table::Table;
 pub use store::{is_zarr, ZarrStore};
@@ -98,6 +99,15 @@ impl ZarrSource {
         let [n_rows, n_cols] = shape[..] else {
             return Err(store.invalid(&format!("{matrix}/@shape"), format!("{shape:?} is not two sizes")));
         };
+        if let Some(problem) = shape_problem(n_rows, n_cols) {
+            return Err(store.invalid(&format!("{matrix}/@shape"), format!("{shape:?}: {problem}")));
+        }
+        // (the arrays read by ranges that their declared lengths allow)
+        let read_by_range: &[&str] = if layout == Layout::Dense { &[""] } else { &["/data", "/indices"] };
+        for (part, array) in read_by_range.iter().zip(&arrays) {
+            let elements = array.array.shape().iter().try_fold(1u64, |n, &d| n.checked_mul(d)).unwrap_or(u64::MAX);
+            store.check_backed(&format!("{matrix}{part}"), elements)?;
+        }
         if layout != Layout::Dense {
             let (data, indices, indptr) = (arrays[0].len(), arrays[1].len(), arrays[2].len());
             if data != indices {

@@ -4,18 +4,42 @@
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use serde_json::{Map, Value};
 use zarrs::array::{Array, ArraySubset};
 use zarrs::storage::byte_range::{ByteRange, ByteRangeIterator};
 use zarrs::storage::{MaybeBytesIterator, ReadableStorageTraits, StorageError, StoreKey};
 
+use super::chunks::{chunk_limit, ChunkLimit, MAX_CHUNK_BYTES};
 use crate::inputs::error::InputError;
 use crate::inputs::remote::{is_url, RemoteOptions};
 
-/// A store's bytes, through deltacells' storage layer.
-pub(super) struct StoreBytes(Arc<dyn crate::storage::Storage>);
+/// A store's bytes, through deltacells' storage layer, and what each
+/// array opened so far says its chunks decode to (by the array's key
+/// prefix), which every chunk served is checked against.
+pub(super) struct StoreBytes(Arc<dyn crate::storage::Storage>, RwLock<Vec<(String, ChunkLimit)>>);
+
+impl StoreBytes {
+    /// Refuses a chunk of `key` whose codec says it decodes to more than a
+    /// chunk of its array holds.
+    fn check(&self, key: &StoreKey, chunk: &[u8]) -> Result<(), StorageError> {
+        let key = key.as_str();
+        if [".zarray", ".zattrs", ".zgroup", "zarr.json"].iter().any(|m| key.ends_with(m)) {
+            return Ok(());
+        }
+        let limits = self.1.read().unwrap_or_else(|e| e.into_inner());
+        let Some((_, limit)) =
+            limits.iter().filter(|(prefix, _)| key.starts_with(prefix.as_str())).max_by_key(|(p, _)| p.len())
+        else {
+            return Ok(());
+        };
+        match limit.problem(chunk) {
+            Some(problem) => Err(StorageError::Other(format!("chunk {key}: {problem}"))),
+            None => Ok(()),
+        }
+    }
+}
 
 impl ReadableStorageTraits for StoreBytes {
     fn get_partial_many<'a>(
@@ -26,7 +50,9 @@ impl ReadableStorageTraits for StoreBytes {
         let ranges: Vec<ByteRange> = byte_ranges.collect();
         let fail = |e: crate::storage::StorageError| StorageError::Other(e.to_string());
         if let [ByteRange::FromStart(0, None)] = ranges[..] {
-            return Ok(self.0.get(key.as_str()).map_err(fail)?.map(|b| Box::new(std::iter::once(Ok(b))) as _));
+            let Some(bytes) = self.0.get(key.as_str()).map_err(fail)? else { return Ok(None) };
+            self.check(key, &bytes)?;
+            return Ok(Some(Box::new(std::iter::once(Ok(bytes)))));
         }
         let open_ended = ranges.iter().any(|r| matches!(r, ByteRange::Suffix(_) | ByteRange::FromStart(_, None)));
         let size = if open_ended {
@@ -38,11 +64,11 @@ impl ReadableStorageTraits for StoreBytes {
             u64::MAX
         };
         let ranges: Vec<Range<u64>> = ranges.iter().map(|r| r.to_range(size)).collect();
-        Ok(self
-            .0
-            .get_ranges(key.as_str(), &ranges)
-            .map_err(fail)?
-            .map(|parts| Box::new(parts.into_iter().map(Ok)) as _))
+        let Some(parts) = self.0.get_ranges(key.as_str(), &ranges).map_err(fail)? else { return Ok(None) };
+        for part in &parts {
+            self.check(key, part)?;
+        }
+        Ok(Some(Box::new(parts.into_iter().map(Ok))))
     }
 
     fn size_key(&self, key: &StoreKey) -> Result<Option<u64>, StorageError> {
@@ -87,7 +113,7 @@ impl ZarrStore {
             return Err(open_error(if path.exists() { "not a folder" } else { "no such folder" }.into()));
         }
         let storage = crate::storage::open_with(&path.to_string_lossy(), &remote.store)?;
-        let store = ZarrStore { path: path.to_path_buf(), bytes: Arc::new(StoreBytes(storage)) };
+        let store = ZarrStore { path: path.to_path_buf(), bytes: Arc::new(StoreBytes(storage, RwLock::default())) };
         match store.node("")? {
             Some((Kind::Group, _)) => Ok(store),
             Some((Kind::Array, _)) => Err(open_error("the root is an array, not an AnnData group".into())),
@@ -154,7 +180,45 @@ impl ZarrStore {
         Ok(Some((kind, self.json(&at(".zattrs"))?.unwrap_or_default())))
     }
 
+    /// Refuses an array (at `path`) that declares `declared` elements when
+    /// its chunks hold far too few bytes to back them (chunks never written
+    /// read as the fill value): it is not read, whole or by ranges that its
+    /// declared length allows, before its elements are allocated. A store
+    /// that cannot be listed (a plain HTTP server) is not checked.
+    pub(super) fn check_backed(&self, path: &str, declared: u64) -> Result<(), InputError> {
+        if declared == 0 || !self.bytes.0.can_list() {
+            return Ok(());
+        }
+        let listed = self.bytes.0.list_sizes(&format!("{path}/")).map_err(|e| match e.request_failure() {
+            Some(_) => InputError::Store(e),
+            None => self.invalid(path, crate::error_chain(&e)),
+        })?;
+        let stored = listed.iter().map(|(_, size)| size).sum();
+        match crate::inputs::rows::unbacked(declared, stored) {
+            Some(problem) => Err(self.invalid(path, problem)),
+            None => Ok(()),
+        }
+    }
+
     pub(super) fn array(&self, path: &str) -> Result<Array<StoreBytes>, InputError> {
+        let array = self.open_array(path)?;
+        let metadata = serde_json::to_value(array.metadata()).ok();
+        if let Some(limit) = metadata.as_ref().and_then(Value::as_object).and_then(chunk_limit) {
+            if limit.bytes > MAX_CHUNK_BYTES {
+                return Err(self.unsupported(
+                    path,
+                    format!("chunks of {} bytes, more than deltacells decodes ({MAX_CHUNK_BYTES})", limit.bytes),
+                ));
+            }
+            let mut limits = self.bytes.1.write().unwrap_or_else(|e| e.into_inner());
+            let prefix = format!("{path}/");
+            limits.retain(|(p, _)| *p != prefix);
+            limits.push((prefix, limit));
+        }
+        Ok(array)
+    }
+
+    fn open_array(&self, path: &str) -> Result<Array<StoreBytes>, InputError> {
         Array::open(self.bytes.clone(), &format!("/{path}")).map_err(|e| {
             let text = e.to_string();
             if text.contains("unsupported") || text.contains("not supported") || text.contains("unknown") {
@@ -257,10 +321,9 @@ impl Numeric {
     /// Elements `ranges` (one range per dimension).
     pub(super) fn read(&self, store: &ZarrStore, ranges: &[Range<u64>]) -> Result<Values, InputError> {
         let subset = ArraySubset::new_with_ranges(ranges);
-        let err = |e: zarrs::array::ArrayError| store.invalid(&self.path, e.to_string());
         macro_rules! read {
             ($t:ty, $variant:ident) => {
-                Values::$variant(self.array.retrieve_array_subset::<Vec<$t>>(&subset).map_err(err)?)
+                Values::$variant(caught(store, &self.path, || self.array.retrieve_array_subset::<Vec<$t>>(&subset))?)
             };
         }
         Ok(match self.type_name().as_str() {
@@ -284,6 +347,9 @@ impl Numeric {
         if range.start > range.end || range.end > self.len() {
             return Err(store.invalid(&self.path, format!("rows {range:?} outside 0..{}", self.len())));
         }
+        if rows.is_none() {
+            store.check_backed(&self.path, self.len())?;
+        }
         self.read(store, &[range])
     }
 
@@ -306,7 +372,30 @@ pub(super) fn read_strings(
     if array.dimensionality() != 1 || range.start > range.end || range.end > len {
         return Err(store.invalid(path, format!("rows {range:?} of an array of shape {:?}", array.shape())));
     }
-    array
-        .retrieve_array_subset::<Vec<String>>(&ArraySubset::new_with_ranges(&[range]))
-        .map_err(|e| store.invalid(path, e.to_string()))
+    if rows.is_none() {
+        store.check_backed(path, len)?;
+    }
+    caught(store, path, || array.retrieve_array_subset::<Vec<String>>(&ArraySubset::new_with_ranges(&[range])))
+}
+
+/// What `read` (a read by `zarrs`) gives, its failure as the array's error.
+/// zarrs 0.23 panics on some malformed chunks (its v2 `vlen-utf8` decoder
+/// slices by a string length it did not check against the chunk): such a
+/// panic is the chunk's error too, not the process's end.
+fn caught<T>(
+    store: &ZarrStore,
+    path: &str,
+    read: impl FnOnce() -> Result<T, zarrs::array::ArrayError>,
+) -> Result<T, InputError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)) {
+        Ok(result) => result.map_err(|e| store.invalid(path, e.to_string())),
+        Err(panic) => {
+            let why = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(store.invalid(path, format!("a malformed chunk (decoding it failed: {why})")))
+        }
+    }
 }
