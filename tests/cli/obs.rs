@@ -255,9 +255,8 @@ fn localize_fetches_only_the_column_chunks_and_caches_them() {
         .expect_code(0)
         .json();
     assert_eq!(report["fetched"], serde_json::json!(["cell_type", "score", "obs_names"]));
-    // one request per column per tile (6 tiles), two per shard (3: its
-    // version and size, then its footer), and the schema
-    assert_eq!(report["requests"], 3 * 6 + 2 * 3 + 1);
+    // one request per column per tile (6 tiles), one per shard footer (3), and the schema
+    assert_eq!(report["requests"], 3 * 6 + 3 + 1);
     let again = t
         .run(&["obs", "localize", "--json", "--cache-dir", cache, "--columns", "score,frac", ds])
         .expect_code(0)

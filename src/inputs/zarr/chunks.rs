@@ -58,10 +58,9 @@ pub(super) fn chunk_limit(meta: &Map<String, Value>) -> Option<ChunkLimit> {
         Some(codecs) => {
             let sharding = codecs.iter().find(|c| c.get("name").and_then(Value::as_str) == Some("sharding_indexed"));
             match sharding.and_then(|s| s.get("configuration")) {
-                Some(conf) => (
-                    shape(conf.get("chunk_shape")),
-                    conf.get("codecs").and_then(Value::as_array).into_iter().flatten().filter_map(codec_name).collect(),
-                ),
+                // A shard's object holds many inner chunks and their index,
+                // not one stream: its bytes are not checked as one chunk.
+                Some(_) => return None,
                 None => (
                     shape(
                         meta.get("chunk_grid").and_then(|g| g.get("configuration")).and_then(|c| c.get("chunk_shape")),
