@@ -230,14 +230,14 @@ struct Footer {
 fn read_footer(storage: &dyn Storage, key: &str, size: u64, requests: &mut u64) -> Result<Footer, ObsError> {
     let location = storage.location(key);
     let bad = |reason: String| ObsError::Shard { location: location.clone(), reason };
-    // (read unpinned: a shard a writer rewrote since is another size, so
-    // its footer is not where the manifest says, and the read fails)
-    let etag: Option<String> = None;
     if size < 12 {
         return Err(bad(format!("{size} bytes is too short for a Parquet file")));
     }
     let start = size.saturating_sub(TAIL_GUESS);
-    let mut tail = fetch(storage, key, start..size, etag.as_deref(), requests)?;
+    // The version of the shard read first pins every later read of it (a
+    // shard a writer rewrote since is another size, so its footer is not
+    // where the manifest says either, and the read fails).
+    let (mut tail, etag) = fetch(storage, key, start..size, None, requests)?;
     let n = tail.len();
     if &tail[n - 4..] != b"PAR1" {
         return Err(bad("not a Parquet file (no PAR1 at the end)".into()));
@@ -249,25 +249,36 @@ fn read_footer(storage: &dyn Storage, key: &str, size: u64, requests: &mut u64) 
     let mut tail_start = start;
     if meta_len + 8 > n as u64 {
         tail_start = size - meta_len - 8;
-        tail = fetch(storage, key, tail_start..size, etag.as_deref(), requests)?;
+        tail = fetch(storage, key, tail_start..size, etag.as_deref(), requests)?.0;
     }
     let footer = &tail[tail.len() - 8 - meta_len as usize..tail.len() - 8];
     let metadata = ParquetMetaDataReader::decode_metadata(footer).map_err(|e| bad(format!("footer: {e}")))?;
     Ok(Footer { len: size, etag, tail: (tail_start, tail), metadata: Arc::new(metadata) })
 }
 
+/// One range of `key` (of the version `etag` names, when it names one),
+/// with the version it was read from.
 fn fetch(
     storage: &dyn Storage,
     key: &str,
     range: Range<u64>,
     etag: Option<&str>,
     requests: &mut u64,
-) -> Result<Bytes, ObsError> {
+) -> Result<(Bytes, Option<String>), ObsError> {
     *requests += 1;
-    let mut parts = storage
-        .get_ranges_of(key, std::slice::from_ref(&range), etag)?
+    let range_len = range.end - range.start;
+    let request =
+        crate::storage::PinnedRequest { key: key.to_string(), ranges: vec![range], etag: etag.map(str::to_string) };
+    let (mut parts, tag) = storage
+        .get_ranges_pinned(std::slice::from_ref(&request))
+        .pop()
+        .unwrap_or(Ok(None))?
         .ok_or_else(|| ObsError::Missing { location: storage.location(key) })?;
-    Ok(parts.swap_remove(0))
+    if parts.len() != 1 || parts[0].len() as u64 != range_len {
+        let reason = format!("{} bytes were read of {range_len} asked", parts.iter().map(Bytes::len).sum::<usize>());
+        return Err(ObsError::Shard { location: storage.location(key), reason });
+    }
+    Ok((parts.swap_remove(0), tag))
 }
 
 /// The obs of one dataset, for localizing and for `obs info`.
