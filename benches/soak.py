@@ -36,8 +36,12 @@ the first one's.
 
 The growth of each measure is (its largest value after the first epoch -
 its value at the end of the first epoch) / its value at the end of the first
-epoch; a configuration passes when each growth is within 5% and every value
-checks. Prints a table of samples per configuration and a summary; writes the
+epoch. Open fds are counted apart from shared-memory ones (/dev/shm, memfd):
+those are the batches in flight between DataLoader workers and the main
+process at the moment of the sample, bounded but never the same number
+twice, so theirs is a trend: the median of the last third of the samples
+against the first third's. A configuration passes when each growth and the
+trend are within 5% and every value checks. Prints a table of samples per configuration and a summary; writes the
 raw samples and epochs as JSON. The dataset: CELLS atlas cells
 (benches/make_atlas.py, from the PBMC files of ../shared/data/fetch-pbmc.sh)
 converted by ``deltacells convert`` in tiles of 2,500; or DATASET as it is.
@@ -248,18 +252,32 @@ def process_tree(pid: int) -> list[int]:
     return found
 
 
+def shared_memory(target: str) -> bool:
+    """Whether an fd's link is a shared-memory segment (a batch in flight
+    between a DataLoader worker and the main process)."""
+    return target.startswith(("/dev/shm/", "memfd:"))
+
+
 def usage(pid: int) -> dict[str, int] | None:
-    """VmRSS, RssAnon (bytes), threads and open fds of one process; None when it is gone."""
+    """VmRSS, RssAnon (bytes), threads, open fds other than shared memory,
+    and shared-memory fds of one process; None when it is gone."""
     try:
         with open(f"/proc/{pid}/status") as f:
             status = dict(line.split(":", 1) for line in f if ":" in line)
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
+        fds, shm = 0, 0
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:  # closed since it was listed
+                continue
+            fds, shm = (fds, shm + 1) if shared_memory(target) else (fds + 1, shm)
     except (OSError, ValueError):
         return None
     if "VmRSS" not in status:  # a zombie
         return None
     kib = {k: int(status[k].split()[0]) * 1024 for k in ("VmRSS", "RssAnon")}
-    return {"rss": kib["VmRSS"], "anon": kib["RssAnon"], "threads": int(status["Threads"]), "fds": fds}
+    return {"rss": kib["VmRSS"], "anon": kib["RssAnon"], "threads": int(status["Threads"]), "fds": fds,
+            "shm": shm}
 
 
 def sample(pid: int, expected: int, patience: float = 10.0) -> dict[str, int] | None:
@@ -272,7 +290,7 @@ def sample(pid: int, expected: int, patience: float = 10.0) -> dict[str, int] | 
         if not parts or usage(pid) is None:
             return None
         if len(parts) >= expected or time.monotonic() >= waited_until:
-            out = {k: sum(u[k] for u in parts) for k in ("rss", "anon", "threads", "fds")}
+            out = {k: sum(u[k] for u in parts) for k in ("rss", "anon", "threads", "fds", "shm")}
             out["processes"] = len(parts)
             return out
         time.sleep(0.05)
@@ -427,6 +445,21 @@ def summarize(run: Run) -> dict[str, Any]:
         out[m] = {"end_of_epoch_1": base, "min": min(values), "max": max(values), "last": values[-1],
                   "growth_pct": growth}
         ok = ok and growth <= LIMIT
+    # Shared-memory fds are the batches in flight between the DataLoader's
+    # workers and the main process when the sample is taken: bounded by
+    # the batches the DataLoader keeps in flight, and varying with how many
+    # it holds at that moment; a leak would show as a trend, so theirs is
+    # the median of the last third of the samples against the first third's.
+    shm = [s["shm"] for s in after]
+    if len(shm) >= 3 and max(shm) > 0:
+        third = len(shm) // 3
+        first, last = float(np.median(shm[:third])), float(np.median(shm[-third:]))
+        trend = (last - first) / first * 100 if first else (0.0 if last == 0 else 100.0)
+        out["shm"] = {"min": min(shm), "max": max(shm), "first_third": first, "last_third": last,
+                      "trend_pct": trend}
+        ok = ok and trend <= LIMIT
+    else:
+        out["shm"] = None
     out["pass"] = ok
     return out
 
@@ -437,11 +470,11 @@ def print_report(runs: list[Run], summaries: dict[str, dict[str, Any]], header: 
         print()
         print(f"### {r.name}: {r.config.label}")
         print()
-        print("| min | in epoch | processes | RSS MiB | anon MiB | threads | fds |")
-        print("|---:|---:|---:|---:|---:|---:|---:|")
+        print("| min | in epoch | processes | RSS MiB | anon MiB | threads | fds | shared-memory fds |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
         for s in r.samples:
             print(f"| {s['t'] / 60:.1f} | {s['epoch'] + 1} | {s['processes']} | {s['rss'] / 2**20:.1f} | "
-                  f"{s['anon'] / 2**20:.1f} | {s['threads']} | {s['fds']} |")
+                  f"{s['anon'] / 2**20:.1f} | {s['threads']} | {s['fds']} | {s.get('shm', 0)} |")
         if r.process.returncode:
             print(f"\nexited with status {r.process.returncode}; the end of its log:\n")
             print(r.log.read_text()[-3000:])
@@ -450,8 +483,9 @@ def print_report(runs: list[Run], summaries: dict[str, dict[str, Any]], header: 
           "epoch 1) / end of epoch 1)")
     print()
     print("| config | epochs | cells/s | values | RSS MiB: epoch 1, min-max, last | growth | threads: epoch 1, "
-          "min-max, last | growth | fds: epoch 1, min-max, last | growth | within 5% |")
-    print("|---|---:|---:|---|---|---:|---|---:|---|---:|---|")
+          "min-max, last | growth | fds: epoch 1, min-max, last | growth | shared-memory fds: min-max, "
+          "median of first and last third | trend | within 5% |")
+    print("|---|---:|---:|---|---|---:|---|---:|---|---:|---|---:|---|")
     for r in runs:
         s = summaries[r.name]
         cells = [f"| {r.name} | {s['epochs']:,} | {s['cells_per_s']:,.0f} | {'same' if s['values_ok'] else 'WRONG'} |"]
@@ -464,6 +498,9 @@ def print_report(runs: list[Run], summaries: dict[str, dict[str, Any]], header: 
             f = ".1f" if m == "rss" else ".0f"
             cells.append(f" {v['end_of_epoch_1'] / scale:{f}}, {v['min'] / scale:{f}}-{v['max'] / scale:{f}}, "
                          f"{v['last'] / scale:{f}} | {v['growth_pct']:+.1f}% |")
+        shm = s["shm"]
+        cells.append(" - | - |" if shm is None else f" {shm['min']}-{shm['max']}, {shm['first_third']:.1f}, "
+                     f"{shm['last_third']:.1f} | {shm['trend_pct']:+.1f}% |")
         cells.append(f" {'PASS' if s['pass'] else 'FAIL'} |")
         print("".join(cells))
     for r in runs:

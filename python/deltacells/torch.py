@@ -44,7 +44,7 @@ import torch.utils.data
 from ._args import column_names, integer, location, thread_count
 from ._collection import Collection
 from ._dataset import _INHERITED, Dataset
-from ._deltacells import redact
+from ._deltacells import DEFAULT_CACHE_BYTES, redact
 from ._errors import ArgumentTypeError, InvalidArgumentError
 from ._loader import CellBatch
 from ._open import OPEN_OPTIONS, open_dataset
@@ -127,15 +127,17 @@ def _source(
 
 def _new_source(
     root: str | Collection, open_options: dict[str, Any], threads: int | None, num_workers: int,
-    version: bytes | None = None,
+    version: bytes | None = None, cache_bytes: int = 0,
 ) -> Dataset | Collection:
     """The dataset or collection a process reads, with ``threads`` decoding
     threads (default: the cores divided among the workers), as ``version``
-    when given; nothing is opened until it is read."""
+    when given; nothing is opened until it is read. Its chunk cache is
+    ``cache_bytes`` unless ``open_options`` chooses one: none for the
+    streaming loader, which reads each chunk once an epoch."""
     threads = threads or max(1, (os.cpu_count() or 1) // num_workers)
     if isinstance(root, Collection):
         return root._copy(threads)
-    options: dict[str, Any] = dict(threads=threads, **store_options({}), cache_bytes=0)
+    options: dict[str, Any] = dict(threads=threads, **store_options({}), cache_bytes=cache_bytes)
     options.update(open_options)
     cache_dir = options.pop("cache_dir", None)
     return Dataset(root, options, cache_dir, None, version)
@@ -406,7 +408,11 @@ class CellMapDataset(torch.utils.data.Dataset):
         with the batch). :func:`collate` passes any result on as it is.
     open_options
         The keyword options of :func:`deltacells.open_dataset`
-        (``cache_dir``, ``cache_bytes``...); a collection has its own.
+        (``cache_dir``, ``cache_bytes``...); a collection has its own. Each
+        process keeps a cache of decompressed chunks, for cells drawn from
+        chunks read before: ``cache_bytes`` each, by default
+        :func:`deltacells.open_dataset`'s default divided among the
+        DataLoader's workers.
 
     Each process opens the dataset itself on first use (the object pickles
     to its root and options), whether the DataLoader's workers are started
@@ -499,7 +505,10 @@ class CellMapDataset(torch.utils.data.Dataset):
             _INHERITED.append(opened)
         info = torch.utils.data.get_worker_info()
         workers = 1 if info is None else info.num_workers
-        dataset = _new_source(self.root, self.open_options, self.threads, workers, self._version)
+        # Cells drawn at random hit a chunk many times an epoch: each
+        # process keeps its share of open_dataset's default cache.
+        dataset = _new_source(self.root, self.open_options, self.threads, workers, self._version,
+                              cache_bytes=DEFAULT_CACHE_BYTES // workers)
         return self._prepare(dataset)
 
     def __len__(self) -> int:

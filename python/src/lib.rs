@@ -28,6 +28,30 @@ mod vocabulary;
 use batches::{loader_defaults, RawBatches};
 use dataset::RawDataset;
 
+/// Every allocation of the extension's Rust code (Python's and other
+/// libraries' are not touched) goes to jemalloc on Linux. With glibc's
+/// malloc, the loader's multi-megabyte buffers (tiles read, chunks
+/// decompressed, batches), freed and allocated again epoch after epoch on
+/// threads started for them, stayed in its heaps: a process reading epoch
+/// after epoch grew from 240 to about 300 MiB before it levelled off.
+#[cfg(target_os = "linux")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's options, read when it starts (`$_RJEM_MALLOC_CONF` is read
+/// after them, and wins): pages freed go back to the system at once instead
+/// of over the next ten seconds, so that a reader's memory is what it holds,
+/// not what it held a moment ago (the loader's resident memory then stays
+/// within 1-2% epoch after epoch, for a few percent of its speed).
+#[cfg(target_os = "linux")]
+#[export_name = "_rjem_malloc_conf"]
+static MALLOC_CONF: Option<&'static std::ffi::c_char> = {
+    let options = c"dirty_decay_ms:0,muzzy_decay_ms:0";
+    // SAFETY: the pointer is to the first byte of a string in static
+    // memory, valid (and never written) for the life of the program.
+    Some(unsafe { &*options.as_ptr() })
+};
+
 /// The cache root: `explicit`, else $DELTACELLS_CACHE, $XDG_CACHE_HOME/deltacells,
 /// ~/.cache/deltacells.
 #[pyfunction]

@@ -279,6 +279,26 @@ def test_a_collection_and_an_open_dataset_work_in_spawned_workers(torch, root, o
     assert_rows(batches[3]["X"], ds.get_batch(range(3000, 4000), dense=True))
 
 
+def test_cells_drawn_again_come_from_each_process_cache(torch, root, ds, cache) -> None:  # noqa: ARG001
+    from deltacells.torch import CellMapDataset
+
+    cells = np.random.default_rng(5).choice(ds.n_cells, 256, replace=False)
+    data = CellMapDataset(root, cache_dir=cache)  # the default cache, all of it in one process
+    first = data.__getitems__(cells)
+    opened = data._dataset()[0]
+    before = opened.io_stats()["requests"]
+    again = data.__getitems__(cells[::-1])
+    assert opened.io_stats()["requests"] == before
+    assert_rows(again["X"], ds.get_batch(cells[::-1]))
+    assert torch.equal(first["cells"], torch.from_numpy(cells))
+    uncached = CellMapDataset(root, cache_dir=cache, cache_bytes=0)
+    uncached.__getitems__(cells)
+    opened = uncached._dataset()[0]
+    before = opened.io_stats()["requests"]
+    uncached.__getitems__(cells)
+    assert opened.io_stats()["requests"] > before
+
+
 def test_bad_arguments_are_refused_by_name(torch, root, ds, cache) -> None:
     from deltacells.torch import CellMapDataset
 
