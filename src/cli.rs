@@ -201,6 +201,37 @@ pub(crate) struct DownloadArgs {
     /// Where --download-inputs puts the inputs (kept there afterwards).
     #[arg(long, value_name = "DIR", requires = "download_inputs", help_heading = "Inputs at URLs")]
     pub download_dir: Option<PathBuf>,
+    /// MiB of inputs' blocks kept in memory, over every input read by byte
+    /// ranges (at least 2): a small input read twice (for the gene order,
+    /// then for the tiles) is fetched once while it fits.
+    #[arg(
+        long,
+        value_name = "MIB",
+        env = "DELTACELLS_INPUT_CACHE_MIB",
+        default_value_t = 512,
+        help_heading = "Inputs at URLs"
+    )]
+    pub input_cache_mib: u64,
+    /// MiB fetched ahead of each sequential read of an input (0: one block of
+    /// 256 KiB): enough to keep the link busy through a request's latency.
+    #[arg(
+        long,
+        value_name = "MIB",
+        env = "DELTACELLS_INPUT_READAHEAD_MIB",
+        default_value_t = 32,
+        help_heading = "Inputs at URLs"
+    )]
+    pub input_readahead_mib: u64,
+}
+
+impl DownloadArgs {
+    /// The block cache's budgets these arguments give.
+    pub(crate) fn block_cache(&self) -> crate::inputs::remote::BlockCacheOptions {
+        crate::inputs::remote::BlockCacheOptions {
+            budget: self.input_cache_mib.saturating_mul(1 << 20),
+            read_ahead: self.input_readahead_mib.saturating_mul(1 << 20),
+        }
+    }
 }
 
 /// `--input-format`: the library's formats, by the names and help it gives

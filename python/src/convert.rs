@@ -20,6 +20,7 @@ use pyo3::prelude::*;
 use serde_json::{Map, Value};
 
 use deltacells::convert::{self, AppendOptions, ConvertError, ConvertOptions, ConvertProgress, GivenOrder, ObsOptions};
+use deltacells::inputs::remote::BlockCacheOptions;
 use deltacells::inputs::{
     checked_indices, checked_indptr, first_rows_are_counts, Categories, FrameColumn, InputError, InputSource,
     MemoryTable, RawRows, Table,
@@ -85,6 +86,7 @@ impl RawReaching {
             ..InputOptions::default()
         };
         options.remote.store = self.store();
+        options.remote.block_cache = block_cache_from_env()?;
         let mut temp = None;
         if self.download_inputs {
             let dir = match &self.download_dir {
@@ -103,6 +105,27 @@ impl RawReaching {
         }
         Ok((options, temp))
     }
+}
+
+/// The block cache of inputs read by ranges, as the command line's
+/// `--input-cache-mib` and `--input-readahead-mib` default to it: from
+/// `$DELTACELLS_INPUT_CACHE_MIB` and `$DELTACELLS_INPUT_READAHEAD_MIB`
+/// when set, else the library's defaults.
+fn block_cache_from_env() -> Result<BlockCacheOptions, Failure> {
+    let mib = |name: &str, default: u64| -> Result<u64, Failure> {
+        match std::env::var(name) {
+            Err(_) => Ok(default),
+            Ok(v) => v
+                .trim()
+                .parse::<u64>()
+                .map(|m| m.saturating_mul(1 << 20))
+                .map_err(|_| value(format!("{name}={v:?}: expected a whole number of MiB"))),
+        }
+    };
+    Ok(BlockCacheOptions {
+        budget: mib("DELTACELLS_INPUT_CACHE_MIB", BlockCacheOptions::DEFAULT_BUDGET >> 20)?,
+        read_ahead: mib("DELTACELLS_INPUT_READAHEAD_MIB", BlockCacheOptions::DEFAULT_READ_AHEAD >> 20)?,
+    })
 }
 
 /// Every option of `convert`, as `_convert.py` checked it.

@@ -104,7 +104,11 @@ pub(crate) fn input_options(
     up_to: bool,
 ) -> anyhow::Result<(InputOptions, Option<tempfile::TempDir>)> {
     let mut options = InputOptions {
-        remote: crate::inputs::remote::RemoteOptions { store: store.options(), download_dir: None },
+        remote: crate::inputs::remote::RemoteOptions {
+            store: store.options(),
+            download_dir: None,
+            block_cache: download.block_cache(),
+        },
         reading: reading.reading()?,
         provided: Vec::new(),
     };

@@ -364,7 +364,7 @@ fn two_conversions_in_one_process_reach_their_inputs_each_its_own_way() {
     run(
         "from_s3",
         &PathBuf::from("s3://test/inputs/in.h5ad"),
-        InputOptions { remote: RemoteOptions { store, download_dir: None }, ..InputOptions::default() },
+        InputOptions { remote: RemoteOptions { store, ..RemoteOptions::default() }, ..InputOptions::default() },
     );
     t.run(&["convert", "-q", &example, "local"]).expect_code(0);
     for out in ["downloaded", "ranged", "from_s3"] {
@@ -426,4 +426,20 @@ fn zarr_stores_convert_from_an_http_server_as_from_disk() {
             "{store}"
         );
     }
+}
+
+#[test]
+fn the_input_block_cache_budgets_are_arguments_refused_by_name() {
+    // (given on the command line or in the environment, as before; a value
+    // that is not a whole number of MiB is refused, not ignored)
+    let t = TestDir::new();
+    let input = example();
+    let run = t.run(&["convert", "-q", "--input-cache-mib", "lots", &input, "out"]).expect_code(2);
+    assert!(run.stderr().contains("--input-cache-mib"), "{}", run.stderr());
+    let args = ["convert", "-q", &input, "out"];
+    let run = t.run_env(&args, &[("DELTACELLS_INPUT_READAHEAD_MIB", "-3")]).expect_code(2);
+    assert!(run.stderr().contains("--input-readahead-mib"), "{}", run.stderr());
+    assert!(!t.join("out").exists());
+    t.run_env(&args, &[("DELTACELLS_INPUT_CACHE_MIB", "16")]).expect_code(0);
+    assert!(t.join("out/manifest.json").is_file());
 }

@@ -80,7 +80,7 @@ impl H5adFile {
             }
             // The store's failures are its own (refused, denied, not there);
             // only what HDF5 makes of the bytes is the format's.
-            let ranged = remote::RangedFile::open(&url, &options.store)?;
+            let ranged = remote::RangedFile::open(&url, &options.store, options.block_cache)?;
             let file = driver::open_hdf5(&url, &ranged).map_err(|message| H5adError::Open {
                 format: "HDF5",
                 path: path.to_path_buf(),

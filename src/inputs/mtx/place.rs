@@ -81,7 +81,7 @@ struct UrlReader {
 
 impl UrlReader {
     pub(super) fn open(url: &str, remote: &RemoteOptions) -> Result<UrlReader, String> {
-        let file = RangedFile::open(url, &remote.store).map_err(|e| crate::error_chain(&e))?;
+        let file = RangedFile::open(url, &remote.store, remote.block_cache).map_err(|e| crate::error_chain(&e))?;
         file.set_extents(std::slice::from_ref(&(0..file.size())));
         remote::prefetch_whole(&file, &[0]);
         Ok(UrlReader { file, at: 0 })

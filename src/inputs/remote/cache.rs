@@ -3,34 +3,55 @@
 //! every file of the process, within budgets.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::OnceLock;
 
 use bytes::Bytes;
 
 /// Bytes per block of the cache: what a read of HDF5 metadata fetches.
 pub const BLOCK: u64 = 1 << 18;
 
-/// The most blocks fetched ahead of one sequential stream: 32 MiB, or
-/// `DELTACELLS_INPUT_READAHEAD_MIB` MiB. At 50 ms per request and 100 MB/s,
-/// a window must hold several megabytes for the link, not the latency, to
-/// bound a stream; a shard may fetch up to one window past its share of each
-/// stream (X's data and indices).
-pub fn max_window() -> u64 {
-    static WINDOW: OnceLock<u64> = OnceLock::new();
-    *WINDOW.get_or_init(|| {
-        let mib = std::env::var("DELTACELLS_INPUT_READAHEAD_MIB").ok().and_then(|v| v.trim().parse::<u64>().ok());
-        ((mib.unwrap_or(32) << 20) / BLOCK).max(1)
-    })
+/// The budgets of the block cache, a value each conversion carries (in
+/// [`RemoteOptions`](super::RemoteOptions)); the command line takes them as
+/// `--input-cache-mib` and `--input-readahead-mib`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockCacheOptions {
+    /// The bytes of blocks kept, over every file the process reads by ranges
+    /// (at least 8 blocks, 2 MiB).
+    pub budget: u64,
+    /// The most bytes fetched ahead of one sequential stream (at least one
+    /// block). At 50 ms per request and 100 MB/s, a window must hold several
+    /// megabytes for the link, not the latency, to bound a stream; a shard
+    /// may fetch up to one window past its share of each stream (X's data
+    /// and indices).
+    pub read_ahead: u64,
 }
 
-/// The bytes of blocks kept, over every file of the process: 512 MiB, or
-/// `DELTACELLS_INPUT_CACHE_MIB` MiB.
-pub fn cache_budget() -> u64 {
-    static BUDGET: OnceLock<u64> = OnceLock::new();
-    *BUDGET.get_or_init(|| {
-        let mib = std::env::var("DELTACELLS_INPUT_CACHE_MIB").ok().and_then(|v| v.trim().parse::<u64>().ok());
-        mib.unwrap_or(512).max(8 * BLOCK / (1 << 20)) << 20
-    })
+impl BlockCacheOptions {
+    /// The default budget: 512 MiB.
+    pub const DEFAULT_BUDGET: u64 = 512 << 20;
+    /// The default read-ahead of a stream: 32 MiB.
+    pub const DEFAULT_READ_AHEAD: u64 = 32 << 20;
+
+    /// The bytes of blocks kept, over every file.
+    pub(super) fn budget(&self) -> u64 {
+        self.budget.max(8 * BLOCK)
+    }
+
+    /// The most blocks fetched ahead of one stream.
+    pub(super) fn window(&self) -> u64 {
+        (self.read_ahead / BLOCK).max(1)
+    }
+
+    /// The most bytes the prefetcher fetches ahead of the readers: half the
+    /// budget, at most 256 MiB.
+    pub(super) fn ahead_limit(&self) -> u64 {
+        (self.budget() / 2).min(256 << 20)
+    }
+}
+
+impl Default for BlockCacheOptions {
+    fn default() -> Self {
+        BlockCacheOptions { budget: Self::DEFAULT_BUDGET, read_ahead: Self::DEFAULT_READ_AHEAD }
+    }
 }
 
 /// The bytes of HDF5 structure kept by exact read, over every file (64 MiB:
@@ -109,10 +130,10 @@ impl Cache {
 impl Cache {
     /// Frees this file's blocks, oldest first (those of its structure too,
     /// or not), until the cache is within its budget or none is left.
-    pub(super) fn free_within_budget(&mut self, structure_too: bool) {
+    pub(super) fn free_within_budget(&mut self, structure_too: bool, budget: u64) {
         use std::sync::atomic::Ordering::Relaxed;
         let mut kept = Vec::new();
-        while CACHED.load(Relaxed) > cache_budget() {
+        while CACHED.load(Relaxed) > budget {
             let Some(old) = self.order.pop_front() else { break };
             if !structure_too && self.structural.contains(&old) {
                 kept.push(old);

@@ -14,7 +14,7 @@ mod ranged;
 #[cfg(test)]
 mod tests;
 
-pub use cache::{cache_budget, max_window, BLOCK};
+pub use cache::{BlockCacheOptions, BLOCK};
 pub use prefetch::prefetch_whole;
 pub(crate) use ranged::ReadOf;
 pub use ranged::{input_stats, object_version, RangedFile};
@@ -38,6 +38,8 @@ pub struct RemoteOptions {
     /// fallback for servers that do not answer ranged reads), instead of
     /// reading the ranges it needs.
     pub download_dir: Option<std::path::PathBuf>,
+    /// The block cache of the inputs read by ranges.
+    pub block_cache: BlockCacheOptions,
 }
 
 /// The local copy of the object at `url` when inputs are downloaded: made on
@@ -85,5 +87,5 @@ pub fn open_ahead(urls: &[&str], options: &RemoteOptions) {
     if options.download_dir.is_some() {
         return; // they are downloaded whole instead
     }
-    open_all(urls, &options.store);
+    open_all(urls, &options.store, options.block_cache);
 }

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 
-use super::cache::{cache_budget, Cache, BLOCK, UNREAD};
+use super::cache::{Cache, BLOCK, UNREAD};
 use super::ranged::{RangedFile, WAITING};
 
 /// Blocks per request of the prefetcher (2 MiB): small enough that a read
@@ -14,12 +14,6 @@ const PIECE_BLOCKS: u64 = 8;
 
 /// Requests of the prefetcher in flight at once.
 const PIECES_IN_FLIGHT: usize = 4;
-
-/// The most bytes fetched ahead of the readers: half the cache, at most
-/// 256 MiB.
-fn ahead_limit() -> u64 {
-    (cache_budget() / 2).min(256 << 20)
-}
 
 /// A part of a file the prefetcher fetches, and the block it reached.
 struct Region {
@@ -49,7 +43,7 @@ static PREFETCH_CHANGED: Condvar = Condvar::new();
 /// before it: a conversion reads its inputs' X whole, in order, and the link
 /// then stays busy through the latency of each request (a few of 2 MiB in
 /// flight) and from one file to the next, instead of each file's streams
-/// starting cold. At most `ahead_limit()` bytes are fetched before a read
+/// starting cold. At most half the block budget (256 MiB at most) is fetched before a read
 /// uses them; blocks already cached or on their way are skipped. A failed
 /// fetch stops the prefetching of that file: its reader fetches the blocks
 /// itself and meets the error there.
@@ -83,9 +77,10 @@ fn prefetcher() {
     let piece = PIECE_BLOCKS * BLOCK;
     let mut p = PREFETCH.lock().unwrap_or_else(|e| e.into_inner());
     loop {
-        let room = p.in_flight < PIECES_IN_FLIGHT
-            && UNREAD.load(Relaxed) + piece <= ahead_limit()
-            && WAITING.load(Relaxed) == 0;
+        // (ahead of the first file's reader, within its conversion's budget)
+        let limit = p.queue.front().map_or(0, |(file, _)| file.limits().ahead_limit());
+        let room =
+            p.in_flight < PIECES_IN_FLIGHT && UNREAD.load(Relaxed) + piece <= limit && WAITING.load(Relaxed) == 0;
         if p.queue.is_empty() {
             p = PREFETCH_CHANGED.wait(p).unwrap_or_else(|e| e.into_inner());
             continue;

@@ -6,12 +6,12 @@
 //! fetches the blocks it lacks (contiguous ones in one request), and a read
 //! that continues where an earlier one ended also starts fetching the blocks
 //! after it in the background, a window that doubles with each block the
-//! stream enters, up to [`max_window`](super::max_window) blocks: latency is
-//! hidden behind decoding, and the bytes read past a worker's share are at
-//! most one window per stream. The blocks of the files opened stay cached,
-//! up to [`cache_budget`](super::cache_budget) bytes in all (512 MiB, or
-//! `DELTACELLS_INPUT_CACHE_MIB`; over it, those of the files opened last go
-//! first), and that budget is the only bound on what is kept: a conversion
+//! stream enters, up to the conversion's read-ahead
+//! ([`BlockCacheOptions`](super::BlockCacheOptions), 32 MiB by default):
+//! latency is hidden behind decoding, and the bytes read past a worker's
+//! share are at most one window per stream. The blocks of the files opened
+//! stay cached, up to the conversion's budget in all (512 MiB by default;
+//! over it, those of the files opened last go first), and that budget is the only bound on what is kept: a conversion
 //! reads the sampled inputs' X for the gene order, then again for the tiles,
 //! and small inputs are then fetched once, as the page cache serves local
 //! files the second time.
@@ -26,7 +26,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use bytes::Bytes;
 
-use super::cache::{cache_budget, max_window, Cache, Stream, BLOCK, CACHED, STRUCTURE_BUDGET, STRUCTURE_KEPT};
+use super::cache::{BlockCacheOptions, Cache, Stream, BLOCK, CACHED, STRUCTURE_BUDGET, STRUCTURE_KEPT};
 use crate::storage::{IoStats, RequestFailure, Storage, StorageError, StoreKind, StoreOptions};
 
 /// Blocks fetched at each end of a file when it is opened (256 KiB: the
@@ -57,7 +57,7 @@ pub(crate) fn storage_of(
 /// had: those this process read it by, when it has it open.
 pub fn object_version(url: &str, store: &StoreOptions) -> Result<crate::storage::Version, StorageError> {
     let recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, _, file)) = recent.iter().find(|(u, o, _)| u == url && o == store) {
+    if let Some((_, _, file)) = recent.iter().find(|(u, (o, _), _)| u == url && o == store) {
         return Ok(file.version.clone());
     }
     drop(recent);
@@ -109,12 +109,14 @@ pub struct RangedFile {
     pub(crate) failure: Mutex<Option<String>>,
     /// Whether the object was given to the prefetcher ([`prefetch_whole`](super::prefetch_whole)).
     pub(super) prefetching: std::sync::atomic::AtomicBool,
+    /// The budgets of the conversion that opened it.
+    limits: BlockCacheOptions,
 }
 
 /// Files opened lately, most recent last: a conversion opens each input
 /// several times (scan, obs, gene totals, tiles), and their HDF5 metadata and
 /// the blocks still cached are not fetched again. What is kept is bounded by
-/// the block budget ([`cache_budget`], which [`evict_other_files`] enforces),
+/// the block budget (which [`evict_other_files`] enforces),
 /// not by a count of files: a file is forgotten only once none of its blocks
 /// is cached and nothing has it open, and then only past [`RECENT_FILES`]
 /// files. (Bounding the files by count made every pass over more inputs than
@@ -122,17 +124,24 @@ pub struct RangedFile {
 static RECENT: Mutex<Vec<Recent>> = Mutex::new(Vec::new());
 
 /// A file of [`RECENT`]: its URL and the options it was reached with (a
-/// conversion with other credentials opens it afresh).
-type Recent = (String, StoreOptions, Arc<RangedFile>);
+/// conversion with other credentials or budgets opens it afresh).
+type Recent = (String, Reached, Arc<RangedFile>);
+
+/// How a file was reached: the store's options and the block cache's.
+type Reached = (StoreOptions, BlockCacheOptions);
 
 /// How many files [`RECENT`] keeps at least, cached blocks or not.
 const RECENT_FILES: usize = 32;
 
 impl RangedFile {
     /// The object at `url`, with the blocks of a recent opening of it.
-    pub(crate) fn open(url: &str, store: &StoreOptions) -> Result<Arc<RangedFile>, StorageError> {
+    pub(crate) fn open(
+        url: &str,
+        store: &StoreOptions,
+        limits: BlockCacheOptions,
+    ) -> Result<Arc<RangedFile>, StorageError> {
         let mut recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = recent.iter().position(|(u, o, _)| u == url && o == store) {
+        if let Some(i) = recent.iter().position(|(u, (o, l), _)| u == url && o == store && *l == limits) {
             let entry = recent.remove(i);
             let file = entry.2.clone();
             recent.push(entry);
@@ -144,16 +153,21 @@ impl RangedFile {
             return Ok(file);
         }
         drop(recent);
-        let file = Self::open_new(url, store)?;
+        let file = Self::open_new(url, store, limits)?;
         let mut recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
-        recent.push((url.to_string(), store.clone(), file.clone()));
+        recent.push((url.to_string(), (store.clone(), limits), file.clone()));
         forget_empty_files(&mut recent);
         Ok(file)
     }
 
-    fn open_new(url: &str, store: &StoreOptions) -> Result<Arc<RangedFile>, StorageError> {
+    fn open_new(url: &str, store: &StoreOptions, limits: BlockCacheOptions) -> Result<Arc<RangedFile>, StorageError> {
         let (storage, key, version) = sized_object(url, store)?;
-        Self::over(storage, key, version)
+        Self::over(storage, key, version, limits)
+    }
+
+    /// The budgets of the conversion that opened it.
+    pub(super) fn limits(&self) -> BlockCacheOptions {
+        self.limits
     }
 
     /// Object `key` of `storage`, of version `version`, read by ranges
@@ -162,6 +176,7 @@ impl RangedFile {
         storage: Arc<dyn Storage>,
         key: String,
         version: crate::storage::Version,
+        limits: BlockCacheOptions,
     ) -> Result<Arc<RangedFile>, StorageError> {
         let file = Arc::new(RangedFile {
             storage,
@@ -171,6 +186,7 @@ impl RangedFile {
             arrived: Condvar::new(),
             failure: Mutex::new(None),
             prefetching: std::sync::atomic::AtomicBool::new(false),
+            limits,
         });
         // The start of an HDF5 file holds its superblock and the headers of
         // what was written first (X, as anndata writes it); its end, those of
@@ -263,11 +279,12 @@ impl RangedFile {
         // Over the budget: this file's oldest blocks go first, then those of
         // the files opened last (never the blocks of this read).
         use std::sync::atomic::Ordering::Relaxed;
-        while CACHED.load(Relaxed) > cache_budget() && cache.order.len() as u64 > max_window() * 2 {
+        let budget = self.limits.budget();
+        while CACHED.load(Relaxed) > budget && cache.order.len() as u64 > self.limits.window() * 2 {
             let Some(old) = cache.order.pop_front() else { break };
             cache.remove_block(old);
         }
-        if CACHED.load(Relaxed) > cache_budget() {
+        if CACHED.load(Relaxed) > budget {
             evict_other_files(self);
         }
     }
@@ -388,7 +405,7 @@ impl RangedFile {
             None => Stream { block: first, window: 2 },
         };
         if found.is_some() && last > stream.block {
-            stream.window = (stream.window * 2).clamp(1, max_window());
+            stream.window = (stream.window * 2).clamp(1, self.limits.window());
         }
         stream.block = last;
         let window = if found.is_some() { stream.window } else { 0 };
@@ -488,12 +505,12 @@ fn evict_other_files(keep: &RangedFile) {
         let idle = files.iter().rev().filter(|(_, idle)| *idle);
         let in_use = files.iter().rev().filter(|(_, idle)| !*idle);
         for (file, _) in idle.chain(in_use).filter(|(f, _)| !std::ptr::eq(Arc::as_ptr(f), keep)) {
-            if CACHED.load(Relaxed) <= cache_budget() {
+            if CACHED.load(Relaxed) <= keep.limits.budget() {
                 return;
             }
             // try_lock: a file whose reader holds its lock is being read now.
             let Ok(mut cache) = file.cache.try_lock() else { continue };
-            cache.free_within_budget(structure_too);
+            cache.free_within_budget(structure_too, keep.limits.budget());
         }
     }
 }
@@ -501,16 +518,17 @@ fn evict_other_files(keep: &RangedFile) {
 /// Opens the objects at `urls` at once (their sizes and first blocks), so
 /// that reading them one after another does not wait a round trip per
 /// file; failures are left for the opening that needs the file.
-pub fn open_all(urls: &[&str], store: &StoreOptions) {
+pub fn open_all(urls: &[&str], store: &StoreOptions, limits: BlockCacheOptions) {
     let fresh: Vec<String> = {
         let recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
-        urls.iter().filter(|u| !recent.iter().any(|(r, o, _)| r == *u && o == store)).map(|u| u.to_string()).collect()
+        let known = |url: &str| recent.iter().any(|(r, (o, l), _)| r == url && o == store && *l == limits);
+        urls.iter().filter(|u| !known(u)).map(|u| u.to_string()).collect()
     };
     std::thread::scope(|threads| {
         for chunk in fresh.chunks(fresh.len().div_ceil(8).max(1)) {
             threads.spawn(move || {
                 for url in chunk {
-                    let _ = RangedFile::open(url, store);
+                    let _ = RangedFile::open(url, store, limits);
                 }
             });
         }

@@ -19,7 +19,7 @@ fn object(len: usize) -> (Arc<ObjectStorage>, Vec<u8>) {
 
 fn open(store: &Arc<ObjectStorage>) -> Arc<RangedFile> {
     let version = store.version("in.h5ad").unwrap().unwrap();
-    RangedFile::over(store.clone(), "in.h5ad".into(), version).unwrap()
+    RangedFile::over(store.clone(), "in.h5ad".into(), version, Default::default()).unwrap()
 }
 
 #[test]
