@@ -1,5 +1,5 @@
 """Fixtures: the conformance vectors, the real PBMC files, and the deltacells
-binary to make datasets with. Where one is absent the tests that need it are
+command to make datasets with (the package's own, or cargo's build). Where one is absent the tests that need it are
 skipped, unless DELTACELLS_REQUIRE_ALL is set (as CI sets it): then a missing
 fixture is a failure."""
 
@@ -10,13 +10,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _missing(what: str) -> None:
+def _missing(what: str) -> NoReturn:
     if os.environ.get("DELTACELLS_REQUIRE_ALL", "") not in ("", "0"):
         pytest.fail(f"{what}, and DELTACELLS_REQUIRE_ALL is set: this test must not be skipped")
     pytest.skip(what)
@@ -32,10 +33,20 @@ def golden() -> Path:
 
 @pytest.fixture(scope="session")
 def binary() -> Path:
-    path = Path(os.environ.get("DELTACELLS_BIN", REPO / "target" / "release" / "deltacells"))
-    if not path.is_file():
-        _missing(f"the deltacells binary is not at {path} (cargo build --release)")
-    return path
+    """The deltacells command the tests make their datasets with:
+    $DELTACELLS_BIN (CI sets it to cargo's build), else the package's own
+    command (its console script, the same command line: no cargo needed),
+    else cargo's release build in this clone."""
+    candidates = [os.environ.get("DELTACELLS_BIN"), Path(sys.executable).parent / "deltacells",
+                  shutil.which("deltacells"), REPO / "target" / "release" / "deltacells"]
+    if candidates[0]:
+        candidates = candidates[:1]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    if os.environ.get("DELTACELLS_BIN"):
+        _missing(f"DELTACELLS_BIN={os.environ['DELTACELLS_BIN']} is not a file")
+    _missing("no deltacells command (pip install ./python, or cargo build --release)")
 
 
 @pytest.fixture(scope="session")
