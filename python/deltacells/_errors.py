@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._deltacells import redact
+from ._deltacells import redact, register_exceptions
 
 
 class DeltacellsError(Exception):
@@ -59,16 +59,6 @@ class DatasetChangedError(DeltacellsError):
     it; make the collection again to read it as it is now."""
 
 
-__all__ = [
-    "DeltacellsError",
-    "DatasetNotFoundError",
-    "CorruptDatasetError",
-    "CellIndexError",
-    "InvalidArgumentError",
-    "ArgumentTypeError",
-    "UnknownNameError",
-    "DatasetChangedError",
-]
 
 
 class InputNotFoundError(DeltacellsError, FileNotFoundError):
@@ -84,3 +74,22 @@ class InvalidInputError(DeltacellsError, ValueError):
 class DatasetExistsError(DeltacellsError, FileExistsError):
     """The output of a conversion already holds a dataset (``overwrite=True``
     replaces it)."""
+
+
+__all__ = [
+    "DeltacellsError",
+    "DatasetNotFoundError",
+    "CorruptDatasetError",
+    "CellIndexError",
+    "InvalidArgumentError",
+    "ArgumentTypeError",
+    "UnknownNameError",
+    "DatasetChangedError",
+    "InputNotFoundError",
+    "InvalidInputError",
+    "DatasetExistsError",
+]
+
+# The Rust extension raises each kind of failure as its class here, taken
+# once now rather than looked up when it is raised.
+register_exceptions({name: globals()[name] for name in __all__})

@@ -4,6 +4,8 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyType};
 
 use deltacells::loader::LoaderError;
 use deltacells::obs::localize::ObsError;
@@ -109,9 +111,25 @@ impl From<LoaderError> for Failure {
     }
 }
 
-impl Failure {
-    pub(crate) fn into_pyerr(self, py: Python<'_>) -> PyErr {
-        let name = match self.kind {
+impl Kind {
+    /// Every kind, in the order of [`Kind::class_name`]'s table.
+    const ALL: [Kind; 11] = [
+        Kind::NotFound,
+        Kind::Corrupt,
+        Kind::Index,
+        Kind::Value,
+        Kind::Name,
+        Kind::Changed,
+        Kind::ArgumentType,
+        Kind::InputNotFound,
+        Kind::Input,
+        Kind::Exists,
+        Kind::Other,
+    ];
+
+    /// The name of its class in `deltacells.exceptions`.
+    fn class_name(self) -> &'static str {
+        match self {
             Kind::NotFound => "DatasetNotFoundError",
             Kind::Corrupt => "CorruptDatasetError",
             Kind::Index => "CellIndexError",
@@ -123,15 +141,62 @@ impl Failure {
             Kind::Input => "InvalidInputError",
             Kind::Exists => "DatasetExistsError",
             Kind::Other => "DeltacellsError",
-        };
-        let class = py.import("deltacells._errors").and_then(|m| m.getattr(name));
+        }
+    }
+}
+
+/// The exception classes, one per [`Kind`] in [`Kind::ALL`]'s order, given
+/// by `deltacells._errors` when it is imported (as importing the package
+/// does, before any call can fail).
+static CLASSES: PyOnceLock<Vec<Py<PyType>>> = PyOnceLock::new();
+
+/// Takes the package's exception classes by name, once: each kind of
+/// failure is then raised as its class, with no lookup when it is raised.
+/// Refuses a set that lacks a class or holds one that is not an exception.
+#[pyfunction]
+pub(crate) fn register_exceptions(py: Python<'_>, classes: &Bound<'_, PyDict>) -> PyResult<()> {
+    let base = py.get_type::<pyo3::exceptions::PyException>();
+    let mut found = Vec::with_capacity(Kind::ALL.len());
+    for kind in Kind::ALL {
+        let name = kind.class_name();
+        let class = classes
+            .get_item(name)?
+            .ok_or_else(|| pyo3::exceptions::PyTypeError::new_err(format!("register_exceptions: no {name}")))?;
+        let class = class.cast_into::<PyType>().map_err(|_| {
+            pyo3::exceptions::PyTypeError::new_err(format!("register_exceptions: {name} is not a class"))
+        })?;
+        if !class.is_subclass(&base)? {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "register_exceptions: {name} is not an exception"
+            )));
+        }
+        found.push(class.unbind());
+    }
+    // (the first registration stays: the classes are those of the one
+    // deltacells._errors module)
+    let _ = CLASSES.set(py, found);
+    Ok(())
+}
+
+impl Failure {
+    pub(crate) fn into_pyerr(self, py: Python<'_>) -> PyErr {
         // Every library error reaches Python here: none carries a credential.
         let message = deltacells::redact::redact(&self.message).into_owned();
-        match class {
-            Ok(class) => match class.call1((message,)) {
-                Ok(instance) => PyErr::from_value(instance),
-                Err(e) => e,
+        let classes = match CLASSES.get(py) {
+            Some(classes) => classes,
+            // Not registered yet: importing the module registers them.
+            None => match py.import("deltacells._errors") {
+                Ok(_) => match CLASSES.get(py) {
+                    Some(classes) => classes,
+                    None => return pyo3::exceptions::PyRuntimeError::new_err(message),
+                },
+                Err(e) => return e,
             },
+        };
+        let index = Kind::ALL.iter().position(|k| std::mem::discriminant(k) == std::mem::discriminant(&self.kind));
+        let class = classes[index.unwrap_or(Kind::ALL.len() - 1)].bind(py);
+        match class.call1((message,)) {
+            Ok(instance) => PyErr::from_value(instance),
             Err(e) => e,
         }
     }

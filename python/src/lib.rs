@@ -76,6 +76,7 @@ fn redact(text: &str) -> String {
 
 #[pymodule]
 fn _deltacells(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(errors::register_exceptions, m)?)?;
     m.add_class::<RawDataset>()?;
     m.add_class::<RawBatches>()?;
     m.add_class::<collection::RawCollection>()?;
