@@ -37,7 +37,7 @@ Every conversion and every read runs in a process of its own. The peers are
 installed from PyPI in a virtual environment under the work folder (made once,
 with a Python >= 3.12: annbatch and anndata 0.13 need it); deltacells is read
 through the package installed in the running interpreter. Not run by the tests
-(see docs/benchmarks.md).
+(see docs/benchmarks/peers.md).
 """
 
 from __future__ import annotations

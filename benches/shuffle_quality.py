@@ -33,7 +33,7 @@ resident memory (VmHWM, its own high-water mark).
 With --baseline-python, the same measurement also runs with another
 interpreter whose `deltacells` package is an earlier build (for example the
 last release, installed into another virtual environment), for a before and
-after in one run. Not run by the tests (see docs/benchmarks.md).
+after in one run. Not run by the tests (see docs/benchmarks/mixing.md).
 """
 
 from __future__ import annotations

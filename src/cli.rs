@@ -335,7 +335,7 @@ pub(crate) struct ConvertArgs {
     /// Chunks per tile (units of parallel decoding). A cell read alone
     /// decompresses its whole chunk: for a dataset read in random batches
     /// rather than by the loader, 1024 reads them several times faster for
-    /// about 10% more bytes (docs/benchmarks.md, "Random batches").
+    /// about 10% more bytes (docs/benchmarks/gathers.md, "Random batches").
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub chunks: u64,
     /// zstd compression level, 1-22. The default, 1, writes fastest; 19 is

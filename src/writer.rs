@@ -14,7 +14,7 @@ use crate::storage::{Storage, StorageError};
 pub const ARCHIVE_LEVEL: i32 = 19;
 
 /// The zstd level a conversion encodes at unless told: the fastest, for about
-/// 8% more bytes than [`ARCHIVE_LEVEL`] (docs/benchmarks.md).
+/// 8% more bytes than [`ARCHIVE_LEVEL`] (docs/benchmarks/conversion.md, "The default level, chosen").
 pub const FAST_LEVEL: i32 = 1;
 
 /// Settings of the tile layout and encoder.

@@ -413,7 +413,7 @@ class Dataset:
         give the same batches, another epoch another order. Without it, cells
         come in dataset order. A dataset converted from inputs that each hold
         one sample keeps each sample in a few tiles, so how well batches mix
-        depends on the window: see the benchmarks page's mixing table.
+        depends on the window: see the mixing table of docs/benchmarks/mixing.md.
 
         Sharing. The epoch's cells (``cells``, for example a train split as
         cell indices, or every cell) are split into ``world_size *
