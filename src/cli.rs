@@ -4,8 +4,9 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::convert::GeneSet;
+use crate::convert::{ConvertOptions, GeneSet, ObsOptions};
 use crate::inputs::InputFormat;
+use crate::writer::WriteOptions;
 
 /// `--genes`: which genes to store when the inputs' genes differ.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -330,25 +331,25 @@ pub(crate) struct ConvertArgs {
     #[arg(long)]
     pub matrix: Option<String>,
     /// Cells per tile.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = WriteOptions::default().tile_size, value_parser = clap::value_parser!(u64).range(1..))]
     pub tile_size: u64,
     /// Chunks per tile (units of parallel decoding). A cell read alone
     /// decompresses its whole chunk: for a dataset read in random batches
     /// rather than by the loader, 1024 reads them several times faster for
     /// about 10% more bytes (docs/benchmarks/gathers.md, "Random batches").
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    #[arg(long, default_value_t = WriteOptions::default().n_chunks as u64, value_parser = clap::value_parser!(u64).range(1..=1024))]
     pub chunks: u64,
     /// zstd compression level, 1-22. The default, 1, writes fastest; 19 is
     /// about 8% smaller, decodes as fast and writes some 50 times slower.
     /// `deltacells compact` encodes a dataset at 19 later, to the same bytes.
-    #[arg(long, default_value_t = crate::writer::FAST_LEVEL, value_parser = clap::value_parser!(i32).range(1..=22))]
+    #[arg(long, default_value_t = WriteOptions::default().zstd_level, value_parser = clap::value_parser!(i32).range(1..=22))]
     pub level: i32,
     /// Worker threads (default: all cores). The output is the same for any value.
     #[arg(long)]
     pub threads: Option<usize>,
     /// How many inputs (spread evenly, first and last included) are summed to
     /// choose the gene order; 0 keeps the source order.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = ConvertOptions::default().gene_order_files)]
     pub gene_order_files: usize,
     /// Store the genes in the order of this dataset (local or bucket; by gene
     /// name, from its var_names.txt), so that both have the same columns. The
@@ -396,10 +397,10 @@ pub(crate) struct ConvertArgs {
     pub obs_exclude: Vec<String>,
     /// A categorical obs column with more categories than this is stored as
     /// strings (for example cell barcodes).
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, default_value_t = ObsOptions::default().max_categories)]
     pub max_categories: usize,
     /// Tiles (one Parquet row group each) per obs shard file.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = ObsOptions::default().tiles_per_file, value_parser = clap::value_parser!(u64).range(1..))]
     pub obs_tiles_per_file: u64,
     /// Store the cells of all inputs in a random order fixed by SEED (any
     /// integer 0..2^64), so that every tile is a random sample of the dataset

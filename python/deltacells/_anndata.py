@@ -13,9 +13,10 @@ import numpy as np
 
 from . import _deltacells
 from ._args import keywords, location
-from ._convert import FAST_LEVEL, ConvertSummary, convert_options, convert_summary
+from ._convert import ConvertSummary, convert_options, convert_summary
 from ._errors import ArgumentTypeError, InvalidArgumentError
 from ._jobs import run
+from ._options import CONVERT_DEFAULTS
 from ._reaching import reaching
 from ._types import JobArgs, PathLike
 
@@ -30,18 +31,18 @@ def write_anndata(
     *,
     matrix: str = "X",
     name: str = "AnnData",
-    tile_size: int = 10_000,
-    chunks: int = 8,
-    level: int = FAST_LEVEL,
-    gene_order_files: int = 10,
+    tile_size: int = CONVERT_DEFAULTS["tile_size"],
+    chunks: int = CONVERT_DEFAULTS["chunks"],
+    level: int = CONVERT_DEFAULTS["level"],
+    gene_order_files: int = CONVERT_DEFAULTS["gene_order_files"],
     gene_order_from: PathLike | None = None,
     gene_order: PathLike | None = None,
     var: bool = True,
     obs: bool = True,
     obs_names: bool = True,
     obs_exclude: Sequence[str] = (),
-    max_categories: int = 20_000,
-    obs_tiles_per_file: int = 1000,
+    max_categories: int = CONVERT_DEFAULTS["max_categories"],
+    obs_tiles_per_file: int = CONVERT_DEFAULTS["obs_tiles_per_file"],
     shuffle: int | None = None,
     spill_dir: PathLike | None = None,
     overwrite: bool = False,

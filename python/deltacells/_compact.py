@@ -9,6 +9,7 @@ from typing import Unpack
 from . import _deltacells
 from ._args import integer, keywords, location
 from ._jobs import run
+from ._options import CONVERT_DEFAULTS
 from ._reaching import reaching
 from ._types import JobArgs, PathLike
 
@@ -49,7 +50,7 @@ class CompactSummary:
 def compact(
     dataset: PathLike,
     *,
-    level: int = ARCHIVE_LEVEL,
+    level: int = CONVERT_DEFAULTS["compact_level"],
     **job: Unpack[JobArgs],
 ) -> CompactSummary:
     """Encode the tiles of ``dataset`` again at zstd ``level``, as ``deltacells

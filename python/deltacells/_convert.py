@@ -18,7 +18,7 @@ from . import _deltacells
 from ._args import choice, flag, folder, integer, keywords, location
 from ._errors import ArgumentTypeError, InvalidArgumentError
 from ._jobs import run
-from ._options import MAX_U64
+from ._options import CONVERT_DEFAULTS, MAX_U64
 from ._reaching import reaching
 from ._types import InputJobArgs, PathLike, _ConvertOptions
 
@@ -177,10 +177,10 @@ def convert(
     out: PathLike,
     *,
     matrix: str = "X",
-    tile_size: int = 10_000,
-    chunks: int = 8,
-    level: int = FAST_LEVEL,
-    gene_order_files: int = 10,
+    tile_size: int = CONVERT_DEFAULTS["tile_size"],
+    chunks: int = CONVERT_DEFAULTS["chunks"],
+    level: int = CONVERT_DEFAULTS["level"],
+    gene_order_files: int = CONVERT_DEFAULTS["gene_order_files"],
     gene_order_from: PathLike | None = None,
     gene_order: PathLike | None = None,
     genes: str = "same",
@@ -188,8 +188,8 @@ def convert(
     obs: bool = True,
     obs_names: bool = True,
     obs_exclude: Sequence[str] = (),
-    max_categories: int = 20_000,
-    obs_tiles_per_file: int = 1000,
+    max_categories: int = CONVERT_DEFAULTS["max_categories"],
+    obs_tiles_per_file: int = CONVERT_DEFAULTS["obs_tiles_per_file"],
     shuffle: int | None = None,
     spill_dir: PathLike | None = None,
     overwrite: bool = False,

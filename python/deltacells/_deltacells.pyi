@@ -7,7 +7,7 @@ from typing import Any, Self, final
 import numpy as np
 import numpy.typing as npt
 
-from ._types import Form, LoaderOptions, _ConvertOptions, _Reaching
+from ._types import ConvertDefaults, Form, LoaderOptions, _ConvertOptions, _Reaching
 
 #: A batch in a form (indptr, indices, data, top_k, top_k_values): CSR
 #: (indptr int64, indices int32, data int32 or float32) or dense (no
@@ -46,6 +46,7 @@ __all__ = [
     "collection_file",
     "column_path",
     "convert_anndata",
+    "convert_defaults",
     "convert_files",
     "loader_defaults",
     "redact",
@@ -197,6 +198,7 @@ def column_path(root: str, fingerprint: str, column: str) -> str: ...
 def redact(text: str) -> str: ...
 def register_exceptions(classes: dict[str, type[BaseException]]) -> None: ...
 def loader_defaults() -> LoaderOptions: ...
+def convert_defaults() -> ConvertDefaults: ...
 def run_command_line(argv: list[str]) -> int: ...
 def convert_files(
     inputs: list[str], out: str, options: _ConvertOptions, reaching: _Reaching, progress: object | None

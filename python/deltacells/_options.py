@@ -1,5 +1,6 @@
-"""Options and forms: the loader's defaults (the Rust loader's own,
-``LoaderOptions::default()`` in src/loader.rs, exported by the binding) and
+"""Options and forms: the loader's and the conversion's defaults (the Rust
+library's own, ``LoaderOptions::default()`` and ``ConvertOptions::default()``,
+exported by the binding) and
 the checks of the loader's options, of a batch's form and of how a store is
 reached, each naming the argument it refuses. Their types are in ``_types``, beside the binding's
 other argument types."""
@@ -13,12 +14,17 @@ import numpy as np
 from . import _deltacells
 from ._args import flag, integer, location, positive_number
 from ._errors import InvalidArgumentError
-from ._types import Form, FormArgs, LoaderOptions, StoreArgs
+from ._types import ConvertDefaults, Form, FormArgs, LoaderOptions, StoreArgs
 
 #: The loader's defaults, from the Rust loader: the signatures of
 #: :meth:`Dataset.batches` and :class:`deltacells.torch.CellDataset` take
 #: theirs from here.
 DEFAULTS: LoaderOptions = _deltacells.loader_defaults()
+
+#: The conversion's defaults, from the Rust library: the signatures of
+#: :func:`deltacells.convert`, :func:`deltacells.write_anndata` and
+#: :func:`deltacells.compact` take theirs from here.
+CONVERT_DEFAULTS: ConvertDefaults = _deltacells.convert_defaults()
 
 #: Largest batch_size and prefetch accepted (the loader's queue is
 #: reserved at its size; a batch never holds more cells than its share).

@@ -117,6 +117,22 @@ class FormArgs(TypedDict, total=False):
     sorted_columns: bool
 
 
+class ConvertDefaults(TypedDict):
+    """The library's conversion defaults (``ConvertOptions::default()`` and
+    what it holds, exported by the binding): the one definition that the
+    signatures of :func:`deltacells.convert`, :func:`deltacells.write_anndata`
+    and :func:`deltacells.compact` take theirs from, as the command line's
+    ``--help`` does."""
+
+    tile_size: int
+    chunks: int
+    level: int
+    gene_order_files: int
+    max_categories: int
+    obs_tiles_per_file: int
+    compact_level: int
+
+
 class LoaderOptions(TypedDict):
     """Every option of the Rust loader, as ``RawDataset.batches`` takes them
     (see :meth:`deltacells.Dataset.batches` for what each does)."""

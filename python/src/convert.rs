@@ -43,6 +43,24 @@ pub(crate) fn run_command_line(py: Python<'_>, argv: Vec<String>) -> u8 {
     py.detach(run)
 }
 
+/// The library's conversion defaults, as `_types.ConvertDefaults`: the one
+/// definition of them, which the signatures of `convert`, `write_anndata`
+/// and `compact` take theirs from (as the command line's do).
+#[pyfunction]
+pub(crate) fn convert_defaults(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let WriteOptions { tile_size, n_chunks, zstd_level } = WriteOptions::default();
+    let ObsOptions { max_categories, tiles_per_file, .. } = ObsOptions::default();
+    let dict = pyo3::types::PyDict::new(py);
+    dict.set_item("tile_size", tile_size)?;
+    dict.set_item("chunks", n_chunks)?;
+    dict.set_item("level", zstd_level)?;
+    dict.set_item("gene_order_files", ConvertOptions::default().gene_order_files)?;
+    dict.set_item("max_categories", max_categories)?;
+    dict.set_item("obs_tiles_per_file", tiles_per_file)?;
+    dict.set_item("compact_level", deltacells::writer::ARCHIVE_LEVEL)?;
+    Ok(dict)
+}
+
 /// How inputs are reached and read, and where the output is: the options
 /// convert, append, write_anndata and compact share (`_types.py`'s
 /// `_Reaching`, checked by `_reaching.py`).

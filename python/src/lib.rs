@@ -86,6 +86,7 @@ fn _deltacells(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(column_path, m)?)?;
     m.add_function(wrap_pyfunction!(redact, m)?)?;
     m.add_function(wrap_pyfunction!(loader_defaults, m)?)?;
+    m.add_function(wrap_pyfunction!(convert::convert_defaults, m)?)?;
     m.add("FAST_LEVEL", deltacells::writer::FAST_LEVEL)?;
     m.add("ARCHIVE_LEVEL", deltacells::writer::ARCHIVE_LEVEL)?;
     m.add("DEFAULT_CACHE_BYTES", deltacells::dataset::DEFAULT_CACHE_BYTES)?;

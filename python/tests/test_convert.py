@@ -4,8 +4,10 @@ command; bad input raises the command's message and leaves no dataset."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -402,3 +404,27 @@ def test_the_wheel_alone_converts_in_a_fresh_environment(tmp_path: Path) -> None
                         capture_output=True, text=True)
     assert py.returncode == 0 and py.stdout.strip() == "1000", py.stderr
     assert files_of(tmp_path / "ds") == files_of(tmp_path / "ds2")
+
+
+def help_defaults(binary: Path, command: str) -> dict[str, str]:
+    """Each option of ``deltacells COMMAND --help`` with its ``[default: ...]``."""
+    text = run(binary, command, "--help").stdout
+    found: dict[str, str] = {}
+    for block in re.split(r"\n\s*(?=--[a-z])", text):
+        name = re.match(r"--([a-z-]+)", block)
+        default = re.search(r"\[default: ([^\]]+)\]", block)
+        if name and default:
+            found[name.group(1).replace("-", "_")] = default.group(1)
+    return found
+
+
+def test_the_python_signatures_take_the_command_lines_defaults(binary: Path) -> None:
+    # One definition of each default (the library's), so the two front ends
+    # cannot drift apart.
+    names = ("tile_size", "chunks", "level", "gene_order_files", "max_categories", "obs_tiles_per_file")
+    cli = help_defaults(binary, "convert")
+    for function in (deltacells.convert, deltacells.write_anndata):
+        parameters = inspect.signature(function).parameters
+        assert {n: str(parameters[n].default) for n in names} == {n: cli[n] for n in names}, function.__name__
+    compact_default = inspect.signature(deltacells.compact).parameters["level"].default
+    assert str(compact_default) == help_defaults(binary, "compact")["level"]
