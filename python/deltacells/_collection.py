@@ -299,11 +299,11 @@ class Collection:
         scale = np.divide(np.asarray(shares), totals, out=np.zeros(len(totals)), where=totals > 0)
         return np.ascontiguousarray(weights * scale[member], dtype=np.float64), None
 
-    def _epoch_size(
+    def _plan(
         self, cells: np.ndarray | None, options: LoaderOptions, weights: np.ndarray | None, num_samples: int | None
-    ) -> tuple[int, int]:
+    ) -> _deltacells.RawPlan:
         weights, dataset_weights = self._draws(cells, weights)
-        return self.native.epoch_size(cells, options, weights, num_samples, dataset_weights)
+        return self.native.plan_epoch(cells, options, weights, num_samples, dataset_weights)
 
     def gathers(
         self,
@@ -330,16 +330,9 @@ class Collection:
         return self.native.gathers(lists, form, ahead)
 
     def _start_batches(
-        self,
-        cells: np.ndarray | None,
-        options: LoaderOptions,
-        weights: np.ndarray | None,
-        num_samples: int | None,
-        genes: Vocabulary | None,
-        form: Form,
+        self, plan: _deltacells.RawPlan, genes: Vocabulary | None, form: Form
     ) -> _deltacells.RawBatches:
-        weights, dataset_weights = self._draws(cells, weights)
-        return self.native.batches(cells, options, weights, num_samples, dataset_weights, form)
+        return self.native.batches(plan, form)
 
     def batches(
         self,

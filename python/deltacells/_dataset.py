@@ -280,23 +280,17 @@ class Dataset:
     #: An epoch is drawn (by weight) only when batches() asks for it.
     _draws_by_default = False
 
-    def _epoch_size(
+    def _plan(
         self, cells: np.ndarray | None, options: LoaderOptions, weights: np.ndarray | None, num_samples: int | None
-    ) -> tuple[int, int]:
-        """(cells, batches) of one epoch's share (the loader's protocol)."""
-        return self.native.epoch_size(cells, options, weights, num_samples)
+    ) -> _deltacells.RawPlan:
+        """One epoch's share, planned (the loader's protocol)."""
+        return self.native.plan_epoch(cells, options, weights, num_samples)
 
     def _start_batches(
-        self,
-        cells: np.ndarray | None,
-        options: LoaderOptions,
-        weights: np.ndarray | None,
-        num_samples: int | None,
-        genes: Vocabulary | None,
-        form: Form,
+        self, plan: _deltacells.RawPlan, genes: Vocabulary | None, form: Form
     ) -> _deltacells.RawBatches:
-        """Starts reading one epoch's share (the loader's protocol)."""
-        return self.native.batches(cells, options, weights, num_samples, None if genes is None else genes.native, form)
+        """Starts reading a planned share (the loader's protocol)."""
+        return self.native.batches(plan, None if genes is None else genes.native, form)
 
     def gathers(
         self,

@@ -39,6 +39,7 @@ __all__ = [
     "RawCollection",
     "RawDataset",
     "RawGeneMap",
+    "RawPlan",
     "__version__",
     "append_files",
     "compact_dataset",
@@ -96,22 +97,14 @@ class RawDataset:
         self, tile: int
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
     def decode_all(self) -> tuple[float, int, int]: ...
-    def epoch_size(
+    def plan_epoch(
         self,
         cells: npt.NDArray[np.int64] | None,
         options: LoaderOptions,
         weights: npt.NDArray[np.float64] | None = None,
         num_samples: int | None = None,
-    ) -> tuple[int, int]: ...
-    def batches(
-        self,
-        cells: npt.NDArray[np.int64] | None,
-        options: LoaderOptions,
-        weights: npt.NDArray[np.float64] | None = None,
-        num_samples: int | None = None,
-        genes: RawGeneMap | None = None,
-        form: Form | None = None,
-    ) -> RawBatches: ...
+    ) -> RawPlan: ...
+    def batches(self, plan: RawPlan, genes: RawGeneMap | None = None, form: Form | None = None) -> RawBatches: ...
     def gathers(
         self,
         lists: list[npt.NDArray[np.int64]],
@@ -123,6 +116,11 @@ class RawDataset:
     def localize(
         self, columns: list[str], cache_root: str, force: bool = False, threads: int | None = None
     ) -> str: ...
+
+@final
+class RawPlan:
+    def n_cells(self) -> int: ...
+    def n_batches(self) -> int: ...
 
 @final
 class RawBatches:
@@ -173,23 +171,15 @@ class RawCollection:
     def member(self, member: int) -> RawDataset: ...
     def holders(self) -> npt.NDArray[np.bool_]: ...
     def get_formed(self, cells: npt.NDArray[np.int64], form: Form) -> _Formed: ...
-    def epoch_size(
+    def plan_epoch(
         self,
         cells: npt.NDArray[np.int64] | None,
         options: LoaderOptions,
         weights: npt.NDArray[np.float64] | None = None,
         num_samples: int | None = None,
         dataset_weights: list[float] | None = None,
-    ) -> tuple[int, int]: ...
-    def batches(
-        self,
-        cells: npt.NDArray[np.int64] | None,
-        options: LoaderOptions,
-        weights: npt.NDArray[np.float64] | None = None,
-        num_samples: int | None = None,
-        dataset_weights: list[float] | None = None,
-        form: Form | None = None,
-    ) -> RawBatches: ...
+    ) -> RawPlan: ...
+    def batches(self, plan: RawPlan, form: Form | None = None) -> RawBatches: ...
     def gathers(self, lists: list[npt.NDArray[np.int64]], form: Form, ahead: int = 4) -> RawBatches: ...
 
 def cache_root(explicit: str | None = None) -> str: ...

@@ -40,18 +40,12 @@ class CellSource(Protocol):
 
     def cell_indices(self, cells: Cells) -> np.ndarray: ...
 
-    def _epoch_size(
+    def _plan(
         self, cells: np.ndarray | None, options: LoaderOptions, weights: np.ndarray | None, num_samples: int | None
-    ) -> tuple[int, int]: ...
+    ) -> _deltacells.RawPlan: ...
 
     def _start_batches(
-        self,
-        cells: np.ndarray | None,
-        options: LoaderOptions,
-        weights: np.ndarray | None,
-        num_samples: int | None,
-        genes: Vocabulary | None,
-        form: Form,
+        self, plan: _deltacells.RawPlan, genes: Vocabulary | None, form: Form
     ) -> _deltacells.RawBatches: ...
 
     def _start_gathers(
@@ -161,31 +155,38 @@ class Loader:
             if not isinstance(balance, str):
                 raise InvalidArgumentError(f"balance must be the name of a category column, not {balance!r}")
             self.weights = balance_weights(dataset.obs, balance, self.cells, class_weights)
-        self._size: tuple[int, int] | None = None
-        self._epoch_size()  # checks every option (and the weights) now, before any thread starts
+        self._planned: tuple[tuple[Any, ...], _deltacells.RawPlan] | None = None
+        self._plan()  # checks every option (and the weights) now, before any thread starts
 
     def set_epoch(self, epoch: int) -> None:
         """Reads epoch ``epoch`` next (another tile and cell order when shuffling)."""
         self.options["epoch"] = integer("epoch", epoch, 0, MAX_U64)
-        self._size = None
+        self._planned = None
 
     @property
     def epoch(self) -> int:
         return self.options["epoch"]
 
-    def _epoch_size(self) -> tuple[int, int]:
-        if self._size is None:
-            self._size = self.dataset._epoch_size(self.cells, self.options, self.weights, self.num_samples)
-        return self._size
+    def _plan(self) -> _deltacells.RawPlan:
+        """The epoch's share, planned once for its size and every reading of
+        it, and again when what it was planned from has changed since."""
+        key = (dict(self.options), self.num_samples, id(self.cells), id(self.weights))
+        if self._planned is None or self._planned[0] != key:
+            self._planned = (key, self.dataset._plan(self.cells, self.options, self.weights, self.num_samples))
+        return self._planned[1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # (a plan stays in its process: another plans the share again)
+        return {**self.__dict__, "_planned": None}
 
     @property
     def n_cells(self) -> int:
         """Cells this share yields in one epoch (before ``drop_last`` drops its last partial batch)."""
-        return self._epoch_size()[0]
+        return self._plan().n_cells()
 
     def __len__(self) -> int:
         """Batches this share yields in one epoch."""
-        return self._epoch_size()[1]
+        return self._plan().n_batches()
 
     def __iter__(self) -> Iterator[CellBatch]:
         dataset = self.dataset
@@ -193,7 +194,7 @@ class Loader:
         if self.obs_columns:
             obs.ensure_local(self.obs_columns)
         genes = self.genes
-        raw = dataset._start_batches(self.cells, self.options, self.weights, self.num_samples, genes, self.form)
+        raw = dataset._start_batches(self._plan(), genes, self.form)
         n_genes = dataset.n_genes if genes is None else genes.n_genes
         columns = self.obs_columns
         for cells, indptr, indices, data, top_k, top_k_values in raw:

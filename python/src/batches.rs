@@ -8,7 +8,7 @@ use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 
 use deltacells::batch::{BatchOutput, FormedBatch};
-use deltacells::loader::{BufferPool, FloatPool, LoaderBatch, LoaderOptions};
+use deltacells::loader::{self, BufferPool, FloatPool, LoaderBatch, LoaderOptions};
 use deltacells::planned::PlannedGathers;
 
 use crate::arrays::{as_i64, formed_arrays, POOLED_BUFFERS};
@@ -79,6 +79,40 @@ impl<'a, 'py> FromPyObject<'a, 'py> for LoaderArgs {
 
 /// Batches being read on background threads (`RawDataset.batches`,
 /// `RawDataset.gathers`). Dropping it stops them.
+/// One epoch's share, planned (`deltacells::loader::EpochPlan`): made once
+/// by `RawDataset.plan` or `RawCollection.plan`, for the loader's size and
+/// for each reading of it by their `batches`.
+#[pyclass(module = "deltacells._deltacells", frozen)]
+pub(crate) struct RawPlan {
+    pub(crate) plan: Arc<loader::EpochPlan>,
+    /// The address of the dataset or collection it was made over: another
+    /// refuses it.
+    pub(crate) owner: usize,
+}
+
+impl RawPlan {
+    /// The plan, when it was made over `owner`.
+    pub(crate) fn of(&self, owner: usize) -> Result<Arc<loader::EpochPlan>, Failure> {
+        if self.owner != owner {
+            return Err(Failure { kind: Kind::Value, message: "plan: made over another dataset".into() });
+        }
+        Ok(self.plan.clone())
+    }
+}
+
+#[pymethods]
+impl RawPlan {
+    /// Cells the share yields (before `drop_last` drops a partial batch).
+    fn n_cells(&self) -> u64 {
+        self.plan.n_cells()
+    }
+
+    /// Batches the share yields.
+    fn n_batches(&self) -> u64 {
+        self.plan.n_batches()
+    }
+}
+
 #[pyclass(module = "deltacells._deltacells")]
 pub(crate) struct RawBatches {
     batches: std::sync::Mutex<BatchSource>,

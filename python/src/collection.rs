@@ -13,7 +13,7 @@ use deltacells::loader::{self, EpochPlan, TileSource};
 use deltacells::storage::StoreOptions;
 
 use crate::arrays::{cell_vec, formed_arrays, weight_vec, FormedArrays};
-use crate::batches::{LoaderArgs, RawBatches};
+use crate::batches::{LoaderArgs, RawBatches, RawPlan};
 use crate::dataset::RawDataset;
 use crate::errors::{detached, Failure, Kind};
 use crate::threads::{KeptBuffers, Threads};
@@ -86,6 +86,11 @@ impl RawCollection {
                 })
             })
             .collect()
+    }
+
+    /// What a plan made over this collection records of it.
+    fn owner(&self) -> usize {
+        Arc::as_ptr(&self.collection) as *const () as usize
     }
 
     /// One epoch's share: over `cells` (or all), drawn by cell `weights` or
@@ -254,9 +259,9 @@ impl RawCollection {
         })
     }
 
-    /// Plans one epoch's share: (cells, batches) it yields.
+    /// Plans one epoch's share, once, for its size and for each reading of it.
     #[pyo3(signature = (cells, options, weights=None, num_samples=None, dataset_weights=None))]
-    fn epoch_size(
+    fn plan_epoch(
         &self,
         py: Python<'_>,
         cells: Option<PyReadonlyArray1<'_, i64>>,
@@ -264,41 +269,28 @@ impl RawCollection {
         weights: Option<PyReadonlyArray1<'_, f64>>,
         num_samples: Option<u64>,
         dataset_weights: Option<Vec<f64>>,
-    ) -> PyResult<(u64, u64)> {
+    ) -> PyResult<RawPlan> {
         let cells = cells.as_ref().map(cell_vec);
         let weights = weights.as_ref().map(weight_vec);
-        detached(py, || {
-            let plan =
-                self.plan(cells.as_deref(), (weights.as_deref(), dataset_weights.as_deref()), num_samples, &options)?;
-            Ok((plan.n_cells(), plan.n_batches()))
-        })
+        let plan = detached(py, || {
+            self.plan(cells.as_deref(), (weights.as_deref(), dataset_weights.as_deref()), num_samples, &options)
+        })?;
+        Ok(RawPlan { plan: Arc::new(plan), owner: self.owner() })
     }
 
-    /// Starts reading one epoch's share in batches, on background threads.
-    #[pyo3(signature = (cells, options, weights=None, num_samples=None, dataset_weights=None, form=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn batches(
-        &self,
-        py: Python<'_>,
-        cells: Option<PyReadonlyArray1<'_, i64>>,
-        options: LoaderArgs,
-        weights: Option<PyReadonlyArray1<'_, f64>>,
-        num_samples: Option<u64>,
-        dataset_weights: Option<Vec<f64>>,
-        form: Option<FormArgs>,
-    ) -> PyResult<RawBatches> {
-        let cells = cells.as_ref().map(cell_vec);
-        let weights = weights.as_ref().map(weight_vec);
+    /// Starts reading a share planned by `plan_epoch`, in batches, on
+    /// background threads.
+    #[pyo3(signature = (plan, form=None))]
+    fn batches(&self, py: Python<'_>, plan: PyRef<'_, RawPlan>, form: Option<FormArgs>) -> PyResult<RawBatches> {
+        let plan = plan.of(self.owner()).map_err(|f| f.into_pyerr(py))?;
         let output = match form {
             Some(form) => form.output(None).map_err(|f| f.into_pyerr(py))?,
             None => loader::BatchOutput::default(),
         };
         let kept = output.clone();
         detached(py, || {
-            let plan =
-                self.plan(cells.as_deref(), (weights.as_deref(), dataset_weights.as_deref()), num_samples, &options)?;
             let (n_cells, n_batches) = (plan.n_cells(), plan.n_batches());
-            let buffers = self.loader_buffers.for_options(&options.0);
+            let buffers = self.loader_buffers.for_options(plan.options());
             let pool = Some(self.threads.pool()?);
             let source: Arc<dyn TileSource> = self.collection.clone();
             let batches = loader::Batches::start_over(source, plan, pool, &buffers, output)?;

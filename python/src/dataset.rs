@@ -18,7 +18,7 @@ use deltacells::{Dataset, ReadOptions};
 use crate::arrays::{
     as_i64, cell_vec, csr_arrays, formed_arrays, pooled_array, weight_vec, CsrArrays, FormedArrays, POOLED_BUFFERS,
 };
-use crate::batches::{LoaderArgs, RawBatches};
+use crate::batches::{LoaderArgs, RawBatches, RawPlan};
 use crate::errors::{detached, Failure, Kind};
 use crate::threads::{KeptBuffers, Threads};
 use crate::vocabulary::{FormArgs, RawGeneMap};
@@ -45,6 +45,11 @@ impl RawDataset {
             buffers: Arc::new(BufferPool::new(POOLED_BUFFERS)),
             loader_buffers: KeptBuffers::default(),
         }
+    }
+
+    /// What a plan made over this dataset records of it.
+    fn owner(&self) -> usize {
+        Arc::as_ptr(&self.dataset) as *const () as usize
     }
 
     /// Runs `f` on this dataset's thread pool (made on first use).
@@ -345,40 +350,34 @@ impl RawDataset {
         })
     }
 
-    /// Plans one epoch's share (see `deltacells::loader::EpochPlan`):
-    /// (cells, batches) it yields.
+    /// Plans one epoch's share (see `deltacells::loader::EpochPlan`), once,
+    /// for its size and for each reading of it.
     #[pyo3(signature = (cells, options, weights=None, num_samples=None))]
-    fn epoch_size(
+    fn plan_epoch(
         &self,
         py: Python<'_>,
         cells: Option<PyReadonlyArray1<'_, i64>>,
         options: LoaderArgs,
         weights: Option<PyReadonlyArray1<'_, f64>>,
         num_samples: Option<u64>,
-    ) -> PyResult<(u64, u64)> {
+    ) -> PyResult<RawPlan> {
         let cells = cells.as_ref().map(cell_vec);
         let weights = weights.as_ref().map(weight_vec);
-        detached(py, || {
-            let plan = self.plan(cells.as_deref(), weights.as_deref(), num_samples, &options)?;
-            Ok((plan.n_cells(), plan.n_batches()))
-        })
+        let plan = detached(py, || self.plan(cells.as_deref(), weights.as_deref(), num_samples, &options))?;
+        Ok(RawPlan { plan: Arc::new(plan), owner: self.owner() })
     }
 
-    /// Starts reading one epoch's share in batches, on background threads.
-    #[pyo3(signature = (cells, options, weights=None, num_samples=None, genes=None, form=None))]
-    #[allow(clippy::too_many_arguments)]
+    /// Starts reading a share planned by `plan_epoch`, in batches, on
+    /// background threads.
+    #[pyo3(signature = (plan, genes=None, form=None))]
     fn batches(
         &self,
         py: Python<'_>,
-        cells: Option<PyReadonlyArray1<'_, i64>>,
-        options: LoaderArgs,
-        weights: Option<PyReadonlyArray1<'_, f64>>,
-        num_samples: Option<u64>,
+        plan: PyRef<'_, RawPlan>,
         genes: Option<PyRef<'_, RawGeneMap>>,
         form: Option<FormArgs>,
     ) -> PyResult<RawBatches> {
-        let cells = cells.as_ref().map(cell_vec);
-        let weights = weights.as_ref().map(weight_vec);
+        let plan = plan.of(self.owner()).map_err(|f| f.into_pyerr(py))?;
         // (Checked against the dataset when the batches start.)
         let output = match form {
             Some(form) => form.output(genes.as_deref()).map_err(|f| f.into_pyerr(py))?,
@@ -386,9 +385,8 @@ impl RawDataset {
         };
         let kept = output.clone();
         detached(py, || {
-            let plan = self.plan(cells.as_deref(), weights.as_deref(), num_samples, &options)?;
             let (n_cells, n_batches) = (plan.n_cells(), plan.n_batches());
-            let buffers = self.loader_buffers.for_options(&options.0);
+            let buffers = self.loader_buffers.for_options(plan.options());
             let pool = Some(self.threads.pool()?);
             let batches = loader::Batches::start_with(self.dataset.clone(), plan, pool, &buffers, output)?;
             let batches = Box::new(batches.map(|b| b.map_err(Failure::from)));

@@ -79,6 +79,7 @@ fn _deltacells(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(errors::register_exceptions, m)?)?;
     m.add_class::<RawDataset>()?;
     m.add_class::<RawBatches>()?;
+    m.add_class::<batches::RawPlan>()?;
     m.add_class::<collection::RawCollection>()?;
     m.add_function(wrap_pyfunction!(collection::collection_file, m)?)?;
     m.add_class::<vocabulary::RawGeneMap>()?;

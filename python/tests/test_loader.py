@@ -66,6 +66,30 @@ def test_the_order_is_fixed_by_seed_and_epoch(ds) -> None:
     np.testing.assert_array_equal(epoch_cells(ds, shuffle=False), np.arange(ds.n_cells))
 
 
+def test_an_epoch_is_planned_once_for_its_size_and_every_reading(ds, monkeypatch) -> None:
+    planned = []
+    original = deltacells.Dataset._plan
+
+    def counting(self, *args):  # noqa: ANN001, ANN202
+        planned.append(args)
+        return original(self, *args)
+
+    monkeypatch.setattr(deltacells.Dataset, "_plan", counting)
+    loader = ds.batches(2000, seed=5, weights=np.linspace(0.0, 1.0, ds.n_cells))
+    first = [b.cells for b in loader]
+    assert len(loader) == len(first) and sum(map(len, first)) == loader.n_cells == ds.n_cells
+    again = [b.cells for b in loader]
+    assert len(planned) == 1
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    loader.set_epoch(1)
+    assert not np.array_equal(np.concatenate(list(b.cells for b in loader)), np.concatenate(first))
+    assert len(planned) == 2
+    # (a plan belongs to the dataset it was made over)
+    other = deltacells.open_dataset(ds.root)
+    with pytest.raises(deltacells.InvalidArgumentError, match="another dataset"):
+        other.native.batches(ds._plan(None, loader.options, None, None))
+
+
 def test_batches_hold_the_rows_and_obs_of_their_cells(ds) -> None:
     columns = [c for c in ds.obs.columns if c != "obs_names"][:3] + ["obs_names"]
     cells = np.arange(0, ds.n_cells, 5)

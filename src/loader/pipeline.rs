@@ -36,7 +36,7 @@ impl Batches {
     /// buffers from `buffers`, as are the batches.
     pub fn start(
         dataset: Arc<Dataset>,
-        plan: EpochPlan,
+        plan: impl Into<Arc<EpochPlan>>,
         pool: Option<Arc<rayon::ThreadPool>>,
         buffers: &LoaderBuffers,
     ) -> Result<Batches, LoaderError> {
@@ -47,7 +47,7 @@ impl Batches {
     /// vocabulary, applied to each cell as the batcher writes it).
     pub fn start_with(
         dataset: Arc<Dataset>,
-        plan: EpochPlan,
+        plan: impl Into<Arc<EpochPlan>>,
         pool: Option<Arc<rayon::ThreadPool>>,
         buffers: &LoaderBuffers,
         output: BatchOutput,
@@ -61,15 +61,15 @@ impl Batches {
     /// tile of it and written in the batches' columns by its own map.
     pub fn start_over(
         source: Arc<dyn TileSource>,
-        plan: EpochPlan,
+        plan: impl Into<Arc<EpochPlan>>,
         pool: Option<Arc<rayon::ThreadPool>>,
         buffers: &LoaderBuffers,
         output: BatchOutput,
     ) -> Result<Batches, LoaderError> {
+        let plan: Arc<EpochPlan> = plan.into();
         let n_cols = source.check_output(&output)?;
         output.check_rows((plan.options.batch_size as u64).min(plan.n_cells()), n_cols)?;
         let mapped = source.maps_cells(&output);
-        let plan = Arc::new(plan);
         let group = decode_group(pool.as_deref());
         let (batch_tx, receiver) = sync_channel(plan.options.prefetch);
         let (tile_tx, tile_rx) = sync_channel::<Result<Fetched, LoaderError>>(TILES_WAITING);

@@ -262,4 +262,9 @@ impl EpochPlan {
     pub fn n_batches(&self) -> u64 {
         self.n_batches
     }
+
+    /// The options it was planned with.
+    pub fn options(&self) -> &LoaderOptions {
+        &self.options
+    }
 }
