@@ -8,10 +8,10 @@
 //!
 //! - plain zstd: every frame of the tiles those cells are in, decompressed
 //!   (the floor: no format can read the cells with less work);
-//! - whole tiles: `Dataset::read_tile_into` of each of those tiles;
-//! - consecutive ranges: `Dataset::read_cells` of 1,024 cells at a time,
+//! - whole tiles: `Dataset::read_into` a `Selection::Tile` of each of those tiles;
+//! - consecutive ranges: `Dataset::read` of a `Selection::Range` of 1,024 cells at a time,
 //!   as an inference or export loop reads;
-//! - random batches: `read_cell_list` of 1,024 cells drawn at random (sorted),
+//! - random batches: `read` of a `Selection::List` of 1,024 cells drawn at random (sorted),
 //!   as many batches as the pass has ranges.
 //!
 //! Run: `cargo bench --bench read_paths`. Medians of 7 passes after one,
@@ -23,6 +23,7 @@ use std::time::Instant;
 use deltacells::format::tile::stream_frames;
 use deltacells::format::CsrMatrix;
 use deltacells::Dataset;
+use deltacells::Selection;
 use rand::{RngExt, SeedableRng};
 
 const CELLS: u64 = 56_000;
@@ -79,28 +80,28 @@ fn main() {
     let whole = median(|| {
         one.install(|| {
             for t in 0..=last_tile {
-                ds.read_tile_into(t, &mut out).expect("a tile");
+                ds.read_into(Selection::Tile(t), &mut out).expect("a tile");
             }
         })
     });
-    rows.push(("read_tile_into, each of those tiles", whole, cells_in_tiles, ""));
+    rows.push(("read_into(Tile), each of those tiles", whole, cells_in_tiles, ""));
     let ranges = median(|| {
         one.install(|| {
             for range in consecutive(n) {
-                std::hint::black_box(ds.read_cells(range).expect("cells"));
+                std::hint::black_box(ds.read(Selection::Range(range)).expect("cells"));
             }
         })
     });
-    rows.push(("read_cells, consecutive 1,024-cell ranges", ranges, n, "target <= 1.6x the floor"));
+    rows.push(("read(Range), consecutive 1,024-cell ranges", ranges, n, "target <= 1.6x the floor"));
     let into = median(|| {
         one.install(|| {
             for range in consecutive(n) {
-                ds.read_cells_into(range, &mut out).expect("cells");
+                ds.read_into(Selection::Range(range), &mut out).expect("cells");
             }
         })
     });
-    rows.push(("  the same into one reused output (read_cells_into)", into, n, ""));
-    // What read_cells did for a range before it kept the recent tile: the
+    rows.push(("  the same into one reused output (read_into)", into, n, ""));
+    // What a read of a range did before it kept the recent tile: the
     // tile fetched and checked, its chunks holding the range decoded, for
     // every range.
     let before = median(|| {
@@ -131,11 +132,11 @@ fn main() {
     let random = median(|| {
         one.install(|| {
             for b in &batches {
-                std::hint::black_box(ds.read_cell_list(b).expect("cells"));
+                std::hint::black_box(ds.read(Selection::List(b)).expect("cells"));
             }
         })
     });
-    rows.push(("read_cell_list, random 1,024-cell batches", random, RANGE * batches.len() as u64, ""));
+    rows.push(("read(List), random 1,024-cell batches", random, RANGE * batches.len() as u64, ""));
 
     println!(
         "{} cells of {} ({} tiles, {nnz} nonzeros), 1 thread, medians of 7 passes after one, page cache warm",

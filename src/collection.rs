@@ -454,7 +454,7 @@ impl Collection {
                 let name = &self.members[m].summary.name;
                 let matrix = open
                     .dataset
-                    .read_cell_list(&rows_of[m])
+                    .read(crate::dataset::Selection::List(&rows_of[m]))
                     .map_err(|source| CollectionError::Member { name: name.clone(), source })?;
                 Ok((open, matrix))
             })

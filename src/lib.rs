@@ -15,7 +15,7 @@
 //!
 //! ```no_run
 //! let ds = deltacells::Dataset::open("out/pbmc_1k")?;
-//! let cells = ds.read_cell_list(&[5, 0, 999])?; // CSR, rows in the order asked
+//! let cells = ds.read(deltacells::Selection::List(&[5, 0, 999]))?; // CSR, rows in the order asked
 //! assert_eq!(cells.n_rows(), 3);
 //! # Ok::<(), deltacells::DatasetError>(())
 //! ```
@@ -66,7 +66,7 @@ pub mod writer;
 
 #[cfg(feature = "cli")]
 pub use commands::main as run_command_line;
-pub use dataset::{Dataset, DatasetError, ReadOptions};
+pub use dataset::{Dataset, DatasetError, ReadOptions, Selection};
 pub use format::CsrMatrix;
 
 /// An error and its causes on one line, `outer: inner: innermost`, each printed

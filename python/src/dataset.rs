@@ -22,6 +22,7 @@ use crate::batches::{LoaderArgs, RawBatches, RawPlan};
 use crate::errors::{detached, Failure, Kind};
 use crate::threads::{KeptBuffers, Threads};
 use crate::vocabulary::{FormArgs, RawGeneMap};
+use deltacells::Selection;
 
 /// An open dataset (`deltacells.open_dataset` wraps it).
 #[pyclass(frozen, module = "deltacells._deltacells")]
@@ -97,7 +98,7 @@ impl RawDataset {
     /// The listed cells (checked).
     fn listed_cells(&self, cells: &[i64]) -> Result<CsrMatrix, Failure> {
         let cells = self.check_cells(cells)?;
-        self.install(|| Ok(self.dataset.read_cell_list(&cells)?))
+        self.install(|| Ok(self.dataset.read(Selection::List(&cells))?))
     }
 
     fn check_cells(&self, cells: &[i64]) -> Result<Vec<u64>, Failure> {
@@ -225,7 +226,7 @@ impl RawDataset {
     }
 
     /// Cells `start..end` as CSR arrays (consecutive ranges of one tile
-    /// decode it once: see `Dataset::read_cells_into`).
+    /// decode it once: see `Dataset::read_into` of a `Selection::Range`).
     #[pyo3(signature = (start, end, genes=None))]
     fn get_range<'py>(
         &self,
@@ -241,7 +242,7 @@ impl RawDataset {
                 // arrays: a pass in consecutive ranges writes into memory
                 // already mapped.
                 let mut out = self.buffers.take_matrix();
-                self.dataset.read_cells_into(start..end, &mut out)?;
+                self.dataset.read_into(Selection::Range(start..end), &mut out)?;
                 Ok(out)
             })?;
             Ok(self.in_genes(m, output.as_ref()))
@@ -302,7 +303,7 @@ impl RawDataset {
             }
             let (dataset, pool, form) = (self.dataset.clone(), self.threads.pool()?, output.clone());
             RawBatches::planned(lists, ahead, output, move |cells| {
-                pool.install(|| dataset.read_cells_formed(cells, &form)).map_err(Failure::from)
+                pool.install(|| dataset.read_formed(Selection::List(cells), &form)).map_err(Failure::from)
             })
         })
     }
@@ -324,7 +325,7 @@ impl RawDataset {
                 });
             }
             let mut out = self.buffers.take_matrix();
-            self.install(|| Ok(self.dataset.read_tile_into(tile, &mut out)?))?;
+            self.install(|| Ok(self.dataset.read_into(Selection::Tile(tile), &mut out)?))?;
             Ok(out)
         })?;
         let indptr = as_i64(m.indptr).into_pyarray(py);
@@ -341,7 +342,7 @@ impl RawDataset {
                 let mut out = CsrMatrix::default();
                 let (mut cells, mut nnz) = (0u64, 0u64);
                 for tile in 0..self.dataset.n_tiles() {
-                    self.dataset.read_tile_into(tile, &mut out)?;
+                    self.dataset.read_into(Selection::Tile(tile), &mut out)?;
                     cells += out.n_rows() as u64;
                     nnz += out.nnz() as u64;
                 }

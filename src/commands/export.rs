@@ -11,6 +11,7 @@ use crate::format::CsrMatrix;
 use crate::Dataset;
 
 use crate::cli::ExportArgs;
+use crate::dataset::Selection;
 
 fn parse_range(text: Option<&str>, n_cells: u64) -> anyhow::Result<Range<u64>> {
     let Some(text) = text else { return Ok(0..n_cells) };
@@ -118,7 +119,7 @@ pub(crate) fn run(args: &ExportArgs) -> anyhow::Result<u8> {
         while start < range.end {
             let (tile, _) = ds.locate(start)?;
             let end = ds.tile_cells(tile).end.min(range.end);
-            let block = ds.read_cells(start..end)?;
+            let block = ds.read(Selection::Range(start..end))?;
             match (&mut scatter, &ranks) {
                 (Some(scatter), Some(ranks)) => {
                     let at = (start - range.start) as usize..(end - range.start) as usize;

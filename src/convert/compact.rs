@@ -24,6 +24,7 @@ use super::staging::{
 };
 use super::ConvertProgress;
 use crate::dataset::Dataset;
+use crate::dataset::Selection;
 use crate::format::{self, CsrMatrix, Manifest, TileEncoder};
 use crate::storage::{Storage, Within};
 
@@ -169,7 +170,7 @@ fn stage_tiles(
     let prepare = |tile: usize| -> Result<Prepared> {
         Ok(match staging.size(&format::tile_key(tile))? {
             Some(bytes) => Prepared::Staged(bytes),
-            None => Prepared::Rows(dataset.read_tile(tile)?),
+            None => Prepared::Rows(dataset.read(Selection::Tile(tile))?),
         })
     };
     let mut next = if n_tiles > 0 { Some(prepare(0)?) } else { None };

@@ -40,7 +40,7 @@ pub struct ConvertOptions {
     pub max_in_flight: usize,
     /// Store the cells of all inputs in an order fixed by this seed, so that
     /// every tile is a random sample of the dataset (obs then records where
-    /// each cell was read: [`obs_merge::SOURCE_FILE`], [`obs_merge::SOURCE_ROW`]).
+    /// each cell was read: [`super::SOURCE_FILE`], [`super::SOURCE_ROW`]).
     pub shuffle: Option<u64>,
     /// Where a shuffled conversion spills its cells between its two passes
     /// (default: the system's temporary folder).

@@ -55,22 +55,15 @@ pub(super) const KEPT_PLANES: usize = 16;
 type ChunkReads = (usize, Vec<(usize, usize)>, Vec<Range<u64>>);
 
 impl Dataset {
-    /// Reads the listed cells, in the order given (repeats allowed), as one
-    /// CSR matrix (see the module documentation for what is read).
-    pub fn read_cell_list(&self, cells: &[u64]) -> Result<CsrMatrix, DatasetError> {
-        let mut out = CsrMatrix::default();
-        self.read_cell_list_into(cells, &mut out)?;
-        Ok(out)
-    }
-
-    /// [`Dataset::read_cell_list`] into `out`'s buffers (reused as far as
-    /// they are large enough). On error, `out` holds unspecified rows.
-    pub fn read_cell_list_into(&self, cells: &[u64], out: &mut CsrMatrix) -> Result<(), DatasetError> {
+    /// The listed cells (a [`Selection::List`]) into `out`, in the order
+    /// given, repeats allowed (see the module documentation for what is
+    /// read).
+    pub(super) fn list_into(&self, cells: &[u64], out: &mut CsrMatrix) -> Result<(), DatasetError> {
         let located: Vec<(usize, u64)> = cells.iter().map(|&c| self.locate(c)).collect::<Result<_, _>>()?;
         self.on_current(|current| self.gather(current, &located, out))
     }
 
-    /// [`Dataset::read_cell_list_into`] of the cells `located` (tile, row),
+    /// [`Dataset::list_into`] of the cells `located` (tile, row),
     /// from the tiles of `current`.
     fn gather(&self, current: &Current, located: &[(usize, u64)], out: &mut CsrMatrix) -> Result<(), DatasetError> {
         let mut tiles: Vec<usize> = located.iter().map(|&(t, _)| t).collect();

@@ -12,6 +12,7 @@ mod files;
 mod follow;
 mod gather;
 mod ranges;
+mod read;
 #[cfg(test)]
 mod tests;
 
@@ -34,19 +35,20 @@ pub(crate) use files::{cumulative, no_manifest, parse_var_names};
 pub(crate) use files::{APPEND_KEY, PLAN_KEY};
 use follow::{keep_rows, Current};
 use ranges::{Recent, KEPT_TILES};
+pub use read::Selection;
 
 /// An open dataset: the version of it read at open (its cells, genes and
 /// obs), whose cells are read on from later versions while writers append
 /// to it or compact it (see `follow.rs` and docs/guarantees.md).
 ///
 /// ```no_run
-/// use deltacells::Dataset;
+/// use deltacells::{Dataset, Selection};
 ///
 /// let ds = Dataset::open("out/pbmc")?;
 /// println!("{} cells x {} genes in {} tiles", ds.n_cells(), ds.n_genes(), ds.n_tiles());
-/// let first = ds.read_tile(0)?;            // one tile as CSR
-/// let some = ds.read_cells(100..200)?;     // a range of cells
-/// let picked = ds.read_cell_list(&[7, 3, 7])?; // any cells, in the order given
+/// let first = ds.read(Selection::Tile(0))?; // one tile as CSR
+/// let some = ds.read(Selection::Range(100..200))?; // a range of cells
+/// let picked = ds.read(Selection::List(&[7, 3, 7]))?; // any cells, in the order given
 /// assert_eq!(picked.n_rows(), 3);
 /// # Ok::<(), deltacells::DatasetError>(())
 /// ```
@@ -237,16 +239,9 @@ impl Dataset {
         self.current().expectation(tile)
     }
 
-    /// Reads and decodes tile `tile`, checking it against the manifest.
-    pub fn read_tile(&self, tile: usize) -> Result<CsrMatrix, DatasetError> {
-        let mut out = CsrMatrix::default();
-        self.read_tile_into(tile, &mut out)?;
-        Ok(out)
-    }
-
-    /// Like [`Dataset::read_tile`], decoding into `out`'s buffers (reused as
-    /// far as they are large enough), for loops over many tiles.
-    pub fn read_tile_into(&self, tile: usize, out: &mut CsrMatrix) -> Result<(), DatasetError> {
+    /// Tile `tile`'s cells (a [`Selection::Tile`]), decoded into `out`,
+    /// checked against the manifest.
+    fn tile_into(&self, tile: usize, out: &mut CsrMatrix) -> Result<(), DatasetError> {
         self.check_tile(tile)?;
         self.on_current(|current| self.read_tile_of(current, tile, out))
     }
@@ -344,20 +339,6 @@ impl Dataset {
         Ok((location, blob))
     }
 
-    /// The listed cells (in the order given) in the form `output` asks for:
-    /// a gene vocabulary, scaled values, dense, top-k tokens (see
-    /// [`crate::batch`]); the same values the loader gives with that output.
-    pub fn read_cells_formed(
-        &self,
-        cells: &[u64],
-        output: &crate::batch::BatchOutput,
-    ) -> Result<crate::batch::FormedBatch, DatasetError> {
-        output.check(self.n_genes())?;
-        output.check_rows(cells.len() as u64, output.n_cols(self.n_genes()))?;
-        let m = self.read_cell_list(cells)?;
-        Ok(crate::batch::CellWriter::new(output, self.n_genes()).form(m))
-    }
-
     /// The nonzeros of each stored column over every cell: every tile is
     /// read and decoded (in parallel, a few at a time), none kept.
     pub fn column_nonzeros(&self) -> Result<Vec<u64>, DatasetError> {
@@ -368,7 +349,7 @@ impl Dataset {
             let counts = group
                 .par_iter()
                 .map(|&t| {
-                    let m = self.read_tile(t)?;
+                    let m = self.read(Selection::Tile(t))?;
                     let mut counts = vec![0u64; n];
                     for &g in &m.indices {
                         if let Some(c) = counts.get_mut(g as usize) {

@@ -14,7 +14,7 @@ use super::{Dataset, DatasetError};
 
 /// The tile a range read ended in: its bytes, checked (CRC included) once,
 /// and its chunks decompressed last, as planes. A pass over the cells in
-/// consecutive ranges (an inference or export loop of `read_cells`) then
+/// consecutive ranges (an inference or export loop of `read_into` a `Selection::Range`) then
 /// fetches and checks each tile once and decompresses each chunk once,
 /// instead of once per range, and each range decodes its rows from the
 /// planes straight into the output. Holds one compressed tile and at most
@@ -53,20 +53,10 @@ impl Drop for PooledTile<'_> {
 }
 
 impl Dataset {
-    /// Reads cells `range` (global indices) as one CSR matrix, decoding the tiles
+    /// Cells `range` (a [`Selection::Range`]) into `out`, decoding the tiles
     /// it touches in parallel; of a tile it covers in part, only the chunks
     /// holding its cells are decoded.
-    pub fn read_cells(&self, range: Range<u64>) -> Result<CsrMatrix, DatasetError> {
-        let mut out = CsrMatrix::default();
-        self.read_cells_into(range, &mut out)?;
-        Ok(out)
-    }
-
-    /// [`Dataset::read_cells`] into `out`'s buffers (reused as far as they
-    /// are large enough, and written over rather than cleared first): a loop
-    /// over consecutive ranges faults in no fresh memory for each. On error,
-    /// `out` holds unspecified rows.
-    pub fn read_cells_into(&self, range: Range<u64>, out: &mut CsrMatrix) -> Result<(), DatasetError> {
+    pub(super) fn range_into(&self, range: Range<u64>, out: &mut CsrMatrix) -> Result<(), DatasetError> {
         if range.end > self.n_cells() || range.start > range.end {
             let cell = range.end.max(range.start);
             return Err(DatasetError::CellOutOfRange { cell, n_cells: self.n_cells() });
@@ -78,7 +68,7 @@ impl Dataset {
         self.on_current(|current| self.read_range_of(current, range.clone(), out))
     }
 
-    /// [`Dataset::read_cells_into`] of a range that is not empty, from the
+    /// [`Dataset::range_into`] of a range that is not empty, from the
     /// tiles of `current`.
     fn read_range_of(&self, current: &Current, range: Range<u64>, out: &mut CsrMatrix) -> Result<(), DatasetError> {
         let mut fill = CsrFill::new(out, self.n_genes());

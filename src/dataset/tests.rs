@@ -19,7 +19,7 @@ proptest::proptest! {
         let mut ranges: Vec<Range<u64>> = (0..700).step_by(step as usize).map(|a| a..(a + step).min(700)).collect();
         ranges.extend(cuts.iter().map(|&(a, n)| a..(a + n).min(700)));
         for r in ranges {
-            let got = ds.read_cells(r.clone()).unwrap();
+            let got = ds.read(Selection::Range(r.clone())).unwrap();
             let mut want = CsrMatrix::empty(m.n_cols);
             for row in r.clone() {
                 want.push_row_from(&m, row as usize);
@@ -36,7 +36,7 @@ proptest::proptest! {
         cells in proptest::collection::vec(0u64..700, 0..300),
     ) {
         let (_dir, ds, m) = written(700, 97);
-        let got = ds.read_cell_list(&cells).unwrap();
+        let got = ds.read(Selection::List(&cells)).unwrap();
         let mut want = CsrMatrix::empty(m.n_cols);
         for &row in &cells {
             want.push_row_from(&m, row as usize);
@@ -68,15 +68,15 @@ fn written(n: usize, tile_size: u64) -> (tempfile::TempDir, Dataset, CsrMatrix) 
 #[test]
 fn a_corrupt_tile_is_caught_by_the_range_that_first_reads_it() {
     let (dir, ds, _) = written(300, 97);
-    ds.read_cells(0..10).unwrap();
+    ds.read(Selection::Range(0..10)).unwrap();
     let path = dir.path().join(format::tile_key(1));
     let mut bytes = std::fs::read(&path).unwrap();
     let last = bytes.len() - 1;
     bytes[last] ^= 0x55;
     std::fs::write(&path, bytes).unwrap();
     // Tile 0 is recent and unchanged; tile 1 is fetched and checked.
-    ds.read_cells(10..20).unwrap();
-    let e = ds.read_cells(100..110).unwrap_err().to_string();
+    ds.read(Selection::Range(10..20)).unwrap();
+    let e = ds.read(Selection::Range(100..110)).unwrap_err().to_string();
     assert!(e.contains("tile 1") || e.contains("00000001"), "{e}");
 }
 
@@ -134,7 +134,7 @@ proptest::proptest! {
         let (dir, _, m) = written(700, 97);
         let ds = as_remote(dir.path(), cache_bytes);
         for cells in &batches {
-            let got = ds.read_cell_list(cells).unwrap();
+            let got = ds.read(Selection::List(cells)).unwrap();
             let mut want = CsrMatrix::empty(m.n_cols);
             for &row in cells {
                 want.push_row_from(&m, row as usize);
@@ -149,18 +149,18 @@ fn cells_drawn_again_are_served_from_the_cache() {
     let (dir, _, m) = written(700, 97);
     let ds = as_remote(dir.path(), 1 << 30);
     let cells = [5, 650, 97, 5, 300];
-    let first = ds.read_cell_list(&cells).unwrap();
+    let first = ds.read(Selection::List(&cells)).unwrap();
     let before = ds.storage().stats().snapshot();
-    let again = ds.read_cell_list(&[300, 5, 650, 97]).unwrap();
+    let again = ds.read(Selection::List(&[300, 5, 650, 97])).unwrap();
     assert_eq!(ds.storage().stats().snapshot(), before, "nothing read the second time");
     assert_eq!(first.row(0), again.row(1));
     assert_eq!(again.row(0), m.row(300));
     assert!(ds.cached_chunk_bytes() > 0);
     // With no cache, every gather reads its chunks again.
     let uncached = as_remote(dir.path(), 0);
-    uncached.read_cell_list(&cells).unwrap();
+    uncached.read(Selection::List(&cells)).unwrap();
     let before = uncached.storage().stats().snapshot();
-    uncached.read_cell_list(&cells).unwrap();
+    uncached.read(Selection::List(&cells)).unwrap();
     assert!(uncached.storage().stats().snapshot().0 > before.0);
     assert_eq!(uncached.cached_chunk_bytes(), 0);
 }
@@ -182,13 +182,13 @@ fn a_damaged_chunk_read_in_ranges_is_refused_naming_the_tile_and_chunk() {
     // Read in ranges: the chunk's frames are refused, naming tile and chunk.
     let ds = as_remote(dir.path(), 1 << 20);
     // (cells of tile 1's other chunks still read)
-    ds.read_cell_list(&[97 + index.chunk_rows(0).start]).unwrap();
-    let e = ds.read_cell_list(&[3, 97 + rows.start]).unwrap_err();
+    ds.read(Selection::List(&[97 + index.chunk_rows(0).start])).unwrap();
+    let e = ds.read(Selection::List(&[3, 97 + rows.start])).unwrap_err();
     let text = crate::error_chain(&e);
     assert!(text.contains("tile_000001") && text.contains("tile 1") && text.contains("chunk 2"), "{text}");
     // A local dataset checks the tile's CRC the first time it reads it.
     let local = Dataset::open(dir.path().to_str().unwrap()).unwrap();
-    let e = local.read_cell_list(&[97 + index.chunk_rows(0).start]).unwrap_err();
+    let e = local.read(Selection::List(&[97 + index.chunk_rows(0).start])).unwrap_err();
     let text = crate::error_chain(&e);
     assert!(text.contains("tile 1") && text.contains("crc32"), "{text}");
 }
@@ -230,7 +230,7 @@ fn an_endless_writer_wait_and_an_unlisted_tile_do_not_panic() {
     let options = ReadOptions { writer_wait: std::time::Duration::MAX, ..ReadOptions::default() };
     let store = Arc::new(crate::storage::LocalStorage::new(dir.path().to_path_buf()));
     let ds = Dataset::from_storage_with(store, &options).unwrap();
-    assert_eq!(ds.read_cells(0..50).unwrap().indptr[..], m.indptr[..51]);
+    assert_eq!(ds.read(Selection::Range(0..50)).unwrap().indptr[..], m.indptr[..51]);
     assert_eq!(ds.current().expectation(99).n_cells, 0);
     // The dataset deleted: the error comes at once (no writer's record),
     // not after the endless wait.
@@ -241,6 +241,6 @@ fn an_endless_writer_wait_and_an_unlisted_tile_do_not_panic() {
         &ReadOptions { cache_bytes: 0, ..options },
     );
     assert!(fresh.is_err(), "no manifest: nothing to open");
-    let e = ds.read_cells(100..200).unwrap_err().to_string();
+    let e = ds.read(Selection::Range(100..200)).unwrap_err().to_string();
     assert!(e.contains("no dataset") || e.contains("incomplete") || e.contains("manifest"), "{e}");
 }

@@ -6,6 +6,7 @@ use rand_pcg::Pcg64Mcg;
 
 use super::*;
 use crate::batch::OutputError;
+use crate::dataset::Selection;
 use crate::format::CsrMatrix;
 use crate::storage::LocalStorage;
 use crate::vocabulary::GeneMap;
@@ -469,7 +470,7 @@ fn every_form_of_a_batch_is_the_form_of_its_cells_read_directly() {
         let mut seen = 0;
         for batch in batches.unwrap() {
             let batch = batch.unwrap();
-            let direct = ds.read_cells_formed(&batch.cells, &output).unwrap();
+            let direct = ds.read_formed(Selection::List(&batch.cells), &output).unwrap();
             assert_eq!(batch.x.indptr, direct.x.indptr, "{output:?}");
             assert_eq!(batch.x.indices, direct.x.indices);
             assert_eq!(batch.x.data, direct.x.data);
@@ -482,7 +483,7 @@ fn every_form_of_a_batch_is_the_form_of_its_cells_read_directly() {
         assert_eq!(seen, 500);
     }
     let bad = BatchOutput { top_k: Some(0), ..BatchOutput::default() };
-    assert!(matches!(ds.read_cells_formed(&[0], &bad), Err(DatasetError::Output(_))));
+    assert!(matches!(ds.read_formed(Selection::List(&[0]), &bad), Err(DatasetError::Output(_))));
     let plan = EpochPlan::new(&ds, None, &options).unwrap();
     let e = Batches::start_with(ds.clone(), plan, None, &LoaderBuffers::new(&options), bad).err().unwrap();
     assert!(e.to_string().contains("top_k"), "{e}");

@@ -7,11 +7,12 @@ use deltacells::Dataset;
 
 use crate::h5::{self, Layout, Rows};
 use crate::util::TestDir;
+use deltacells::Selection;
 
 /// The dataset's cells with columns mapped back to the source gene order.
 pub fn source_order(ds: &Dataset) -> Vec<Vec<(u32, u32)>> {
     let order = ds.gene_order().unwrap().unwrap();
-    let m = ds.read_cells(0..ds.n_cells()).unwrap();
+    let m = ds.read(Selection::Range(0..ds.n_cells())).unwrap();
     (0..m.n_rows())
         .map(|r| {
             let (g, c) = m.row(r);
@@ -354,7 +355,7 @@ fn golden_sources_convert_to_their_matrices() {
         let want = match reference.gene_order().unwrap() {
             Some(_) => source_order(&reference),
             None => {
-                let m: CsrMatrix = reference.read_cells(0..reference.n_cells()).unwrap();
+                let m: CsrMatrix = reference.read(Selection::Range(0..reference.n_cells())).unwrap();
                 (0..m.n_rows())
                     .map(|r| {
                         let (g, c) = m.row(r);
@@ -389,7 +390,7 @@ fn export_gives_back_the_source_counts() {
     // a range, in stored gene order
     t.run(&["export", "-q", "--cells", "5:14", "ds", "part.h5ad"]).expect_code(0);
     let ds = Dataset::open(s(&t.join("ds"))).unwrap();
-    let m = ds.read_cells(5..14).unwrap();
+    let m = ds.read(Selection::Range(5..14)).unwrap();
     let part = read_h5ad_rows(&t.join("part.h5ad"));
     let names = deltacells::inputs::h5ad::H5adFile::open(&t.join("part.h5ad")).unwrap().dataframe_index("obs").unwrap();
     assert_eq!(names, h5::cells(23, "c")[5..14].to_vec());

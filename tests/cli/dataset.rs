@@ -6,6 +6,7 @@ use deltacells::writer::{write_matrix, WriteOptions};
 use deltacells::Dataset;
 
 use crate::util::{synthetic_matrix, TestDir};
+use deltacells::Selection;
 
 fn write(dir: &TestDir, name: &str, m: &CsrMatrix, tile_size: u64) -> String {
     let store = LocalStorage::new(dir.join(name));
@@ -25,23 +26,23 @@ fn reader_returns_tiles_ranges_and_lists() {
     assert_eq!(ds.locate(50).unwrap(), (1, 0));
     assert_eq!(ds.locate(256).unwrap(), (5, 6));
     assert!(ds.locate(257).is_err());
-    assert_eq!(ds.read_cells(0..257).unwrap(), m);
-    let part = ds.read_cells(45..160).unwrap();
+    assert_eq!(ds.read(Selection::Range(0..257)).unwrap(), m);
+    let part = ds.read(Selection::Range(45..160)).unwrap();
     let mut want = CsrMatrix::empty(3000);
     for r in 45..160 {
         want.push_row_from(&m, r);
     }
     assert_eq!(part, want);
-    assert_eq!(ds.read_cells(10..10).unwrap().n_rows(), 0);
-    assert!(ds.read_cells(200..258).is_err());
+    assert_eq!(ds.read(Selection::Range(10..10)).unwrap().n_rows(), 0);
+    assert!(ds.read(Selection::Range(200..258)).is_err());
     let order = [256u64, 0, 77, 77, 3, 150];
-    let picked = ds.read_cell_list(&order).unwrap();
+    let picked = ds.read(Selection::List(&order)).unwrap();
     let mut want = CsrMatrix::empty(3000);
     for &r in &order {
         want.push_row_from(&m, r as usize);
     }
     assert_eq!(picked, want);
-    assert_eq!(ds.read_tile(5).unwrap().n_rows(), 7);
+    assert_eq!(ds.read(Selection::Tile(5)).unwrap().n_rows(), 7);
 }
 
 #[test]

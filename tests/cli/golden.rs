@@ -9,6 +9,7 @@ use deltacells::Dataset;
 use serde_json::Value;
 
 use crate::util::TestDir;
+use deltacells::Selection;
 
 /// ../shared/golden, or None (with a note) where it is absent, as in a user's clone.
 pub fn golden() -> Option<PathBuf> {
@@ -47,7 +48,7 @@ fn valid_datasets_verify_and_decode_to_the_expected_matrix() {
         let path = dir.join(name);
         t.run(&["verify", path.to_str().unwrap()]).expect_code(0);
         let ds = Dataset::open(path.to_str().unwrap()).unwrap();
-        let got = ds.read_cells(0..ds.n_cells()).unwrap();
+        let got = ds.read(Selection::Range(0..ds.n_cells())).unwrap();
         let expected: Value =
             serde_json::from_slice(&std::fs::read(dir.join(format!("expected/{name}.json"))).unwrap()).unwrap();
         assert_eq!(got, expected_matrix(&expected), "{name}");

@@ -19,6 +19,7 @@ use rand_pcg::Pcg64Mcg;
 use crate::remote::{example, s3_storage, S3_ENV};
 use crate::servers::Server;
 use crate::util::TestDir;
+use deltacells::Selection;
 
 /// 1,000 cells in tiles of 300: the last tile (100 cells) is filled by the
 /// next append, as format.md requires. Shuffled, so that appends may be.
@@ -62,7 +63,7 @@ fn open(root: &str, endpoint: Option<&str>, cached: bool) -> Arc<Opened> {
     let cache_bytes = if cached { ReadOptions::default().cache_bytes } else { 0 };
     let read = ReadOptions { writer_wait: Duration::from_secs(90), cache_bytes };
     let dataset = Arc::new(Dataset::from_storage_with(store, &read).unwrap());
-    let rows = dataset.read_cells(0..dataset.n_cells()).unwrap();
+    let rows = dataset.read(Selection::Range(0..dataset.n_cells())).unwrap();
     Arc::new(Opened { dataset, rows })
 }
 
@@ -85,20 +86,21 @@ fn reader(shared: &Shared, seed: u64) {
             0..=3 => {
                 let mut cells: Vec<u64> = (0..48).map(|_| rng.random_range(0..n)).collect();
                 cells.extend((n.saturating_sub(16)..n).rev());
-                ds.read_cell_list(&cells).map(|got| (got, rows_of(&o.rows, &cells), format!("cells {cells:?}")))
+                ds.read(Selection::List(&cells)).map(|got| (got, rows_of(&o.rows, &cells), format!("cells {cells:?}")))
             }
             // a range ending in the last tile
             4 | 5 => {
                 let start = rng.random_range(0..n);
                 let end = if what == 4 { n } else { rng.random_range(start..=n) };
                 let cells: Vec<u64> = (start..end).collect();
-                ds.read_cells(start..end).map(|got| (got, rows_of(&o.rows, &cells), format!("range {start}..{end}")))
+                ds.read(Selection::Range(start..end))
+                    .map(|got| (got, rows_of(&o.rows, &cells), format!("range {start}..{end}")))
             }
             // a whole tile, the last one half the time
             6 => {
                 let tile = if rng.random_bool(0.5) { ds.n_tiles() - 1 } else { rng.random_range(0..ds.n_tiles()) };
                 let cells: Vec<u64> = ds.tile_cells(tile).collect();
-                ds.read_tile(tile).map(|got| (got, rows_of(&o.rows, &cells), format!("tile {tile}")))
+                ds.read(Selection::Tile(tile)).map(|got| (got, rows_of(&o.rows, &cells), format!("tile {tile}")))
             }
             // a shuffled loader epoch, every batch compared
             _ => {
@@ -321,9 +323,9 @@ fn a_damaged_tile_is_still_refused_and_a_replaced_dataset_is_named() {
         assert!(text.contains("tile_000001.dct"), "{text}");
         assert!(!matches!(e, DatasetError::Replaced { .. }), "{text}");
     };
-    named(&whole.read_tile(1).unwrap_err());
-    named(&loaded.read_cells(300..600).unwrap_err());
-    named(&gathered.read_cell_list(&[0, 350, 999]).unwrap_err());
+    named(&whole.read(Selection::Tile(1)).unwrap_err());
+    named(&loaded.read(Selection::Range(300..600)).unwrap_err());
+    named(&gathered.read(Selection::List(&[0, 350, 999])).unwrap_err());
     let options = LoaderOptions { batch_size: 64, ..Default::default() };
     let plan = EpochPlan::new(&gathered, None, &options).unwrap();
     let failed = Batches::start(gathered.clone(), plan, None, &LoaderBuffers::new(&options))
@@ -334,9 +336,9 @@ fn a_damaged_tile_is_still_refused_and_a_replaced_dataset_is_named() {
     // Another dataset converted in its place (other tiles) is not a later
     // version of the one open: reads refuse, saying so.
     let fresh = open();
-    fresh.read_cells(0..10).unwrap();
+    fresh.read(Selection::Range(0..10)).unwrap();
     let input = example();
     t.run(&["convert", "-q", "--overwrite", "--tile-size", "250", &input, "ds"]).expect_code(0);
-    let e = fresh.read_cell_list(&[5, 700]).unwrap_err();
+    let e = fresh.read(Selection::List(&[5, 700])).unwrap_err();
     assert!(matches!(e, DatasetError::Replaced { .. }), "{}", deltacells::error_chain(&e));
 }

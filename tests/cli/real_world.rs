@@ -10,6 +10,7 @@ use deltacells::Dataset;
 use serde_json::Value;
 
 use crate::util::{Run, TestDir};
+use deltacells::Selection;
 
 /// The files of tests/python/make_real_world_inputs.py, written once per run,
 /// and what they hold; None (with a note, or a failure where skips are not
@@ -61,7 +62,7 @@ fn expected_rows(name: &str) -> Vec<Vec<(String, u32)>> {
 fn dataset_rows(dir: &Path) -> Vec<Vec<(String, u32)>> {
     let ds = Dataset::open(dir.to_str().unwrap()).unwrap();
     let names = ds.var_names().unwrap().unwrap();
-    let m = ds.read_cells(0..ds.n_cells()).unwrap();
+    let m = ds.read(Selection::Range(0..ds.n_cells())).unwrap();
     (0..m.n_rows())
         .map(|r| {
             let (g, c) = m.row(r);

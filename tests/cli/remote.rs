@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use crate::servers::Server;
 use crate::util::TestDir;
+use deltacells::Selection;
 
 /// Dummy keys for moto, so that no real credential source is consulted.
 pub(crate) const S3_ENV: [(&str, &str); 3] =
@@ -302,7 +303,7 @@ fn gcs_emulator_serves_a_dataset_uploaded_to_it() {
     // and convert cannot run on it; Dataset and obs localize use only GETs.
     let ours = Dataset::from_storage(Arc::new(remote)).unwrap();
     let theirs = Dataset::open(&root).unwrap();
-    assert_eq!(ours.read_cells(0..1000).unwrap(), theirs.read_cells(0..1000).unwrap());
+    assert_eq!(ours.read(Selection::Range(0..1000)).unwrap(), theirs.read(Selection::Range(0..1000)).unwrap());
     let url = "gs://test/ds";
     let endpoint = gcs.url();
     t.run(&["obs", "localize", "--all", "--cache-dir", "cache-local", "ds"]).expect_code(0);

@@ -9,6 +9,7 @@ use serde_json::Value;
 use deltacells::Dataset;
 
 use crate::util::TestDir;
+use deltacells::Selection;
 
 const LAYOUT: [&str; 6] = ["--tile-size", "5", "--obs-tiles-per-file", "2", "--level", "3"];
 
@@ -110,7 +111,7 @@ fn export_source_order_gives_the_inputs_order_back() {
             .expect_code(0);
     }
     let (x, y) = (open(&t.join("plain2")), open(&t.join("back2")));
-    assert_eq!(x.read_cells(0..71).unwrap(), y.read_cells(0..71).unwrap());
+    assert_eq!(x.read(Selection::Range(0..71)).unwrap(), y.read(Selection::Range(0..71)).unwrap());
     assert_eq!(crate::obs::obs_values(&t.join("plain2")), crate::obs::obs_values(&t.join("back2")));
     // A part of the cells, in their source order.
     t.run(&["export", "-q", "--source-order", "--cells", "10:30", "shuffled", "part.h5ad"]).expect_code(0);
@@ -246,6 +247,9 @@ fn appending_to_a_shuffled_dataset_keeps_its_cells_and_says_where_the_new_ones_w
     for (input, out) in [("plain.h5ad", "plain2"), ("back.h5ad", "back2")] {
         t.run(&["convert", "-q", "--gene-order-files", "0", "--level", "3", input, out]).expect_code(0);
     }
-    assert_eq!(open(&t.join("plain2")).read_cells(0..71).unwrap(), open(&t.join("back2")).read_cells(0..71).unwrap());
+    assert_eq!(
+        open(&t.join("plain2")).read(Selection::Range(0..71)).unwrap(),
+        open(&t.join("back2")).read(Selection::Range(0..71)).unwrap()
+    );
     assert_eq!(crate::obs::obs_values(&t.join("plain2")), crate::obs::obs_values(&t.join("back2")));
 }
