@@ -25,9 +25,7 @@ from pathlib import Path
 PACKAGE = Path("python/deltacells")
 LAYERS = {
     "types and protocols: Batch, Cells, ObsColumns, the option sets the binding takes": ["_types"],
-    "the Rust extension, errors (and their public module), argument checks": [
-        "_deltacells", "_errors", "exceptions", "_args",
-    ],
+    "the Rust extension, the exceptions, argument checks": ["_deltacells", "exceptions", "_args"],
     "options and forms: defaults and checks": ["_options"],
     "obs (and Obs.where), gene vocabularies": ["_obs", "_vocabulary"],
     "sampling: splits by group, balancing weights": ["_sampling"],

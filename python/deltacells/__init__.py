@@ -15,7 +15,12 @@ from ._collection import Collection, CollectionObs, Member
 from ._compact import CompactSummary, compact
 from ._convert import AppendSummary, ConvertSummary, append, convert
 from ._dataset import Dataset
-from ._errors import (
+from ._loader import CellBatch, Loader
+from ._obs import Obs
+from ._open import open_collection, open_dataset
+from ._types import Batch
+from ._vocabulary import Vocabulary, VocabularyReport, VocabularyWarning
+from .exceptions import (
     ArgumentTypeError,
     CellIndexError,
     CorruptDatasetError,
@@ -28,11 +33,6 @@ from ._errors import (
     InvalidInputError,
     UnknownNameError,
 )
-from ._loader import CellBatch, Loader
-from ._obs import Obs
-from ._open import open_collection, open_dataset
-from ._types import Batch
-from ._vocabulary import Vocabulary, VocabularyReport, VocabularyWarning
 
 __all__ = [
     "convert",

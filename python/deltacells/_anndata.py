@@ -14,11 +14,11 @@ import numpy as np
 from . import _deltacells
 from ._args import keywords, location
 from ._convert import ConvertSummary, convert_options, convert_summary
-from ._errors import ArgumentTypeError, InvalidArgumentError
 from ._jobs import run
 from ._options import CONVERT_DEFAULTS
 from ._reaching import reaching
 from ._types import JobArgs, PathLike
+from .exceptions import ArgumentTypeError, InvalidArgumentError
 
 if TYPE_CHECKING:  # pragma: no cover
     import anndata

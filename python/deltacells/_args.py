@@ -9,7 +9,7 @@ import os
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from ._errors import ArgumentTypeError, InvalidArgumentError
+from .exceptions import ArgumentTypeError, InvalidArgumentError
 
 #: The most threads a dataset, a collection or obs.localize starts: more
 #: than any machine has cores, few enough that starting them cannot hang.

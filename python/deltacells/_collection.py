@@ -17,18 +17,18 @@ import numpy as np
 from . import _deltacells
 from ._args import integer
 from ._dataset import _INHERITED, Dataset
-from ._errors import (
-    ArgumentTypeError,
-    CellIndexError,
-    InvalidArgumentError,
-    UnknownNameError,
-)
 from ._loader import Gathers, Loader
 from ._obs import as_frame, where
 from ._options import DEFAULTS, form_from, form_options, loader_options
 from ._sampling import split
 from ._types import Batch, Cells, Form, FormArgs, LoaderOptions, StoreArgs
 from ._vocabulary import Vocabulary
+from .exceptions import (
+    ArgumentTypeError,
+    CellIndexError,
+    InvalidArgumentError,
+    UnknownNameError,
+)
 
 if TYPE_CHECKING:
     import anndata

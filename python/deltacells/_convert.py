@@ -16,11 +16,11 @@ from typing import Any, Unpack
 
 from . import _deltacells
 from ._args import choice, flag, folder, integer, keywords, location
-from ._errors import ArgumentTypeError, InvalidArgumentError
 from ._jobs import run
 from ._options import CONVERT_DEFAULTS, MAX_U64
 from ._reaching import reaching
 from ._types import InputJobArgs, PathLike, _ConvertOptions
+from .exceptions import ArgumentTypeError, InvalidArgumentError
 
 
 @dataclass(frozen=True)

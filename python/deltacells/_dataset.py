@@ -14,13 +14,13 @@ import numpy as np
 
 from . import _deltacells
 from ._args import flag, integer
-from ._errors import ArgumentTypeError, CellIndexError, InvalidArgumentError
 from ._loader import Gathers, Loader
 from ._obs import Obs
 from ._options import DEFAULTS, form_from, form_options, loader_options
 from ._sampling import split
 from ._types import Batch, Cells, Form, FormArgs, LoaderOptions
 from ._vocabulary import Genes, Vocabulary, VocabularyReport, _names, _stored_keys, resolve
+from .exceptions import ArgumentTypeError, CellIndexError, InvalidArgumentError
 
 if TYPE_CHECKING:
     import anndata

@@ -12,11 +12,11 @@ import numpy as np
 
 from . import _deltacells
 from ._args import integer
-from ._errors import InvalidArgumentError
 from ._options import MAX_PREFETCH, MAX_U64
 from ._sampling import balance_weights
 from ._types import Batch, Cells, Form, LoaderOptions, ObsColumns
 from ._vocabulary import Vocabulary
+from .exceptions import InvalidArgumentError
 
 
 class CellSource(Protocol):

@@ -14,8 +14,8 @@ import numpy as np
 
 from . import _deltacells
 from ._args import column_names, thread_count
-from ._errors import ArgumentTypeError, DeltacellsError, InvalidArgumentError, UnknownNameError
 from ._types import Cells, ObsColumns
+from .exceptions import ArgumentTypeError, DeltacellsError, InvalidArgumentError, UnknownNameError
 
 if TYPE_CHECKING:
     import pandas as pd

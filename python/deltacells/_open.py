@@ -16,10 +16,10 @@ from . import _deltacells
 from ._args import MAX_BYTES, column_names, integer, keywords, location, thread_count
 from ._collection import Collection, GeneChoice
 from ._dataset import Dataset
-from ._errors import ArgumentTypeError, InvalidArgumentError
 from ._options import store_options
 from ._types import StoreArgs
 from ._vocabulary import _names
+from .exceptions import ArgumentTypeError, InvalidArgumentError
 
 
 def open_dataset(

@@ -13,8 +13,8 @@ import numpy as np
 
 from . import _deltacells
 from ._args import flag, integer, location, positive_number
-from ._errors import InvalidArgumentError
 from ._types import ConvertDefaults, Form, FormArgs, LoaderOptions, StoreArgs
+from .exceptions import InvalidArgumentError
 
 #: The loader's defaults, from the Rust loader: the signatures of
 #: :meth:`Dataset.batches` and :class:`deltacells.torch.CellDataset` take

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from . import _deltacells
 from ._args import choice, flag, folder, optional_name, thread_count
-from ._errors import InvalidArgumentError
 from ._options import store_options
 from ._types import InputArgs, JobArgs, _Reaching
+from .exceptions import InvalidArgumentError
 
 #: The library's names of its input formats (InputFormat), in the order of its help.
 INPUT_FORMATS: tuple[str, ...] = _deltacells.INPUT_FORMATS

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import InvalidArgumentError, UnknownNameError
 from ._obs import index_array
 from ._types import ObsColumns
+from .exceptions import InvalidArgumentError, UnknownNameError
 
 
 def group_labels(obs: ObsColumns, column: str, cells: np.ndarray | None) -> tuple[np.ndarray, int]:

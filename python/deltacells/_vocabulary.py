@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol, Union
 import numpy as np
 
 from . import _deltacells
-from ._errors import ArgumentTypeError, InvalidArgumentError, UnknownNameError
+from .exceptions import ArgumentTypeError, InvalidArgumentError, UnknownNameError
 
 if TYPE_CHECKING:
     import pandas as pd

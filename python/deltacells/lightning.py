@@ -34,11 +34,11 @@ from ._args import integer
 from ._collection import Collection
 from ._dataset import Dataset
 from ._deltacells import redact
-from ._errors import ArgumentTypeError, InvalidArgumentError
 from ._loader import CellBatch
 from ._open import OPEN_OPTIONS, open_dataset
 from ._options import DEFAULTS
 from ._types import Cells
+from .exceptions import ArgumentTypeError, InvalidArgumentError
 from .torch import CellDataset, _distributed
 
 #: Options of the training loader alone: how an epoch is drawn and ordered.

@@ -30,9 +30,9 @@ from ._args import column_names, integer
 from ._collection import Collection
 from ._dataset import Dataset
 from ._deltacells import redact
-from ._errors import InvalidArgumentError
 from ._loader import CellBatch
 from ._types import Cells
+from .exceptions import InvalidArgumentError
 from .lightning import DataModule as _LightningDataModule
 
 #: The keys of scvi-tools' tensors (``scvi.REGISTRY_KEYS``).

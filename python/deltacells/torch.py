@@ -45,12 +45,12 @@ from ._args import column_names, integer, location, thread_count
 from ._collection import Collection
 from ._dataset import _INHERITED, Dataset
 from ._deltacells import DEFAULT_CACHE_BYTES, redact
-from ._errors import ArgumentTypeError, InvalidArgumentError
 from ._loader import CellBatch
 from ._open import OPEN_OPTIONS, open_dataset
 from ._options import DEFAULTS, loader_options, store_options
 from ._types import Cells
 from ._vocabulary import Vocabulary
+from .exceptions import ArgumentTypeError, InvalidArgumentError
 
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
                  torch.int32: np.int32, torch.int64: np.int64}

@@ -1,4 +1,4 @@
-//! Library errors as the exceptions of `deltacells._errors`, and calls that
+//! Library errors as the exceptions of `deltacells.exceptions`, and calls that
 //! release the GIL and catch panics, so that none reaches Python.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -12,7 +12,7 @@ use deltacells::obs::localize::ObsError;
 use deltacells::storage::StorageError;
 use deltacells::{error_chain, DatasetError};
 
-/// Which exception of `deltacells._errors` an error is.
+/// Which exception of `deltacells.exceptions` an error is.
 #[derive(Clone, Copy)]
 pub(crate) enum Kind {
     /// No dataset, or an incomplete one (also a FileNotFoundError).
@@ -146,7 +146,7 @@ impl Kind {
 }
 
 /// The exception classes, one per [`Kind`] in [`Kind::ALL`]'s order, given
-/// by `deltacells._errors` when it is imported (as importing the package
+/// by `deltacells.exceptions` when it is imported (as importing the package
 /// does, before any call can fail).
 static CLASSES: PyOnceLock<Vec<Py<PyType>>> = PyOnceLock::new();
 
@@ -173,7 +173,7 @@ pub(crate) fn register_exceptions(py: Python<'_>, classes: &Bound<'_, PyDict>) -
         found.push(class.unbind());
     }
     // (the first registration stays: the classes are those of the one
-    // deltacells._errors module)
+    // deltacells.exceptions module)
     let _ = CLASSES.set(py, found);
     Ok(())
 }
@@ -185,7 +185,7 @@ impl Failure {
         let classes = match CLASSES.get(py) {
             Some(classes) => classes,
             // Not registered yet: importing the module registers them.
-            None => match py.import("deltacells._errors") {
+            None => match py.import("deltacells.exceptions") {
                 Ok(_) => match CLASSES.get(py) {
                     Some(classes) => classes,
                     None => return pyo3::exceptions::PyRuntimeError::new_err(message),

@@ -11,17 +11,16 @@ from pathlib import Path
 import pytest
 
 import deltacells
-import deltacells._errors
 import deltacells.exceptions as dx
 from deltacells import _deltacells
 
 
 def test_the_public_module_lists_every_exception_of_the_package() -> None:
-    defined = {name for name, value in inspect.getmembers(deltacells._errors, inspect.isclass)
+    defined = {name for name, value in inspect.getmembers(dx, inspect.isclass)
                if issubclass(value, deltacells.DeltacellsError)}
     assert set(dx.__all__) == defined and len(defined) == 11
     for name in dx.__all__:
-        assert getattr(dx, name) is getattr(deltacells, name) is getattr(deltacells._errors, name)
+        assert getattr(dx, name) is getattr(deltacells, name)
 
 
 def test_library_failures_are_raised_as_the_registered_classes(tmp_path: Path) -> None:
