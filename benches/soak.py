@@ -4,6 +4,7 @@ their resident memory, threads and open files sampled as they go.
     .venv/bin/python benches/soak.py [--minutes 60] [--interval 60] [--cells 30000]
                                      [--only loader,map] [--data DATASET | --out DIR [--keep]]
                                      [--json soak.json]
+    .venv/bin/python benches/soak.py --report soak.json
 
 Every configuration runs in a process of its own, all at once, each reading
 epoch after epoch until MINUTES have passed:
@@ -40,8 +41,11 @@ epoch. Open fds are counted apart from shared-memory ones (/dev/shm, memfd):
 those are the batches in flight between DataLoader workers and the main
 process at the moment of the sample, bounded but never the same number
 twice, so theirs is a trend: the median of the last third of the samples
-against the first third's. A configuration passes when each growth and the
-trend are within 5% and every value checks. Prints a table of samples per configuration and a summary; writes the
+against the first third's; so are the other fds of a process with workers
+(the pipes torch passes each batch's descriptors through follow the batches
+in flight too). A configuration passes when each growth (each trend, for
+those) is within 5% and every value checks. ``--report JSON`` prints a
+recorded run's report again. Prints a table of samples per configuration and a summary; writes the
 raw samples and epochs as JSON. The dataset: CELLS atlas cells
 (benches/make_atlas.py, from the PBMC files of ../shared/data/fetch-pbmc.sh)
 converted by ``deltacells convert`` in tiles of 2,500; or DATASET as it is.
@@ -346,6 +350,22 @@ class Run:
     def running(self) -> bool:
         return self.process.poll() is None
 
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+
+@dataclass
+class Recorded:
+    """A configuration's run as a JSON report recorded it (``--report``)."""
+
+    name: str
+    config: Config
+    epochs: list[dict[str, Any]]
+    samples: list[dict[str, Any]]
+    returncode: int | None
+    log: Path | None = None
+
 
 def monitor(runs: list[Run], interval: float) -> None:
     """Asks every run for a sample every ``interval`` seconds until every
@@ -423,16 +443,34 @@ class S3Server:
 # ---------------------------------------------------------------- the report
 
 
-def summarize(run: Run) -> dict[str, Any]:
-    """Epochs, cells/s, values checked, and each measure after the first epoch."""
+def trend(values: list[int]) -> tuple[float, float, float]:
+    """(median of the first third, median of the last third, their change in
+    %) of a measure's samples."""
+    third = max(1, len(values) // 3)
+    first, last = float(np.median(values[:third])), float(np.median(values[-third:]))
+    change = (last - first) / first * 100 if first else (0.0 if last == 0 else 100.0)
+    return first, last, change
+
+
+def summarize(run: Run | Recorded) -> dict[str, Any]:
+    """Epochs, cells/s, values checked, and each measure after the first epoch.
+
+    Memory and threads pass when their largest value after the first epoch
+    is within 5% of their value at its end. The open fds of a process with
+    DataLoader workers are judged by their trend instead (the median of the
+    last third of the samples against the first third's): besides the
+    shared-memory segments, the workers hold the pipes through which torch
+    passes each batch's file descriptors, so the count at the moment of a
+    sample follows the batches in flight (bounded, never the same twice);
+    a leak would show as a trend. Shared-memory fds likewise."""
     epochs = run.epochs
     steady = epochs[1:] or epochs
     seconds = sum(e["seconds"] for e in steady)
     wrong = [w for e in epochs for w in e["wrong"]]
     out: dict[str, Any] = {
         "epochs": len(epochs), "cells_per_s": sum(e["cells"] for e in steady) / seconds if seconds else 0.0,
-        "values_ok": not wrong and run.process.returncode == 0, "wrong": wrong[:10],
-        "returncode": run.process.returncode,
+        "values_ok": not wrong and run.returncode == 0, "wrong": wrong[:10],
+        "returncode": run.returncode,
     }
     after = run.samples  # (every one in the middle of an epoch after the first, the first in the second)
     ok = out["values_ok"] and len(after) >= 2
@@ -442,29 +480,24 @@ def summarize(run: Run) -> dict[str, Any]:
             continue
         base, values = after[0][m], [s[m] for s in after]
         growth = (max(values) - base) / base * 100 if base else 0.0
+        first, last, change = trend(values)
+        by_trend = m == "fds" and run.config.workers > 0
         out[m] = {"end_of_epoch_1": base, "min": min(values), "max": max(values), "last": values[-1],
-                  "growth_pct": growth}
-        ok = ok and growth <= LIMIT
-    # Shared-memory fds are the batches in flight between the DataLoader's
-    # workers and the main process when the sample is taken: bounded by
-    # the batches the DataLoader keeps in flight, and varying with how many
-    # it holds at that moment; a leak would show as a trend, so theirs is
-    # the median of the last third of the samples against the first third's.
-    shm = [s["shm"] for s in after]
+                  "growth_pct": growth, "trend_pct": change, "judged_by": "trend" if by_trend else "max"}
+        ok = ok and (change if by_trend else growth) <= LIMIT
+    shm = [s.get("shm", 0) for s in after]
     if len(shm) >= 3 and max(shm) > 0:
-        third = len(shm) // 3
-        first, last = float(np.median(shm[:third])), float(np.median(shm[-third:]))
-        trend = (last - first) / first * 100 if first else (0.0 if last == 0 else 100.0)
+        first, last, change = trend(shm)
         out["shm"] = {"min": min(shm), "max": max(shm), "first_third": first, "last_third": last,
-                      "trend_pct": trend}
-        ok = ok and trend <= LIMIT
+                      "trend_pct": change}
+        ok = ok and change <= LIMIT
     else:
         out["shm"] = None
     out["pass"] = ok
     return out
 
 
-def print_report(runs: list[Run], summaries: dict[str, dict[str, Any]], header: str) -> None:
+def print_report(runs: list[Run] | list[Recorded], summaries: dict[str, dict[str, Any]], header: str) -> None:
     print(header)
     for r in runs:
         print()
@@ -475,8 +508,8 @@ def print_report(runs: list[Run], summaries: dict[str, dict[str, Any]], header: 
         for s in r.samples:
             print(f"| {s['t'] / 60:.1f} | {s['epoch'] + 1} | {s['processes']} | {s['rss'] / 2**20:.1f} | "
                   f"{s['anon'] / 2**20:.1f} | {s['threads']} | {s['fds']} | {s.get('shm', 0)} |")
-        if r.process.returncode:
-            print(f"\nexited with status {r.process.returncode}; the end of its log:\n")
+        if r.returncode and r.log is not None:
+            print(f"\nexited with status {r.returncode}; the end of its log:\n")
             print(r.log.read_text()[-3000:])
     print()
     print("## Summary (after the first epoch: the value at its end; min, max, last; growth = (max - end of "
@@ -496,8 +529,9 @@ def print_report(runs: list[Run], summaries: dict[str, dict[str, Any]], header: 
                 continue
             scale = 2**20 if m == "rss" else 1
             f = ".1f" if m == "rss" else ".0f"
+            judged = f" (trend {v['trend_pct']:+.1f}%)" if v.get("judged_by") == "trend" else ""
             cells.append(f" {v['end_of_epoch_1'] / scale:{f}}, {v['min'] / scale:{f}}-{v['max'] / scale:{f}}, "
-                         f"{v['last'] / scale:{f}} | {v['growth_pct']:+.1f}% |")
+                         f"{v['last'] / scale:{f}} | {v['growth_pct']:+.1f}%{judged} |")
         shm = s["shm"]
         cells.append(" - | - |" if shm is None else f" {shm['min']}-{shm['max']}, {shm['first_third']:.1f}, "
                      f"{shm['last_third']:.1f} | {shm['trend_pct']:+.1f}% |")
@@ -522,8 +556,17 @@ def main() -> None:
                                       "temporary folder); what the run makes there is removed unless --keep")
     parser.add_argument("--keep", action="store_true", help="keep the generated dataset, caches and logs")
     parser.add_argument("--json", default="soak.json", help="where to write the raw samples and epochs (soak.json)")
+    parser.add_argument("--report", metavar="JSON", help="print the report of a run recorded in JSON again (with "
+                                                         "this script's rules), instead of running")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.report:
+        recorded = json.loads(Path(args.report).read_text())
+        runs = [Recorded(name, CONFIGS[name], c["epochs"], c["samples"], c["summary"]["returncode"])
+                for name, c in recorded["configs"].items()]
+        summaries = {r.name: summarize(r) for r in runs}
+        print_report(runs, summaries, recorded["header"])
+        sys.exit(0 if all(s["pass"] for s in summaries.values()) else 1)
     if args.child:
         name, root, cache, endpoint, deadline = args.child
         run_config(name, root, cache, "" if endpoint == "-" else endpoint, float(deadline))
