@@ -23,7 +23,15 @@ fi
 # The crash tests need the test-only feature `fault-injection` (a hook that
 # aborts an append's commit half-way); every build here has it, so that the
 # crate is built once.
+# Checks skipped for want of something (servers, ../shared, PBMC files) are
+# recorded there, and listed after the tests (a passing test shows nothing).
+skipped=target/tmp/skipped.txt
+rm -f "$skipped"
 cargo test --release --features fault-injection "$@"
+if [ -s "$skipped" ]; then
+  echo "test: $(sort -u "$skipped" | wc -l) checks of the Rust tests were skipped (DELTACELLS_REQUIRE_ALL=1 makes a skip fail):" >&2
+  sort -u "$skipped" | sed 's/^/  /' >&2
+fi
 # The reading core's own tests, without HDF5, clap or indicatif.
 cargo test --release --no-default-features --lib --quiet
 # The benchmarks are not run here (see docs/performance.md), only compiled,

@@ -200,17 +200,29 @@ pub fn synthetic_matrix(n_cells: usize, n_genes: u32, seed: u64) -> CsrMatrix {
     m
 }
 
+/// Where [`skip`] records the checks skipped by a run of the tests, one line
+/// each (test, place, why): scripts/test.sh empties it before the tests and
+/// prints it, counted, after them, since libtest shows no output of a test
+/// that passes.
+pub const SKIPPED: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/skipped.txt");
+
 /// Notes that a test (or part of one) is skipped because something it needs is
 /// absent here: `../shared`, the PBMC files, or the Python packages that
-/// scripts/setup.sh installs (the servers and the anndata checks). Where
-/// DELTACELLS_REQUIRE_ALL is set, as `.ci/run` sets it, a skip is a failure
-/// instead, so that CI cannot pass without those tests.
+/// scripts/setup.sh installs (the servers and the anndata checks), in
+/// [`SKIPPED`]. Where DELTACELLS_REQUIRE_ALL is set, as `.ci/run` sets it, a
+/// skip is a failure instead, so that CI cannot pass without those tests.
 #[track_caller]
 pub fn skip(note: &str) {
     if std::env::var_os("DELTACELLS_REQUIRE_ALL").is_some_and(|v| !v.is_empty() && v != "0") {
         panic!("{note}, and DELTACELLS_REQUIRE_ALL is set: this test must not be skipped");
     }
     eprintln!("note: {note}");
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    let line = format!("{test} ({}): {note}\n", std::panic::Location::caller());
+    let file = std::fs::OpenOptions::new().create(true).append(true).open(SKIPPED);
+    if let Ok(mut file) = file {
+        let _ = std::io::Write::write_all(&mut file, line.as_bytes());
+    }
 }
 
 /// Runs tests/python/check_roundtrip.py with ARGS under $DELTACELLS_PYTHON (set
