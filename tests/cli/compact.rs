@@ -202,3 +202,42 @@ fn compact_in_s3_writes_what_a_local_compact_writes_and_survives_a_kill() {
     same_objects(&remote, &local);
     t.run_env(&["verify", "-q", "--endpoint", &endpoint, "s3://test/ds"], &S3_ENV).expect_code(0);
 }
+
+#[test]
+fn an_append_completes_or_discards_an_interrupted_compaction_then_appends() {
+    if !cfg!(feature = "fault-injection") {
+        crate::util::skip("built without the fault-injection feature; interrupted compactions are not tested");
+        return;
+    }
+    let t = TestDir::new();
+    let input = example();
+    let append = |ds: &Path| t.run_env(&["append", s(ds), &input], &EPOCH).expect_code(0);
+    // What each case must give: the compaction then the append, or the
+    // append alone.
+    convert(&t, "1", "compacted_then_appended");
+    compact_json(&t, &[s(&t.join("compacted_then_appended"))]);
+    append(&t.join("compacted_then_appended"));
+    convert(&t, "1", "appended");
+    append(&t.join("appended"));
+
+    // Stopped in its commit with every tile moved: the append completes
+    // the compaction (renames only), then appends.
+    convert(&t, "1", "committing");
+    let ds = t.join("committing");
+    let stop = [EPOCH[0], ("DELTACELLS_TEST_ABORT_COMMIT_AFTER", "-2")];
+    assert_ne!(t.run_env(&["compact", "-q", s(&ds)], &stop).code(), 0);
+    append(&ds);
+    assert_eq!(content(&ds), content(&t.join("compacted_then_appended")));
+    assert!(!ds.join(".append").exists());
+
+    // Stopped while staging: the append discards it, says so, and appends
+    // to the dataset as it was.
+    convert(&t, "1", "staging");
+    let ds = t.join("staging");
+    let stop = [EPOCH[0], ("DELTACELLS_TEST_ABORT_COMPACT_AFTER", "4")];
+    assert_ne!(t.run_env(&["compact", "-q", s(&ds)], &stop).code(), 0);
+    let run = append(&ds);
+    assert!(run.stderr().contains("discarding an unfinished compaction"), "{}", run.stderr());
+    assert_eq!(content(&ds), content(&t.join("appended")));
+    assert!(!ds.join(".append").exists());
+}
