@@ -18,7 +18,7 @@
 use std::ops::Range;
 use std::path::Path;
 
-use crate::inputs::error::InputError;
+use crate::inputs::error::{Hdf5Error, InputError};
 pub use crate::inputs::features::GENE_EXPRESSION;
 use crate::inputs::features::{kept_columns, picked, tally};
 use crate::inputs::h5ad::{read_strings, read_strings_range, H5adFile, Layout, MatrixReader};
@@ -96,14 +96,14 @@ impl TenxSource {
             }
             (group, false)
         };
-        let g = h5.group(&group).map_err(|e| file.invalid(&group, e.to_string()))?;
+        let g = h5.group(&group).map_err(|e| file.read_failed(&group, Hdf5Error::new(e)))?;
         let shape_object = format!("{group}/shape");
-        let shape_ds = g.dataset("shape").map_err(|e| file.invalid(&shape_object, first_line(&e.to_string())))?;
+        let shape_ds = g.dataset("shape").map_err(|e| file.read_failed(&shape_object, Hdf5Error::first_line(e)))?;
         if shape_ds.size() > 16 {
             return Err(file.invalid(&shape_object, format!("has {} entries, not two sizes", shape_ds.size())));
         }
         let shape: Vec<i64> =
-            shape_ds.read_raw::<i64>().map_err(|e| file.invalid(&shape_object, first_line(&e.to_string())))?;
+            shape_ds.read_raw::<i64>().map_err(|e| file.read_failed(&shape_object, Hdf5Error::first_line(e)))?;
         let [n_features, n_barcodes] = shape[..] else {
             return Err(file.invalid(&shape_object, format!("{shape:?} is not two sizes")));
         };
@@ -198,10 +198,6 @@ impl TenxSource {
 
 fn join(values: &[&String]) -> String {
     values.iter().map(|v| format!("{v:?}")).collect::<Vec<_>>().join(", ")
-}
-
-fn first_line(s: &str) -> String {
-    s.lines().next().unwrap_or("").to_string()
 }
 
 /// The barcodes, read by ranges: obs, with no columns.

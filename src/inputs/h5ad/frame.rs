@@ -12,6 +12,7 @@ use hdf5::types::{FloatSize, IntSize, TypeDescriptor};
 
 use super::{check_filters, read_string_attr, read_strings, read_strings_range, H5adError, H5adFile};
 use crate::inputs::table::{Categories, FrameColumn};
+use crate::inputs::Hdf5Error;
 
 /// Rows to read: all of them, or a range.
 type Rows<'a> = Option<&'a Range<usize>>;
@@ -53,8 +54,8 @@ fn read_numeric(
     mask: Option<&[bool]>,
     rows: Rows<'_>,
 ) -> Result<ArrayRef, H5adError> {
-    let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.invalid(object, e.to_string()))?;
-    let err = |e: hdf5::Error| file.invalid(object, e.to_string());
+    let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.read_failed(object, Hdf5Error::new(e)))?;
+    let err = |e: hdf5::Error| file.read_failed(object, Hdf5Error::new(e));
     macro_rules! nullable {
         ($t:ty, $array:ty) => {{
             let v = read_vec::<$t>(ds, rows).map_err(err)?;
@@ -91,12 +92,12 @@ fn read_numeric(
 }
 
 fn read_bools(file: &H5adFile, object: &str, ds: &hdf5::Dataset, rows: Rows<'_>) -> Result<Vec<bool>, H5adError> {
-    read_vec::<bool>(ds, rows).map_err(|e| file.invalid(object, e.to_string()))
+    read_vec::<bool>(ds, rows).map_err(|e| file.read_failed(object, Hdf5Error::new(e)))
 }
 
 fn read_categories(file: &H5adFile, object: &str, ds: &hdf5::Dataset) -> Result<Categories, H5adError> {
-    let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.invalid(object, e.to_string()))?;
-    let err = |e: hdf5::Error| file.invalid(object, e.to_string());
+    let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.read_failed(object, Hdf5Error::new(e)))?;
+    let err = |e: hdf5::Error| file.read_failed(object, Hdf5Error::new(e));
     Ok(match desc {
         TypeDescriptor::Integer(_) | TypeDescriptor::Unsigned(_) => {
             Categories::Ints(ds.read_raw::<i64>().map_err(err)?)
@@ -114,7 +115,7 @@ fn read_codes(
     n_categories: usize,
     rows: Rows<'_>,
 ) -> Result<Vec<i32>, H5adError> {
-    let codes = read_vec::<i64>(ds, rows).map_err(|e| file.invalid(object, e.to_string()))?;
+    let codes = read_vec::<i64>(ds, rows).map_err(|e| file.read_failed(object, Hdf5Error::new(e)))?;
     codes
         .iter()
         .enumerate()
@@ -206,7 +207,7 @@ pub fn read_column(
         let codes = read_codes(file, &object, &ds, n, rows)?;
         return Ok(FrameColumn::Category { codes, categories, ordered: false });
     }
-    let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.invalid(&object, e.to_string()))?;
+    let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.read_failed(&object, Hdf5Error::new(e)))?;
     match desc {
         TypeDescriptor::Boolean => {
             Ok(FrameColumn::Bool(read_bools(file, &object, &ds, rows)?.into_iter().map(Some).collect()))

@@ -54,7 +54,11 @@ pub fn matrix_file(dir: &Path) -> Result<PathBuf, InputError> {
             return Ok(dir.join(name));
         }
     }
-    let listing = std::fs::read_dir(dir).map_err(|e| error(e.to_string()))?;
+    let listing = std::fs::read_dir(dir).map_err(|e| InputError::OpenFailed {
+        path: dir.to_path_buf(),
+        format: "Matrix Market",
+        source: Box::new(e),
+    })?;
     let mut found: Vec<PathBuf> = listing
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
@@ -298,10 +302,10 @@ impl InputSource for MtxSource {
         let parsed = self.parsed()?;
         let (lo, hi) = (parsed.indptr[rows.start as usize], parsed.indptr[rows.end as usize]);
         let mut bytes = vec![0u8; (hi - lo) as usize * ENTRY_BYTES];
-        parsed.file.read_exact_at(&mut bytes, lo * ENTRY_BYTES as u64).map_err(|e| InputError::Invalid {
+        parsed.file.read_exact_at(&mut bytes, lo * ENTRY_BYTES as u64).map_err(|e| InputError::Read {
             path: self.path.clone(),
             object: self.matrix_name().into(),
-            message: format!("cannot read the temporary file of sorted entries: {e}"),
+            source: Box::new(crate::inputs::Context::new("cannot read the temporary file of sorted entries", e)),
         })?;
         let mut out =
             RawRows { indptr: Vec::with_capacity((rows.end - rows.start) as usize + 1), ..Default::default() };
