@@ -87,10 +87,10 @@ impl H5adFile {
             // The store's failures are its own (refused, denied, not there);
             // only what HDF5 makes of the bytes is the format's.
             let ranged = remote::RangedFile::open(&url, &options.store, options.block_cache)?;
-            let file = driver::open_hdf5(&url, &ranged).map_err(|message| H5adError::Open {
+            let file = driver::open_hdf5(&url, &ranged).map_err(|source| H5adError::OpenFailed {
                 format: "HDF5",
                 path: path.to_path_buf(),
-                message,
+                source,
             })?;
             return Ok(H5adFile { path: path.to_path_buf(), file, ranged: Some(ranged) });
         }
@@ -109,13 +109,17 @@ impl H5adFile {
             (Some(cause), H5adError::Invalid { path, object, message }) => H5adError::Invalid {
                 path,
                 object,
-                message: format!("{} (reading the object failed: {cause})", first_line(&message)),
+                message: format!(
+                    "{} (reading the object failed: {})",
+                    first_line(&message),
+                    crate::error_chain(&cause)
+                ),
             },
             (Some(cause), H5adError::Read { path, object, source }) => H5adError::Read {
                 path,
                 object,
                 source: match source.downcast::<Hdf5Error>() {
-                    Ok(h) => Box::new(h.failed_read(cause)),
+                    Ok(h) => Box::new(h.failed_read(crate::error_chain(&cause))),
                     Err(source) => source,
                 },
             },

@@ -134,10 +134,21 @@ impl MtxSource {
         let invalid =
             |object: String, message: String| InputError::Invalid { path: path.to_path_buf(), object, message };
 
-        let features = read_tsv(&features_file, remote).map_err(|(line, m)| invalid(at(&features_file, line), m))?;
-        let barcodes = read_tsv(&barcodes_file, remote).map_err(|(line, m)| invalid(at(&barcodes_file, line), m))?;
-        let header = read_header(&mut matrix.open(remote).map_err(open_error)?)
-            .map_err(|(line, m)| invalid(at(&matrix, line), m))?;
+        let opened = |place: &Place| {
+            place.open(remote).map_err(|source| InputError::Read {
+                path: path.to_path_buf(),
+                object: at(place, 0),
+                source,
+            })
+        };
+        let features = read_tsv(opened(&features_file)?).map_err(|(line, m)| invalid(at(&features_file, line), m))?;
+        let barcodes = read_tsv(opened(&barcodes_file)?).map_err(|(line, m)| invalid(at(&barcodes_file, line), m))?;
+        let header = read_header(&mut matrix.open(remote).map_err(|source| InputError::OpenFailed {
+            path: path.to_path_buf(),
+            format: "Matrix Market",
+            source,
+        })?)
+        .map_err(|(line, m)| invalid(at(&matrix, line), m))?;
         let (n_features, n_barcodes) = (features.len() as u64, barcodes.len() as u64);
         let sizes = format!(
             "{} x {} (header), {n_features} features in {}, {n_barcodes} barcodes in {}",
@@ -229,7 +240,11 @@ impl MtxSource {
         }
         let invalid =
             |object: String, message: String| InputError::Invalid { path: self.path.clone(), object, message };
-        let version = self.matrix.version(&self.remote).map_err(|m| invalid(self.matrix.name(), m))?;
+        let version = self.matrix.version(&self.remote).map_err(|source| InputError::Read {
+            path: self.path.clone(),
+            object: self.matrix.name(),
+            source,
+        })?;
         let key = (self.matrix.clone(), version, self.orientation == Orientation::GenesByCells);
         let kept = {
             let kept = PARSED.lock().unwrap_or_else(|e| e.into_inner());
@@ -238,7 +253,11 @@ impl MtxSource {
         let parsed = match kept {
             Some(p) => p,
             None => {
-                let stream = self.matrix.open(&self.remote).map_err(|m| invalid(self.matrix.name(), m))?;
+                let stream = self.matrix.open(&self.remote).map_err(|source| InputError::Read {
+                    path: self.path.clone(),
+                    object: self.matrix.name(),
+                    source,
+                })?;
                 let p = Arc::new(
                     parse(stream, self.header, self.orientation, self.n_rows(), RUN_ENTRIES)
                         .map_err(|(line, m)| invalid(at(&self.matrix, line), m))?,
