@@ -68,6 +68,7 @@ impl Failure {
             DatasetError::Manifest { .. }
             | DatasetError::Missing { .. }
             | DatasetError::Invalid { .. }
+            | DatasetError::Unreadable { .. }
             | DatasetError::Tile { .. } => Kind::Corrupt,
             DatasetError::CellOutOfRange { .. } | DatasetError::NegativeCell { .. } | DatasetError::NoTile { .. } => {
                 Kind::Index
