@@ -118,7 +118,7 @@ impl TenxSource {
         let strings = |object: &str| -> Result<Vec<String>, InputError> {
             let path = format!("{group}/{object}");
             let ds = h5.dataset(&path).map_err(|_| file.invalid(&path, "missing"))?;
-            let values = read_strings(&ds).map_err(|e| file.invalid(&path, e))?;
+            let values = read_strings(&ds).map_err(|e| file.read_failed(&path, e))?;
             if values.len() as i64 != n_features {
                 return Err(file.invalid(
                     &path,
@@ -226,9 +226,9 @@ impl Table for Barcodes<'_> {
         match rows {
             None => read_strings(&ds),
             Some(r) if r.end <= ds.size() => read_strings_range(&ds, r),
-            Some(r) => Err(format!("rows {r:?} outside 0..{}", ds.size())),
+            Some(r) => Err(format!("rows {r:?} outside 0..{}", ds.size()).into()),
         }
-        .map_err(|e| self.file.with_read_failure(self.file.invalid(&self.object, e)))
+        .map_err(|e| self.file.with_read_failure(self.file.read_failed(&self.object, e)))
     }
 
     fn columns(&self) -> Result<Vec<String>, InputError> {

@@ -120,7 +120,14 @@ impl H5adFile {
                 object,
                 source: match source.downcast::<Hdf5Error>() {
                     Ok(h) => Box::new(h.failed_read(crate::error_chain(&cause))),
-                    Err(source) => source,
+                    // (a rule broken, or an attribute's context: as text, as
+                    // the HDF5 error's first line is)
+                    Err(source) => format!(
+                        "{} (reading the object failed: {})",
+                        first_line(&crate::error_chain(source.as_ref())),
+                        crate::error_chain(&cause)
+                    )
+                    .into(),
                 },
             },
             (_, e) => e,
@@ -212,8 +219,8 @@ impl H5adFile {
             });
         }
         let group = self.file.group(name).map_err(|e| self.read_failed(name, Hdf5Error::new(e)))?;
-        let encoding = read_string_attr(&group, "encoding-type").map_err(|e| self.invalid(name, e))?;
-        let legacy = read_string_attr(&group, "h5sparse_format").map_err(|e| self.invalid(name, e))?;
+        let encoding = read_string_attr(&group, "encoding-type").map_err(|e| self.read_failed(name, e))?;
+        let legacy = read_string_attr(&group, "h5sparse_format").map_err(|e| self.read_failed(name, e))?;
         let layout = match (encoding.as_deref(), legacy.as_deref()) {
             (Some("csr_matrix"), _) | (None, Some("csr")) => Layout::Csr,
             (Some("csc_matrix"), _) | (None, Some("csc")) => Layout::Csc,
@@ -351,7 +358,7 @@ impl H5adFile {
     pub fn index_dataset(&self, group_name: &str) -> Result<(String, hdf5::Dataset), H5adError> {
         let group = self.dataframe_group(group_name)?;
         let index = read_string_attr(&group, "_index")
-            .map_err(|e| self.invalid(group_name, e))?
+            .map_err(|e| self.read_failed(group_name, e))?
             .unwrap_or_else(|| "_index".into());
         let object = format!("{group_name}/{index}");
         let ds = group.dataset(&index).map_err(|_| self.invalid(&object, "the index column is missing"))?;
@@ -368,7 +375,7 @@ impl H5adFile {
         let object = format!("{group_name}/{index}");
         let categories_object = format!("{group_name}/__categories/{index}");
         if let Ok(categories) = self.file.dataset(&categories_object) {
-            let names = read_strings(&categories).map_err(|e| self.invalid(&categories_object, e))?;
+            let names = read_strings(&categories).map_err(|e| self.read_failed(&categories_object, e))?;
             let codes: Vec<i64> = match &rows {
                 None => ds.read_raw::<i64>(),
                 Some(r) => ds.read_slice_1d::<i64, _>(r.clone()).map(|a| a.to_vec()),
@@ -392,7 +399,7 @@ impl H5adFile {
             None => read_strings(&ds),
             Some(r) => read_strings_range(&ds, r),
         }
-        .map_err(|e| self.invalid(&object, e))
+        .map_err(|e| self.read_failed(&object, e))
     }
 
     /// The index (names) of a dataframe group such as `obs` or `var`.
