@@ -68,13 +68,16 @@ pub enum CollectionError {
     /// A collection file that cannot be read (the message says why).
     #[error("{path}: {message}")]
     File { path: String, message: String },
+    /// A collection file that could not be read (the source says why).
+    #[error("{path}: cannot read it")]
+    Read { path: String, source: std::io::Error },
 }
 
 impl From<CollectionError> for LoaderError {
     fn from(e: CollectionError) -> Self {
         match e {
             CollectionError::Argument(m) => LoaderError::Options(m),
-            other => LoaderError::Member(crate::error_chain(&other)),
+            other => LoaderError::Member(Box::new(other)),
         }
     }
 }

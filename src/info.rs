@@ -105,7 +105,7 @@ pub fn dataset_info(ds: &Dataset) -> Result<DatasetInfo, DatasetError> {
             what: "has_var_table is true".into(),
         })?;
         let (columns, index) =
-            obs::parquet_columns(bytes).map_err(|message| DatasetError::Invalid { location, message })?;
+            obs::parquet_columns(bytes).map_err(|e| DatasetError::Unreadable { location, source: Box::new(e) })?;
         Some(
             columns
                 .into_iter()

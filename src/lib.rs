@@ -41,6 +41,7 @@
 
 pub mod batch;
 pub mod buffers;
+pub mod causes;
 #[cfg(feature = "cli")]
 mod cli;
 pub mod collection;

@@ -208,7 +208,7 @@ fn check_var(storage: &dyn Storage, manifest: &Manifest, problems: &mut Problems
         flagged_file(storage, format::VAR_TABLE_KEY, "has_var_table", manifest.has_var_table, problems)?
     {
         match obs::parquet_rows(bytes) {
-            Err(e) => problems.add(format::VAR_TABLE_KEY, "var-table", e),
+            Err(e) => problems.add(format::VAR_TABLE_KEY, "var-table", crate::error_chain(&e)),
             Ok(rows) if rows != n_genes => {
                 problems.add(format::VAR_TABLE_KEY, "var-table", format!("has {rows} rows, expected n_genes {n_genes}"))
             }
@@ -242,7 +242,7 @@ fn check_obs(storage: &dyn Storage, manifest: &Manifest, problems: &mut Problems
     let schema = schema_text.as_deref().and_then(|text| match ObsSchema::parse(text.as_bytes()) {
         Ok(s) => Some(s),
         Err(e) => {
-            problems.add(format::OBS_SCHEMA_KEY, "obs-schema", e);
+            problems.add(format::OBS_SCHEMA_KEY, "obs-schema", crate::error_chain(&e));
             None
         }
     });

@@ -29,7 +29,7 @@ impl From<CollectionError> for Failure {
             CollectionError::Argument(_) | CollectionError::Genes(_) => Failure::new(Kind::Value, &e),
             CollectionError::CellOutOfRange { .. } => Failure::new(Kind::Index, &e),
             CollectionError::Changed { .. } => Failure::new(Kind::Changed, &e),
-            CollectionError::File { .. } => Failure::new(Kind::Value, &e),
+            CollectionError::File { .. } | CollectionError::Read { .. } => Failure::new(Kind::Value, &e),
         }
     }
 }

@@ -382,7 +382,7 @@ fn failure(e: ConvertError) -> Failure {
             Some(deltacells::storage::RequestFailure::NotFound { .. }) => Kind::InputNotFound,
             _ => Kind::Other,
         },
-        ConvertError::Input(InputError::Open { path, .. })
+        ConvertError::Input(InputError::Open { path, .. } | InputError::OpenFailed { path, .. })
             if !deltacells::inputs::remote::is_url(path) && !path.exists() =>
         {
             Kind::InputNotFound

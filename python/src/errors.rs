@@ -70,6 +70,7 @@ impl Failure {
             DatasetError::Manifest { .. }
             | DatasetError::Missing { .. }
             | DatasetError::Invalid { .. }
+            | DatasetError::Unreadable { .. }
             | DatasetError::Tile { .. } => Kind::Corrupt,
             DatasetError::CellOutOfRange { .. } | DatasetError::NegativeCell { .. } | DatasetError::NoTile { .. } => {
                 Kind::Index

@@ -50,7 +50,8 @@ impl CollectionFile {
     /// written, and resolved against the file's folder when relative.
     pub fn read(path: &Path) -> Result<CollectionFile, CollectionError> {
         let err = |message: String| CollectionError::File { path: path.display().to_string(), message };
-        let text = std::fs::read_to_string(path).map_err(|e| err(format!("cannot read it: {e}")))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| CollectionError::Read { path: path.display().to_string(), source })?;
         let mut file = CollectionFile::parse(&text).map_err(err)?;
         let base = path.parent().unwrap_or(Path::new(""));
         for (_, root, _) in &mut file.datasets {

@@ -34,6 +34,10 @@ pub enum DatasetError {
     /// A file that is there but not what the format allows.
     #[error("{location}: {message}")]
     Invalid { location: String, message: String },
+    /// A file that is there but could not be read as the format says: the
+    /// source says why (the parser's error).
+    #[error("{location}")]
+    Unreadable { location: String, source: crate::causes::Cause },
     /// A var column asked for (to match genes by) that the gene table does not have.
     #[error("{location}: var has no column {name:?}; it has {have:?}")]
     NoVarColumn { location: String, name: String, have: Vec<String> },

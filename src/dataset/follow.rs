@@ -221,7 +221,10 @@ fn obs_may_be_a_change(e: &localize::ObsError) -> bool {
 /// where they happen).
 fn may_be_a_change(e: &DatasetError) -> bool {
     match e {
-        DatasetError::Missing { .. } | DatasetError::Invalid { .. } | DatasetError::Tile { .. } => true,
+        DatasetError::Missing { .. }
+        | DatasetError::Invalid { .. }
+        | DatasetError::Unreadable { .. }
+        | DatasetError::Tile { .. } => true,
         DatasetError::Storage(s) => matches!(s, StorageError::Changed { .. } | StorageError::Range { .. }),
         _ => false,
     }

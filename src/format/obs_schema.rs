@@ -56,34 +56,44 @@ fn allowed_types(kind: ObsKind) -> &'static [&'static str] {
     }
 }
 
+/// Why schema.json is not a schema: not JSON of its form, or a rule broken.
+#[derive(Debug, thiserror::Error)]
+pub enum ObsSchemaError {
+    #[error("not a valid schema")]
+    Json(#[source] serde_json::Error),
+    #[error("{0}")]
+    Rule(String),
+}
+
 impl ObsSchema {
     /// Parses and checks schema.json: format and version, kinds, Arrow types
     /// allowed for each kind, categories present exactly for category columns,
     /// unique names.
-    pub fn parse(bytes: &[u8]) -> Result<ObsSchema, String> {
-        let schema: ObsSchema = serde_json::from_slice(bytes).map_err(|e| format!("not a valid schema: {e}"))?;
+    pub fn parse(bytes: &[u8]) -> Result<ObsSchema, ObsSchemaError> {
+        let rule = ObsSchemaError::Rule;
+        let schema: ObsSchema = serde_json::from_slice(bytes).map_err(ObsSchemaError::Json)?;
         if schema.format != SCHEMA_FORMAT {
-            return Err(format!("format is {:?}, expected {SCHEMA_FORMAT:?}", schema.format));
+            return Err(rule(format!("format is {:?}, expected {SCHEMA_FORMAT:?}", schema.format)));
         }
         if schema.version != SCHEMA_VERSION {
-            return Err(format!("version is {}, expected {SCHEMA_VERSION}", schema.version));
+            return Err(rule(format!("version is {}, expected {SCHEMA_VERSION}", schema.version)));
         }
         let mut names = std::collections::HashSet::new();
         for c in &schema.columns {
             if !names.insert(c.name.as_str()) {
-                return Err(format!("column {:?} appears twice", c.name));
+                return Err(rule(format!("column {:?} appears twice", c.name)));
             }
             if !allowed_types(c.kind).contains(&c.arrow_type.as_str()) {
-                return Err(format!(
+                return Err(rule(format!(
                     "column {:?}: arrow_type {:?} is not allowed for kind {}",
                     c.name,
                     c.arrow_type,
                     c.kind.as_str()
-                ));
+                )));
             }
             match (c.kind, &c.categories) {
                 (ObsKind::Category, None) => {
-                    return Err(format!("column {:?}: a category column needs categories", c.name))
+                    return Err(rule(format!("column {:?}: a category column needs categories", c.name)))
                 }
                 (ObsKind::Category, Some(cats)) => {
                     let max = match c.arrow_type.as_str() {
@@ -93,16 +103,20 @@ impl ObsSchema {
                         _ => usize::MAX,
                     };
                     if cats.len() > max + 1 {
-                        return Err(format!(
+                        return Err(rule(format!(
                             "column {:?}: {} categories do not fit codes of {}",
                             c.name,
                             cats.len(),
                             c.arrow_type
-                        ));
+                        )));
                     }
                 }
                 (_, Some(_)) => {
-                    return Err(format!("column {:?}: categories must be null for kind {}", c.name, c.kind.as_str()))
+                    return Err(rule(format!(
+                        "column {:?}: categories must be null for kind {}",
+                        c.name,
+                        c.kind.as_str()
+                    )))
                 }
                 (_, None) => {}
             }

@@ -3,16 +3,84 @@
 
 use std::path::PathBuf;
 
+pub use crate::causes::{Advised, Cause, Context, Whole};
+
+/// An HDF5 error as deltacells prints it: its first line (or all of it), and
+/// what it most likely means when the caller knows. The error itself is
+/// [`error`](Hdf5Error::error), for a caller that wants more than the text.
+#[derive(Debug)]
+pub struct Hdf5Error {
+    error: hdf5::Error,
+    first_line: bool,
+    hint: Option<String>,
+}
+
+impl Hdf5Error {
+    /// The whole text of `error`.
+    pub fn new(error: hdf5::Error) -> Hdf5Error {
+        Hdf5Error { error, first_line: false, hint: None }
+    }
+
+    /// The first line of `error`'s text (HDF5's can carry its error stack).
+    pub fn first_line(error: hdf5::Error) -> Hdf5Error {
+        Hdf5Error { error, first_line: true, hint: None }
+    }
+
+    /// With `hint`, in parentheses after the text.
+    pub fn hint(mut self, hint: impl Into<String>) -> Hdf5Error {
+        self.hint = Some(hint.into());
+        self
+    }
+
+    /// Its first line, with why the read under it failed (HDF5 says only
+    /// that it did).
+    pub(crate) fn failed_read(self, cause: impl std::fmt::Display) -> Hdf5Error {
+        Hdf5Error { first_line: true, hint: Some(format!("reading the object failed: {cause}")), ..self }
+    }
+
+    pub fn error(&self) -> &hdf5::Error {
+        &self.error
+    }
+}
+
+impl std::fmt::Display for Hdf5Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = self.error.to_string();
+        let text = if self.first_line { text.lines().next().unwrap_or("") } else { &text };
+        match &self.hint {
+            Some(hint) => write!(f, "{text} ({hint})"),
+            None => f.write_str(text),
+        }
+    }
+}
+
+// (the text is the error's: no source, or it would print twice)
+impl std::error::Error for Hdf5Error {}
+
 /// Why an input file could not be read. Each variant names the file and the
 /// object inside it (for .h5ad files, the HDF5 path: `X/data`, `obs/cell_type`).
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
+    /// A file that is not one of its format, by a rule it breaks.
     #[error("{path}: cannot open as {format}: {message}")]
     Open { path: PathBuf, format: &'static str, message: String },
+    /// A file that could not be opened as its format: the library or the
+    /// system that failed is the source.
+    #[error("{path}: cannot open as {format}")]
+    OpenFailed { path: PathBuf, format: &'static str, source: Cause },
+    /// An object of a file that breaks a rule of its format.
     #[error("{path}: {object}: {message}")]
     Invalid { path: PathBuf, object: String, message: String },
+    /// An object of a file that could not be read: the library or the system
+    /// that failed is the source.
+    #[error("{path}: {object}")]
+    Read { path: PathBuf, object: String, source: Cause },
     #[error("{path}: {object}: unsupported: {message}")]
     Unsupported { path: PathBuf, object: String, message: String },
+    /// An object whose type the library that reads it does not know; that
+    /// library's error is the source.
+    #[error("{path}: {object}: unsupported")]
+    UnsupportedBy { path: PathBuf, object: String, source: Cause },
     /// A column of a table whose type the format cannot store.
     #[error("{path}: {table}/{column}: unsupported: {what}, which deltacells cannot store", path = path.display())]
     ColumnType { path: PathBuf, table: String, column: String, what: String },

@@ -18,7 +18,7 @@
 use std::ops::Range;
 use std::path::Path;
 
-use crate::inputs::error::InputError;
+use crate::inputs::error::{Hdf5Error, InputError};
 pub use crate::inputs::features::GENE_EXPRESSION;
 use crate::inputs::features::{kept_columns, picked, tally};
 use crate::inputs::h5ad::{read_strings, read_strings_range, H5adFile, Layout, MatrixReader};
@@ -96,14 +96,14 @@ impl TenxSource {
             }
             (group, false)
         };
-        let g = h5.group(&group).map_err(|e| file.invalid(&group, e.to_string()))?;
+        let g = h5.group(&group).map_err(|e| file.read_failed(&group, Hdf5Error::new(e)))?;
         let shape_object = format!("{group}/shape");
-        let shape_ds = g.dataset("shape").map_err(|e| file.invalid(&shape_object, first_line(&e.to_string())))?;
+        let shape_ds = g.dataset("shape").map_err(|e| file.read_failed(&shape_object, Hdf5Error::first_line(e)))?;
         if shape_ds.size() > 16 {
             return Err(file.invalid(&shape_object, format!("has {} entries, not two sizes", shape_ds.size())));
         }
         let shape: Vec<i64> =
-            shape_ds.read_raw::<i64>().map_err(|e| file.invalid(&shape_object, first_line(&e.to_string())))?;
+            shape_ds.read_raw::<i64>().map_err(|e| file.read_failed(&shape_object, Hdf5Error::first_line(e)))?;
         let [n_features, n_barcodes] = shape[..] else {
             return Err(file.invalid(&shape_object, format!("{shape:?} is not two sizes")));
         };
@@ -118,7 +118,7 @@ impl TenxSource {
         let strings = |object: &str| -> Result<Vec<String>, InputError> {
             let path = format!("{group}/{object}");
             let ds = h5.dataset(&path).map_err(|_| file.invalid(&path, "missing"))?;
-            let values = read_strings(&ds).map_err(|e| file.invalid(&path, e))?;
+            let values = read_strings(&ds).map_err(|e| file.read_failed(&path, e))?;
             if values.len() as i64 != n_features {
                 return Err(file.invalid(
                     &path,
@@ -200,10 +200,6 @@ fn join(values: &[&String]) -> String {
     values.iter().map(|v| format!("{v:?}")).collect::<Vec<_>>().join(", ")
 }
 
-fn first_line(s: &str) -> String {
-    s.lines().next().unwrap_or("").to_string()
-}
-
 /// The barcodes, read by ranges: obs, with no columns.
 struct Barcodes<'f> {
     file: &'f H5adFile,
@@ -230,9 +226,9 @@ impl Table for Barcodes<'_> {
         match rows {
             None => read_strings(&ds),
             Some(r) if r.end <= ds.size() => read_strings_range(&ds, r),
-            Some(r) => Err(format!("rows {r:?} outside 0..{}", ds.size())),
+            Some(r) => Err(format!("rows {r:?} outside 0..{}", ds.size()).into()),
         }
-        .map_err(|e| self.file.with_read_failure(self.file.invalid(&self.object, e)))
+        .map_err(|e| self.file.with_read_failure(self.file.read_failed(&self.object, e)))
     }
 
     fn columns(&self) -> Result<Vec<String>, InputError> {

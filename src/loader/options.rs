@@ -72,8 +72,8 @@ pub enum LoaderError {
     Internal(String),
     /// A dataset of a collection could not be opened, or changed since the
     /// collection was made (the message names it).
-    #[error("{0}")]
-    Member(String),
+    #[error(transparent)]
+    Member(Box<crate::collection::CollectionError>),
 }
 
 impl From<OutputError> for LoaderError {

@@ -8,8 +8,9 @@ use bytes::Bytes;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
 
+use crate::causes::Whole;
 use crate::dataset::DatasetError;
-use crate::format::obs_schema::{ObsKind, ObsSchema};
+use crate::format::obs_schema::{ObsKind, ObsSchema, ObsSchemaError};
 use crate::format::var_table::pandas_index_columns;
 use crate::storage::Storage;
 
@@ -61,7 +62,10 @@ pub fn read_schema(storage: &dyn Storage) -> Result<StoredSchema, DatasetError> 
     })?;
     let text = String::from_utf8(bytes.to_vec())
         .map_err(|e| DatasetError::Invalid { location: location.clone(), message: format!("not UTF-8: {e}") })?;
-    let schema = ObsSchema::parse(text.as_bytes()).map_err(|message| DatasetError::Invalid { location, message })?;
+    let schema = ObsSchema::parse(text.as_bytes()).map_err(|e| match e {
+        ObsSchemaError::Rule(message) => DatasetError::Invalid { location, message },
+        e => DatasetError::Unreadable { location, source: Box::new(e) },
+    })?;
     Ok(StoredSchema { text, schema })
 }
 
@@ -197,10 +201,15 @@ pub(crate) fn row_groups(bytes: Bytes) -> Result<Vec<arrow_array::RecordBatch>, 
     Ok(out)
 }
 
+/// A Parquet file whose footer the parquet crate could not read (its error,
+/// kept whole: its text can hold its own cause's).
+#[derive(Debug, thiserror::Error)]
+#[error("not a readable Parquet file")]
+pub struct UnreadableParquet(#[source] pub Whole<parquet::errors::ParquetError>);
+
 /// The number of rows of a Parquet file, from its footer.
-pub(crate) fn parquet_rows(bytes: Bytes) -> Result<u64, String> {
-    let builder =
-        ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| format!("not a readable Parquet file: {e}"))?;
+pub(crate) fn parquet_rows(bytes: Bytes) -> Result<u64, UnreadableParquet> {
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| UnreadableParquet(Whole(e)))?;
     Ok(builder.metadata().file_metadata().num_rows() as u64)
 }
 
@@ -209,9 +218,8 @@ pub(crate) fn parquet_rows(bytes: Bytes) -> Result<u64, String> {
 pub type ParquetColumns = (Vec<(String, String)>, Vec<String>);
 
 /// The columns of a Parquet file, from its footer.
-pub(crate) fn parquet_columns(bytes: Bytes) -> Result<ParquetColumns, String> {
-    let builder =
-        ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| format!("not a readable Parquet file: {e}"))?;
+pub(crate) fn parquet_columns(bytes: Bytes) -> Result<ParquetColumns, UnreadableParquet> {
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| UnreadableParquet(Whole(e)))?;
     let schema = builder.schema();
     let columns = schema
         .fields()

@@ -196,7 +196,17 @@ pub(super) fn request_failure(
 ) -> Option<RequestFailure> {
     use object_store::client::{HttpError, HttpErrorKind};
     use object_store::Error as E;
-    let code = || error_code(&crate::error_chain(e));
+    // (object_store keeps the response's body, where S3 names its code, only
+    // in the text of a cause: each cause's own text is searched)
+    let code = || {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+        std::iter::from_fn(|| {
+            let c = cause?;
+            cause = c.source();
+            Some(c)
+        })
+        .find_map(|c| error_code(&c.to_string()))
+    };
     match e {
         E::NotFound { .. } => return Some(RequestFailure::NotFound { kind }),
         E::PermissionDenied { .. } => return Some(RequestFailure::Denied { kind, status: 403, code: code() }),

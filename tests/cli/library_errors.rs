@@ -36,7 +36,7 @@ fn each_failure_of_a_conversion_has_its_own_variant() {
 
     std::fs::write(dir.join("not.h5ad"), b"not HDF5").unwrap();
     let e = convert::convert(&[dir.join("not.h5ad")], out.as_ref(), &options, &NoProgress).unwrap_err();
-    assert!(matches!(&e, ConvertError::Input(InputError::Open { .. })), "{e:?}");
+    assert!(matches!(&e, ConvertError::Input(InputError::OpenFailed { .. })), "{e:?}");
     assert!(e.to_string().contains("not.h5ad"), "{e}");
     assert!(e.part().is_some_and(|p| p.is::<InputError>()));
 

@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use hdf5_sys::h5::{haddr_t, herr_t, hsize_t};
 use hdf5_sys::h5i::hid_t;
 
-use crate::inputs::remote::{RangedFile, ReadOf};
+use crate::inputs::error::{Cause, Hdf5Error};
+use crate::inputs::remote::{Failure, RangedFile, ReadOf};
 
 /// `H5L_info2_t`, with its union as plain bytes (the crate keeps the token private).
 #[repr(C)]
@@ -284,11 +285,12 @@ unsafe extern "C" fn driver_read(
     match result {
         Ok(Ok(())) => 0,
         Ok(Err(e)) => {
-            file.failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+            file.failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(Failure(Arc::new(e)));
             -1
         }
         Err(_) => {
-            file.failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert("a read panicked".into());
+            let panicked: Cause = "a read panicked".into();
+            file.failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(Failure(Arc::from(panicked)));
             -1
         }
     }
@@ -306,7 +308,7 @@ unsafe extern "C" fn driver_write(
 }
 
 /// The driver's id, registered once.
-fn driver_id() -> Result<hid_t, String> {
+fn driver_id() -> Result<hid_t, Cause> {
     static ID: OnceLock<hid_t> = OnceLock::new();
     let id = *ID.get_or_init(|| {
         hdf5::sync::sync(|| {
@@ -321,10 +323,11 @@ fn driver_id() -> Result<hid_t, String> {
 }
 
 /// Opens the HDF5 file at `url` read-only, through the ranged-read driver.
-pub(crate) fn open_hdf5(url: &str, file: &Arc<RangedFile>) -> Result<hdf5::File, String> {
+/// The error is HDF5's, or the store's when a read under HDF5 failed.
+pub(crate) fn open_hdf5(url: &str, file: &Arc<RangedFile>) -> Result<hdf5::File, Cause> {
     let driver = driver_id()?;
     // The name is for HDF5's own messages only (the driver reads `file`).
-    let name = CString::new(crate::redact::redact(url).into_owned()).map_err(|_| "a NUL in the URL".to_string())?;
+    let name = CString::new(crate::redact::redact(url).into_owned()).map_err(|_| Cause::from("a NUL in the URL"))?;
     let id = hdf5::sync::sync(|| {
         *OPENING.lock().unwrap_or_else(|e| e.into_inner()) = Some(file.clone());
         // SAFETY: plain HDF5 calls on a property list this function owns.
@@ -343,8 +346,11 @@ pub(crate) fn open_hdf5(url: &str, file: &Arc<RangedFile>) -> Result<hdf5::File,
         id
     });
     if id < 0 {
-        return Err(file.failure().unwrap_or_else(|| "not an HDF5 file, or truncated".into()));
+        return Err(match file.failure() {
+            Some(failure) => Box::new(failure),
+            None => "not an HDF5 file, or truncated".into(),
+        });
     }
     // SAFETY: `id` is a file id H5Fopen just returned, owned by nothing else.
-    unsafe { hdf5::from_id::<hdf5::File>(id) }.map_err(|e| e.to_string())
+    unsafe { hdf5::from_id::<hdf5::File>(id) }.map_err(|e| Box::new(Hdf5Error::new(e)) as Cause)
 }

@@ -12,6 +12,7 @@ use hdf5::types::{FloatSize, IntSize, TypeDescriptor};
 
 use super::{check_filters, read_string_attr, read_strings, read_strings_range, H5adError, H5adFile};
 use crate::inputs::table::{Categories, FrameColumn};
+use crate::inputs::{Cause, Hdf5Error};
 
 /// Rows to read: all of them, or a range.
 type Rows<'a> = Option<&'a Range<usize>>;
@@ -23,7 +24,7 @@ fn read_vec<T: hdf5::H5Type + Clone>(ds: &hdf5::Dataset, rows: Rows<'_>) -> hdf5
     }
 }
 
-fn read_string_vec(ds: &hdf5::Dataset, rows: Rows<'_>) -> Result<Vec<String>, String> {
+fn read_string_vec(ds: &hdf5::Dataset, rows: Rows<'_>) -> Result<Vec<String>, Cause> {
     match rows {
         None => read_strings(ds),
         Some(r) => read_strings_range(ds, r.clone()),
@@ -53,8 +54,8 @@ fn read_numeric(
     mask: Option<&[bool]>,
     rows: Rows<'_>,
 ) -> Result<ArrayRef, H5adError> {
-    let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.invalid(object, e.to_string()))?;
-    let err = |e: hdf5::Error| file.invalid(object, e.to_string());
+    let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.read_failed(object, Hdf5Error::new(e)))?;
+    let err = |e: hdf5::Error| file.read_failed(object, Hdf5Error::new(e));
     macro_rules! nullable {
         ($t:ty, $array:ty) => {{
             let v = read_vec::<$t>(ds, rows).map_err(err)?;
@@ -91,19 +92,19 @@ fn read_numeric(
 }
 
 fn read_bools(file: &H5adFile, object: &str, ds: &hdf5::Dataset, rows: Rows<'_>) -> Result<Vec<bool>, H5adError> {
-    read_vec::<bool>(ds, rows).map_err(|e| file.invalid(object, e.to_string()))
+    read_vec::<bool>(ds, rows).map_err(|e| file.read_failed(object, Hdf5Error::new(e)))
 }
 
 fn read_categories(file: &H5adFile, object: &str, ds: &hdf5::Dataset) -> Result<Categories, H5adError> {
-    let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.invalid(object, e.to_string()))?;
-    let err = |e: hdf5::Error| file.invalid(object, e.to_string());
+    let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.read_failed(object, Hdf5Error::new(e)))?;
+    let err = |e: hdf5::Error| file.read_failed(object, Hdf5Error::new(e));
     Ok(match desc {
         TypeDescriptor::Integer(_) | TypeDescriptor::Unsigned(_) => {
             Categories::Ints(ds.read_raw::<i64>().map_err(err)?)
         }
         TypeDescriptor::Float(_) => Categories::Floats(ds.read_raw::<f64>().map_err(err)?),
         TypeDescriptor::Boolean => Categories::Bools(read_bools(file, object, ds, None)?),
-        _ => Categories::Strings(read_strings(ds).map_err(|e| file.invalid(object, e))?),
+        _ => Categories::Strings(read_strings(ds).map_err(|e| file.read_failed(object, e))?),
     })
 }
 
@@ -114,7 +115,7 @@ fn read_codes(
     n_categories: usize,
     rows: Rows<'_>,
 ) -> Result<Vec<i32>, H5adError> {
-    let codes = read_vec::<i64>(ds, rows).map_err(|e| file.invalid(object, e.to_string()))?;
+    let codes = read_vec::<i64>(ds, rows).map_err(|e| file.read_failed(object, Hdf5Error::new(e)))?;
     codes
         .iter()
         .enumerate()
@@ -142,7 +143,7 @@ pub fn read_column(
     let object = format!("{group_name}/{name}");
     let group = file.file().group(group_name).map_err(|_| file.invalid(group_name, "missing"))?;
     if let Ok(sub) = group.group(name) {
-        let encoding = read_string_attr(&sub, "encoding-type").map_err(|e| file.invalid(&object, e))?;
+        let encoding = read_string_attr(&sub, "encoding-type").map_err(|e| file.read_failed(&object, e))?;
         let member = |m: &str| {
             let member_object = format!("{object}/{m}");
             let ds = sub.dataset(m).map_err(|_| file.invalid(&member_object, "missing"))?;
@@ -183,7 +184,7 @@ pub fn read_column(
             Some("nullable-string-array") => {
                 let m = mask(&format!("{object}/mask"))?;
                 let v = read_string_vec(&member("values")?, rows)
-                    .map_err(|e| file.invalid(&format!("{object}/values"), e))?;
+                    .map_err(|e| file.read_failed(&format!("{object}/values"), e))?;
                 Ok(FrameColumn::String(v.into_iter().zip(&m).map(|(v, &missing)| (!missing).then_some(v)).collect()))
             }
             other => Err(unsupported_type(file, &object, format!("encoding-type {}", other.unwrap_or("(none)")))),
@@ -206,7 +207,7 @@ pub fn read_column(
         let codes = read_codes(file, &object, &ds, n, rows)?;
         return Ok(FrameColumn::Category { codes, categories, ordered: false });
     }
-    let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.invalid(&object, e.to_string()))?;
+    let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.read_failed(&object, Hdf5Error::new(e)))?;
     match desc {
         TypeDescriptor::Boolean => {
             Ok(FrameColumn::Bool(read_bools(file, &object, &ds, rows)?.into_iter().map(Some).collect()))
@@ -215,7 +216,7 @@ pub fn read_column(
         | TypeDescriptor::VarLenAscii
         | TypeDescriptor::FixedAscii(_)
         | TypeDescriptor::FixedUnicode(_) => Ok(FrameColumn::String(
-            read_string_vec(&ds, rows).map_err(|e| file.invalid(&object, e))?.into_iter().map(Some).collect(),
+            read_string_vec(&ds, rows).map_err(|e| file.read_failed(&object, e))?.into_iter().map(Some).collect(),
         )),
         _ => Ok(FrameColumn::Numeric(read_numeric(file, &object, &ds, None, rows)?)),
     }
@@ -270,14 +271,14 @@ pub fn column_names(file: &H5adFile, group_name: &str) -> Result<Vec<String>, H5
     let group = file.file().group(group_name).map_err(|_| file.invalid(group_name, "missing"))?;
     let mut names: Vec<String> = match group.attr("column-order") {
         Ok(attr) if attr.size() > 0 => {
-            let as_strings: Result<Vec<String>, String> = (|| {
-                let desc = attr.dtype().and_then(|t| t.to_descriptor()).map_err(|e| e.to_string())?;
+            let as_strings: Result<Vec<String>, Cause> = (|| {
+                let desc = attr.dtype().and_then(|t| t.to_descriptor()).map_err(super::strings::hdf5_cause)?;
                 match desc {
                     TypeDescriptor::Float(_) => Ok(Vec::new()),
                     _ => super::strings::read_attr_strings(&attr),
                 }
             })();
-            as_strings.map_err(|e| file.invalid(&format!("{group_name}/@column-order"), e))?
+            as_strings.map_err(|e| file.read_failed(&format!("{group_name}/@column-order"), e))?
         }
         _ => Vec::new(),
     };

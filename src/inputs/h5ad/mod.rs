@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use hdf5::types::{FloatSize, IntSize, TypeDescriptor};
 
 use super::remote;
-use crate::inputs::error::InputError as H5adError;
+use crate::inputs::error::{Cause, Hdf5Error, InputError as H5adError};
 use crate::inputs::rows::{checked_indices, checked_indptr, made_once, shape_problem, unbacked, RawRows};
 
 pub(crate) use strings::{read_string_attr, read_strings, read_strings_range};
@@ -56,8 +56,18 @@ pub struct MatrixReader {
     csc_as_csr: std::sync::OnceLock<RawRows>,
 }
 
-fn h5err(e: hdf5::Error) -> String {
-    e.to_string()
+/// An HDF5 error, its first line.
+fn h5err(e: hdf5::Error) -> Hdf5Error {
+    Hdf5Error::first_line(e)
+}
+
+/// Why HDF5 could not open a file, as the cause of not opening it.
+fn not_hdf5(path: &Path, e: hdf5::Error) -> H5adError {
+    H5adError::OpenFailed {
+        format: "HDF5",
+        path: path.to_path_buf(),
+        source: Box::new(h5err(e).hint("not an HDF5 file, or truncated")),
+    }
 }
 
 impl H5adFile {
@@ -71,20 +81,16 @@ impl H5adFile {
         if remote::is_url(path) {
             let url = path.to_string_lossy();
             if let Some(local) = remote::downloaded(&url, options)? {
-                let file = hdf5::File::open(&local).map_err(|e| H5adError::Open {
-                    format: "HDF5",
-                    path: path.to_path_buf(),
-                    message: format!("{} (not an HDF5 file, or truncated)", first_line(&h5err(e))),
-                })?;
+                let file = hdf5::File::open(&local).map_err(|e| not_hdf5(path, e))?;
                 return Ok(H5adFile { path: path.to_path_buf(), file, ranged: None });
             }
             // The store's failures are its own (refused, denied, not there);
             // only what HDF5 makes of the bytes is the format's.
             let ranged = remote::RangedFile::open(&url, &options.store, options.block_cache)?;
-            let file = driver::open_hdf5(&url, &ranged).map_err(|message| H5adError::Open {
+            let file = driver::open_hdf5(&url, &ranged).map_err(|source| H5adError::OpenFailed {
                 format: "HDF5",
                 path: path.to_path_buf(),
-                message,
+                source,
             })?;
             return Ok(H5adFile { path: path.to_path_buf(), file, ranged: Some(ranged) });
         }
@@ -92,11 +98,7 @@ impl H5adFile {
             let message = if path.exists() { "not a file" } else { "no such file" };
             return Err(H5adError::Open { path: path.to_path_buf(), format: "HDF5", message: message.into() });
         }
-        let file = hdf5::File::open(path).map_err(|e| H5adError::Open {
-            format: "HDF5",
-            path: path.to_path_buf(),
-            message: format!("{} (not an HDF5 file, or truncated)", first_line(&h5err(e))),
-        })?;
+        let file = hdf5::File::open(path).map_err(|e| not_hdf5(path, e))?;
         Ok(H5adFile { path: path.to_path_buf(), file, ranged: None })
     }
 
@@ -107,7 +109,26 @@ impl H5adFile {
             (Some(cause), H5adError::Invalid { path, object, message }) => H5adError::Invalid {
                 path,
                 object,
-                message: format!("{} (reading the object failed: {cause})", first_line(&message)),
+                message: format!(
+                    "{} (reading the object failed: {})",
+                    first_line(&message),
+                    crate::error_chain(&cause)
+                ),
+            },
+            (Some(cause), H5adError::Read { path, object, source }) => H5adError::Read {
+                path,
+                object,
+                source: match source.downcast::<Hdf5Error>() {
+                    Ok(h) => Box::new(h.failed_read(crate::error_chain(&cause))),
+                    // (a rule broken, or an attribute's context: as text, as
+                    // the HDF5 error's first line is)
+                    Err(source) => format!(
+                        "{} (reading the object failed: {})",
+                        first_line(&crate::error_chain(source.as_ref())),
+                        crate::error_chain(&cause)
+                    )
+                    .into(),
+                },
             },
             (_, e) => e,
         }
@@ -142,6 +163,11 @@ impl H5adFile {
 
     pub(crate) fn unsupported(&self, object: &str, message: impl Into<String>) -> H5adError {
         H5adError::Unsupported { path: self.path.clone(), object: object.to_string(), message: message.into() }
+    }
+
+    /// `object` could not be read: `source` says why.
+    pub(crate) fn read_failed(&self, object: &str, source: impl Into<Cause>) -> H5adError {
+        H5adError::Read { path: self.path.clone(), object: object.to_string(), source: source.into() }
     }
 
     /// Whether an object exists at `name` (a path like `raw/X`).
@@ -192,9 +218,9 @@ impl H5adFile {
                 csc_as_csr: std::sync::OnceLock::new(),
             });
         }
-        let group = self.file.group(name).map_err(|e| self.invalid(name, h5err(e)))?;
-        let encoding = read_string_attr(&group, "encoding-type").map_err(|e| self.invalid(name, e))?;
-        let legacy = read_string_attr(&group, "h5sparse_format").map_err(|e| self.invalid(name, e))?;
+        let group = self.file.group(name).map_err(|e| self.read_failed(name, Hdf5Error::new(e)))?;
+        let encoding = read_string_attr(&group, "encoding-type").map_err(|e| self.read_failed(name, e))?;
+        let legacy = read_string_attr(&group, "h5sparse_format").map_err(|e| self.read_failed(name, e))?;
         let layout = match (encoding.as_deref(), legacy.as_deref()) {
             (Some("csr_matrix"), _) | (None, Some("csr")) => Layout::Csr,
             (Some("csc_matrix"), _) | (None, Some("csc")) => Layout::Csc,
@@ -213,7 +239,7 @@ impl H5adFile {
         let shape: Vec<i64> = group
             .attr(shape_attr)
             .and_then(|a| a.read_raw::<i64>())
-            .map_err(|e| self.invalid(&format!("{name}/@shape"), first_line(&h5err(e))))?;
+            .map_err(|e| self.read_failed(&format!("{name}/@shape"), h5err(e)))?;
         let [n_rows, n_cols] = shape[..] else {
             return Err(self.invalid(&format!("{name}/@shape"), format!("{shape:?} is not two dimensions")));
         };
@@ -332,7 +358,7 @@ impl H5adFile {
     pub fn index_dataset(&self, group_name: &str) -> Result<(String, hdf5::Dataset), H5adError> {
         let group = self.dataframe_group(group_name)?;
         let index = read_string_attr(&group, "_index")
-            .map_err(|e| self.invalid(group_name, e))?
+            .map_err(|e| self.read_failed(group_name, e))?
             .unwrap_or_else(|| "_index".into());
         let object = format!("{group_name}/{index}");
         let ds = group.dataset(&index).map_err(|_| self.invalid(&object, "the index column is missing"))?;
@@ -349,12 +375,12 @@ impl H5adFile {
         let object = format!("{group_name}/{index}");
         let categories_object = format!("{group_name}/__categories/{index}");
         if let Ok(categories) = self.file.dataset(&categories_object) {
-            let names = read_strings(&categories).map_err(|e| self.invalid(&categories_object, e))?;
+            let names = read_strings(&categories).map_err(|e| self.read_failed(&categories_object, e))?;
             let codes: Vec<i64> = match &rows {
                 None => ds.read_raw::<i64>(),
                 Some(r) => ds.read_slice_1d::<i64, _>(r.clone()).map(|a| a.to_vec()),
             }
-            .map_err(|e| self.invalid(&object, first_line(&h5err(e))))?;
+            .map_err(|e| self.read_failed(&object, h5err(e)))?;
             let first = rows.as_ref().map_or(0, |r| r.start);
             return codes
                 .iter()
@@ -373,7 +399,7 @@ impl H5adFile {
             None => read_strings(&ds),
             Some(r) => read_strings_range(&ds, r),
         }
-        .map_err(|e| self.invalid(&object, e))
+        .map_err(|e| self.read_failed(&object, e))
     }
 
     /// The index (names) of a dataframe group such as `obs` or `var`.
@@ -436,8 +462,11 @@ pub(crate) fn check_filters(file: &H5adFile, object: &str, ds: &hdf5::Dataset) -
 
 fn check_numeric(file: &H5adFile, object: &str, ds: &hdf5::Dataset) -> Result<(), H5adError> {
     check_filters(file, object, ds)?;
-    let desc =
-        ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| file.unsupported(object, first_line(&h5err(e))))?;
+    let desc = ds.dtype().and_then(|t| t.to_descriptor()).map_err(|e| H5adError::UnsupportedBy {
+        path: file.path.clone(),
+        object: object.to_string(),
+        source: Box::new(h5err(e)),
+    })?;
     match desc {
         TypeDescriptor::Integer(_) | TypeDescriptor::Unsigned(_) | TypeDescriptor::Float(_) => Ok(()),
         TypeDescriptor::Boolean => Ok(()),
@@ -448,6 +477,10 @@ fn check_numeric(file: &H5adFile, object: &str, ds: &hdf5::Dataset) -> Result<()
 impl MatrixReader {
     fn invalid(&self, object: &str, message: impl Into<String>) -> H5adError {
         H5adError::Invalid { path: self.path.clone(), object: object.to_string(), message: message.into() }
+    }
+
+    fn read_failed(&self, object: &str, source: hdf5::Error) -> H5adError {
+        H5adError::Read { path: self.path.clone(), object: object.to_string(), source: Box::new(h5err(source)) }
     }
 
     pub fn name(&self) -> &str {
@@ -520,7 +553,7 @@ impl MatrixReader {
         let object = self.object("indptr");
         let raw: Vec<i64> = self.datasets[2]
             .read_slice_1d::<i64, _>(range.start as usize..range.end as usize + 1)
-            .map_err(|e| self.invalid(&object, first_line(&h5err(e))))?
+            .map_err(|e| self.read_failed(&object, e))?
             .to_vec();
         checked_indptr(raw, range.start, self.datasets[0].size() as i64)
             .map_err(|(at, message)| self.invalid(&format!("{object}[{at}]"), message))
@@ -529,7 +562,7 @@ impl MatrixReader {
     fn read_entries(&self, range: Range<u64>, minor: u64) -> Result<(Vec<u32>, Vec<f64>), H5adError> {
         let (a, b) = (range.start as usize, range.end as usize);
         let object = self.object("indices");
-        let failed = |e: hdf5::Error| self.invalid(&object, first_line(&h5err(e)));
+        let failed = |e: hdf5::Error| self.read_failed(&object, e);
         // Read in the type the file stores where it is a common one, so that
         // HDF5 copies instead of converting each element (most of a
         // conversion's reading time when it asked for i64 and f64).
@@ -545,7 +578,7 @@ impl MatrixReader {
         }
         .map_err(|(at, message)| self.invalid(&format!("{object}[{at}]"), message))?;
         let data = &self.datasets[0];
-        let failed = |e: hdf5::Error| self.invalid(&self.object("data"), first_line(&h5err(e)));
+        let failed = |e: hdf5::Error| self.read_failed(&self.object("data"), e);
         let values: Vec<f64> = match stored_type(data) {
             Some(TypeDescriptor::Float(FloatSize::U4)) => {
                 data.read_slice_1d::<f32, _>(a..b).map_err(failed)?.iter().map(|&v| f64::from(v)).collect()
@@ -571,7 +604,7 @@ impl MatrixReader {
     fn read_dense_rows(&self, rows: Range<u64>) -> Result<RawRows, H5adError> {
         let block = self.datasets[0]
             .read_slice_2d::<f64, _>((rows.start as usize..rows.end as usize, ..))
-            .map_err(|e| self.invalid(&self.name, first_line(&h5err(e))))?;
+            .map_err(|e| self.read_failed(&self.name, e))?;
         Ok(RawRows::from_dense_rows(block.rows().into_iter()))
     }
 

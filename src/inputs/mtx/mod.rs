@@ -54,7 +54,11 @@ pub fn matrix_file(dir: &Path) -> Result<PathBuf, InputError> {
             return Ok(dir.join(name));
         }
     }
-    let listing = std::fs::read_dir(dir).map_err(|e| error(e.to_string()))?;
+    let listing = std::fs::read_dir(dir).map_err(|e| InputError::OpenFailed {
+        path: dir.to_path_buf(),
+        format: "Matrix Market",
+        source: Box::new(e),
+    })?;
     let mut found: Vec<PathBuf> = listing
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
@@ -130,10 +134,21 @@ impl MtxSource {
         let invalid =
             |object: String, message: String| InputError::Invalid { path: path.to_path_buf(), object, message };
 
-        let features = read_tsv(&features_file, remote).map_err(|(line, m)| invalid(at(&features_file, line), m))?;
-        let barcodes = read_tsv(&barcodes_file, remote).map_err(|(line, m)| invalid(at(&barcodes_file, line), m))?;
-        let header = read_header(&mut matrix.open(remote).map_err(open_error)?)
-            .map_err(|(line, m)| invalid(at(&matrix, line), m))?;
+        let opened = |place: &Place| {
+            place.open(remote).map_err(|source| InputError::Read {
+                path: path.to_path_buf(),
+                object: at(place, 0),
+                source,
+            })
+        };
+        let features = read_tsv(opened(&features_file)?).map_err(|(line, m)| invalid(at(&features_file, line), m))?;
+        let barcodes = read_tsv(opened(&barcodes_file)?).map_err(|(line, m)| invalid(at(&barcodes_file, line), m))?;
+        let header = read_header(&mut matrix.open(remote).map_err(|source| InputError::OpenFailed {
+            path: path.to_path_buf(),
+            format: "Matrix Market",
+            source,
+        })?)
+        .map_err(|(line, m)| invalid(at(&matrix, line), m))?;
         let (n_features, n_barcodes) = (features.len() as u64, barcodes.len() as u64);
         let sizes = format!(
             "{} x {} (header), {n_features} features in {}, {n_barcodes} barcodes in {}",
@@ -225,7 +240,11 @@ impl MtxSource {
         }
         let invalid =
             |object: String, message: String| InputError::Invalid { path: self.path.clone(), object, message };
-        let version = self.matrix.version(&self.remote).map_err(|m| invalid(self.matrix.name(), m))?;
+        let version = self.matrix.version(&self.remote).map_err(|source| InputError::Read {
+            path: self.path.clone(),
+            object: self.matrix.name(),
+            source,
+        })?;
         let key = (self.matrix.clone(), version, self.orientation == Orientation::GenesByCells);
         let kept = {
             let kept = PARSED.lock().unwrap_or_else(|e| e.into_inner());
@@ -234,7 +253,11 @@ impl MtxSource {
         let parsed = match kept {
             Some(p) => p,
             None => {
-                let stream = self.matrix.open(&self.remote).map_err(|m| invalid(self.matrix.name(), m))?;
+                let stream = self.matrix.open(&self.remote).map_err(|source| InputError::Read {
+                    path: self.path.clone(),
+                    object: self.matrix.name(),
+                    source,
+                })?;
                 let p = Arc::new(
                     parse(stream, self.header, self.orientation, self.n_rows(), RUN_ENTRIES)
                         .map_err(|(line, m)| invalid(at(&self.matrix, line), m))?,
@@ -298,10 +321,10 @@ impl InputSource for MtxSource {
         let parsed = self.parsed()?;
         let (lo, hi) = (parsed.indptr[rows.start as usize], parsed.indptr[rows.end as usize]);
         let mut bytes = vec![0u8; (hi - lo) as usize * ENTRY_BYTES];
-        parsed.file.read_exact_at(&mut bytes, lo * ENTRY_BYTES as u64).map_err(|e| InputError::Invalid {
+        parsed.file.read_exact_at(&mut bytes, lo * ENTRY_BYTES as u64).map_err(|e| InputError::Read {
             path: self.path.clone(),
             object: self.matrix_name().into(),
-            message: format!("cannot read the temporary file of sorted entries: {e}"),
+            source: Box::new(crate::inputs::Context::new("cannot read the temporary file of sorted entries", e)),
         })?;
         let mut out =
             RawRows { indptr: Vec::with_capacity((rows.end - rows.start) as usize + 1), ..Default::default() };

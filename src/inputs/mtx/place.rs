@@ -5,7 +5,9 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::inputs::error::Cause;
 use crate::inputs::remote::{self, RangedFile, ReadOf, RemoteOptions};
+use crate::storage::StorageError;
 
 /// A file of an input: a local path or an object at a URL.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,31 +42,31 @@ impl Place {
 
     /// What identifies this version of the file: its size and modification
     /// time, or its size and entity tag.
-    pub(super) fn version(&self, remote: &RemoteOptions) -> Result<String, String> {
+    pub(super) fn version(&self, remote: &RemoteOptions) -> Result<String, Cause> {
         match self {
             Place::File(p) => {
-                let m = std::fs::metadata(p).map_err(|e| e.to_string())?;
+                let m = std::fs::metadata(p)?;
                 let modified = m.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
                 Ok(format!("{} {:?}", m.len(), modified))
             }
             Place::Url(u) => {
-                let v = remote::object_version(u, &remote.store).map_err(|e| crate::error_chain(&e))?;
+                let v = remote::object_version(u, &remote.store)?;
                 Ok(format!("{} {:?}", v.size, v.etag))
             }
         }
     }
 
     /// Its bytes, as a stream (decompressed when they are gzip).
-    pub(super) fn open(&self, remote: &RemoteOptions) -> Result<Box<dyn BufRead + Send>, String> {
+    pub(super) fn open(&self, remote: &RemoteOptions) -> Result<Box<dyn BufRead + Send>, Cause> {
         let raw: Box<dyn Read + Send> = match self {
-            Place::File(p) => Box::new(std::fs::File::open(p).map_err(|e| e.to_string())?),
-            Place::Url(u) => match remote::downloaded(u, remote).map_err(|e| crate::error_chain(&e))? {
-                Some(local) => Box::new(std::fs::File::open(local).map_err(|e| e.to_string())?),
+            Place::File(p) => Box::new(std::fs::File::open(p)?),
+            Place::Url(u) => match remote::downloaded(u, remote)? {
+                Some(local) => Box::new(std::fs::File::open(local)?),
                 None => Box::new(UrlReader::open(u, remote)?),
             },
         };
         let mut buffered = BufReader::with_capacity(1 << 20, raw);
-        let head = buffered.fill_buf().map_err(|e| e.to_string())?;
+        let head = buffered.fill_buf()?;
         if head.starts_with(&[0x1f, 0x8b]) {
             Ok(Box::new(BufReader::with_capacity(1 << 20, flate2::bufread::MultiGzDecoder::new(buffered))))
         } else {
@@ -80,8 +82,8 @@ struct UrlReader {
 }
 
 impl UrlReader {
-    pub(super) fn open(url: &str, remote: &RemoteOptions) -> Result<UrlReader, String> {
-        let file = RangedFile::open(url, &remote.store, remote.block_cache).map_err(|e| crate::error_chain(&e))?;
+    pub(super) fn open(url: &str, remote: &RemoteOptions) -> Result<UrlReader, StorageError> {
+        let file = RangedFile::open(url, &remote.store, remote.block_cache)?;
         file.set_extents(std::slice::from_ref(&(0..file.size())));
         remote::prefetch_whole(&file, &[0]);
         Ok(UrlReader { file, at: 0 })
@@ -131,9 +133,9 @@ pub(super) fn read_line(stream: &mut dyn BufRead, line: &mut Vec<u8>) -> Result<
     Ok(n)
 }
 
-/// The lines of a tab-separated text file, each split into its fields.
-pub(super) fn read_tsv(place: &Place, remote: &RemoteOptions) -> Result<Vec<Vec<String>>, LineError> {
-    let mut stream = place.open(remote).map_err(|m| (0, m))?;
+/// The lines of a tab-separated text file (`stream`, as [`Place::open`]
+/// gives it), each split into its fields.
+pub(super) fn read_tsv(mut stream: Box<dyn BufRead + Send>) -> Result<Vec<Vec<String>>, LineError> {
     let mut rows = Vec::new();
     let mut line = Vec::new();
     for n in 1u64.. {

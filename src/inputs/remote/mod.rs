@@ -16,9 +16,9 @@ mod tests;
 
 pub use cache::{BlockCacheOptions, BLOCK};
 pub use prefetch::prefetch_whole;
-pub(crate) use ranged::ReadOf;
 pub use ranged::{input_stats, object_version, RangedFile};
 use ranged::{open_all, sized_object};
+pub(crate) use ranged::{Failure, ReadOf};
 
 use crate::storage::{self, StorageError, StoreOptions};
 

@@ -95,6 +95,23 @@ pub(crate) enum ReadOf {
 /// Reads of HDF5 metadata waiting for blocks they fetch themselves.
 pub(super) static WAITING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// Why a read through the HDF5 driver failed, kept for the error HDF5's own
+/// leaves out: the store's error, or a read that panicked.
+#[derive(Clone, Debug)]
+pub(crate) struct Failure(pub(crate) Arc<dyn std::error::Error + Send + Sync>);
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for Failure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
 /// One object read by ranges, with its block cache.
 pub struct RangedFile {
     storage: Arc<dyn Storage>,
@@ -106,7 +123,7 @@ pub struct RangedFile {
     pub(super) arrived: Condvar,
     /// The first failure of a read, for the error message (HDF5 reports only
     /// that a read failed).
-    pub(crate) failure: Mutex<Option<String>>,
+    pub(crate) failure: Mutex<Option<Failure>>,
     /// Whether the object was given to the prefetcher ([`prefetch_whole`](super::prefetch_whole)).
     pub(super) prefetching: std::sync::atomic::AtomicBool,
     /// The budgets of the conversion that opened it.
@@ -203,7 +220,7 @@ impl RangedFile {
     }
 
     /// Why the last read failed, if one did.
-    pub(crate) fn failure(&self) -> Option<String> {
+    pub(crate) fn failure(&self) -> Option<Failure> {
         self.failure.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
@@ -293,7 +310,7 @@ impl RangedFile {
     /// A read of HDF5 metadata (not [`ReadOf::Data`]) holds back the
     /// prefetcher while it waits: opening objects is one such read after
     /// another.
-    pub(crate) fn read(self: &Arc<Self>, addr: u64, buf: &mut [u8], of: ReadOf) -> Result<(), String> {
+    pub(crate) fn read(self: &Arc<Self>, addr: u64, buf: &mut [u8], of: ReadOf) -> Result<(), StorageError> {
         let metadata = of != ReadOf::Data;
         buf.fill(0);
         let end = addr.saturating_add(buf.len() as u64).min(self.size());
@@ -337,7 +354,7 @@ impl RangedFile {
                         cache.pending.remove(b);
                     }
                     self.arrived.notify_all();
-                    return Err(crate::error_chain(&e));
+                    return Err(e);
                 }
             }
             self.arrived.notify_all();

@@ -12,7 +12,7 @@ use zarrs::storage::byte_range::{ByteRange, ByteRangeIterator};
 use zarrs::storage::{MaybeBytesIterator, ReadableStorageTraits, StorageError, StoreKey};
 
 use super::chunks::{chunk_limit, ChunkLimit, MAX_CHUNK_BYTES};
-use crate::inputs::error::InputError;
+use crate::inputs::error::{Advised, Cause, Context, InputError, Whole};
 use crate::inputs::remote::{is_url, RemoteOptions};
 
 /// A store's bytes, through deltacells' storage layer, and what each
@@ -136,13 +136,18 @@ impl ZarrStore {
         InputError::Unsupported { path: self.path.clone(), object: object.to_string(), message: message.into() }
     }
 
+    /// `object` could not be read: `source` says why.
+    pub(super) fn read_failed(&self, object: &str, source: impl Into<Cause>) -> InputError {
+        InputError::Read { path: self.path.clone(), object: object.to_string(), source: source.into() }
+    }
+
     fn json(&self, key: &str) -> Result<Option<Map<String, Value>>, InputError> {
         let object = key.rsplit_once('/').map_or("/", |(node, _)| node);
         // A store that does not serve the object fails as a store (refused,
         // denied), not as this node of the format.
         let got = self.bytes.0.get(key).map_err(|e| match e.request_failure() {
             Some(_) => InputError::Store(e),
-            None => self.invalid(object, crate::error_chain(&e)),
+            None => self.read_failed(object, e),
         });
         let Some(bytes) = got? else {
             return Ok(None);
@@ -150,7 +155,7 @@ impl ZarrStore {
         match serde_json::from_slice::<Value>(&bytes) {
             Ok(Value::Object(map)) => Ok(Some(map)),
             Ok(_) => Err(self.invalid(key, "is not a JSON object")),
-            Err(e) => Err(self.invalid(key, format!("is not JSON: {e}"))),
+            Err(e) => Err(self.read_failed(key, Context::new("is not JSON", e))),
         }
     }
 
@@ -191,7 +196,7 @@ impl ZarrStore {
         }
         let listed = self.bytes.0.list_sizes(&format!("{path}/")).map_err(|e| match e.request_failure() {
             Some(_) => InputError::Store(e),
-            None => self.invalid(path, crate::error_chain(&e)),
+            None => self.read_failed(path, e),
         })?;
         let stored = listed.iter().map(|(_, size)| size).sum();
         match crate::inputs::rows::unbacked(declared, stored) {
@@ -222,12 +227,16 @@ impl ZarrStore {
         Array::open(self.bytes.clone(), &format!("/{path}")).map_err(|e| {
             let text = e.to_string();
             if text.contains("unsupported") || text.contains("not supported") || text.contains("unknown") {
-                self.unsupported(
-                    path,
-                    format!("{text}; deltacells reads the codecs anndata writes: Blosc, Zstandard, gzip, sharding"),
-                )
+                InputError::UnsupportedBy {
+                    path: self.path.clone(),
+                    object: path.to_string(),
+                    source: Box::new(Advised {
+                        error: e,
+                        advice: "deltacells reads the codecs anndata writes: Blosc, Zstandard, gzip, sharding",
+                    }),
+                }
             } else {
-                self.invalid(path, text)
+                self.read_failed(path, Whole(e))
             }
         })
     }
@@ -388,7 +397,7 @@ fn caught<T>(
     read: impl FnOnce() -> Result<T, zarrs::array::ArrayError>,
 ) -> Result<T, InputError> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)) {
-        Ok(result) => result.map_err(|e| store.invalid(path, e.to_string())),
+        Ok(result) => result.map_err(|e| store.read_failed(path, Whole(e))),
         Err(panic) => {
             let why = panic
                 .downcast_ref::<String>()
