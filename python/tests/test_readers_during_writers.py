@@ -75,13 +75,16 @@ def test_readers_in_threads_while_writers_run(binary: Path, dataset: Path) -> No
                 failures.append(str(e))
                 return
 
+    spill = dataset.parent / "spill"
+    spill.mkdir(exist_ok=True)
     threads = [threading.Thread(target=read, args=(k,)) for k in range(2)]
     for t in threads:
         t.start()
     try:
         for round in range(6):
             args = [["append", "-q", dataset, EXAMPLE],
-                    ["append", "-q", "--shuffle", str(round), dataset, EXAMPLE],
+                    # (a killed shuffled append leaves its spill in tmp_path)
+                    ["append", "-q", "--shuffle", str(round), "--spill-dir", spill, dataset, EXAMPLE],
                     ["compact", "-q", "--level", "3" if round % 2 else "1", dataset]][round % 3]
             if round == 4:
                 # killed at a random moment, then completed (or discarded)

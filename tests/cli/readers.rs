@@ -186,6 +186,11 @@ fn readers_during_writers(t: &TestDir, root: &str, endpoint: Option<&str>, env: 
         })
         .collect();
     let input = example();
+    // (a killed shuffled append cannot remove its spill: it is left here,
+    // removed with the test's folder, not in the system's temporary folder)
+    let spill = t.join("spill");
+    std::fs::create_dir_all(&spill).unwrap();
+    let spill = spill.to_str().unwrap();
     let mut at: Vec<&str> = Vec::new();
     if let Some(e) = endpoint {
         at.extend(["--endpoint", e]);
@@ -199,7 +204,7 @@ fn readers_during_writers(t: &TestDir, root: &str, endpoint: Option<&str>, env: 
         let sharded = round % 4 == 3;
         let writer: Vec<&str> = match round % 4 {
             0 => [&["append", "-q"][..], &at, &[root, &input]].concat(),
-            1 => [&["append", "-q", "--shuffle", &seed][..], &at, &[root, &input]].concat(),
+            1 => [&["append", "-q", "--shuffle", &seed, "--spill-dir", spill][..], &at, &[root, &input]].concat(),
             2 => [&["compact", "-q", "--level", level][..], &at, &[root]].concat(),
             // a sharded append: planned and staged by two shards, then the
             // finalize (the writer run, killed or stopped as the others)
