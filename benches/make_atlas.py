@@ -115,13 +115,17 @@ def obs_frame(obs: dict[str, np.ndarray], start: int, file: int):
     )
 
 
-def write_files(atlas: Atlas, cells: int, per_file: int, out: Path) -> list[Path]:
+def write_files(atlas: Atlas, cells: int, per_file: int, out: Path, first: int = 0) -> list[Path]:
+    """Cells first..first+cells as files of per_file cells, numbered on from
+    first // per_file (first a multiple of per_file), so that blocks made one
+    after another are the files one call for all of them would make."""
     import anndata
 
     paths = []
     var = atlas.var()
-    for file, start in enumerate(range(0, cells, per_file)):
-        end = min(cells, start + per_file)
+    for start in range(first, first + cells, per_file):
+        file = start // per_file
+        end = min(first + cells, start + per_file)
         path = out / f"atlas_{file:04d}.h5ad"
         paths.append(path)
         if path.exists():
@@ -195,14 +199,21 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=1_000_000)
     parser.add_argument("--per-file", type=int, default=10_000)
     parser.add_argument("--genes", type=int, default=62_710)
+    parser.add_argument("--start", type=int, default=0,
+                        help="the first cell (a multiple of --per-file): make the block START..START+CELLS of "
+                             "a larger atlas, its files numbered on, in the folder START+CELLS")
     parser.add_argument("--one-file", action="store_true", help="also write all the cells as one .h5ad")
     parser.add_argument("--out", default=str(REPO / "target" / "bench-atlas"))
     args = parser.parse_args()
-    out = Path(args.out) / f"{args.cells}"
+    if args.start % args.per_file or args.start < 0:
+        parser.error(f"--start {args.start} is not a multiple of --per-file {args.per_file}")
+    if args.start and args.one_file:
+        parser.error("--one-file makes the cells from the first: it does not take --start")
+    out = Path(args.out) / (f"{args.start}+{args.cells}" if args.start else f"{args.cells}")
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     atlas = Atlas(args.genes)
-    paths = write_files(atlas, args.cells, args.per_file, out)
+    paths = write_files(atlas, args.cells, args.per_file, out, args.start)
     if args.one_file:
         write_one(atlas, args.cells, args.per_file, out / "atlas.h5ad")
     size = sum(p.stat().st_size for p in paths)
