@@ -10,6 +10,8 @@ The reading is done by the Rust library (decoding on its own threads, with
 the GIL released); this package gives it NumPy, SciPy and pandas types.
 """
 
+from types import MappingProxyType
+
 from ._anndata import write_anndata
 from ._collection import Collection, CollectionObs, Member
 from ._compact import CompactSummary, compact
@@ -18,6 +20,7 @@ from ._dataset import Dataset
 from ._loader import CellBatch, Loader
 from ._obs import Obs
 from ._open import open_collection, open_dataset
+from ._options import DEFAULTS as _LOADER_DEFAULTS
 from ._types import Batch
 from ._vocabulary import Vocabulary, VocabularyReport, VocabularyWarning
 from .exceptions import (
@@ -34,7 +37,14 @@ from .exceptions import (
     UnknownNameError,
 )
 
+#: The loader's defaults, the Rust loader's own (``batch_size``, ``shuffle``,
+#: ``seed``, ``window_tiles``, ``mix_chunks``, ``prefetch``...): what
+#: :meth:`Dataset.batches`, :meth:`Collection.batches` and
+#: :class:`deltacells.torch.CellDataset` use for a keyword not given. Read-only.
+LOADER_DEFAULTS = MappingProxyType(dict(_LOADER_DEFAULTS))
+
 __all__ = [
+    "LOADER_DEFAULTS",
     "convert",
     "append",
     "compact",

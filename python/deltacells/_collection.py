@@ -19,9 +19,9 @@ from ._args import integer
 from ._dataset import _INHERITED, Dataset
 from ._loader import Gathers, Loader
 from ._obs import as_frame, where
-from ._options import DEFAULTS, form_from, form_options, loader_options
+from ._options import DEFAULTS, batch_options, form_from, form_options
 from ._sampling import split
-from ._types import Batch, Cells, Form, FormArgs, LoaderOptions, StoreArgs
+from ._types import Batch, BatchArgs, Cells, Form, FormArgs, LoaderOptions, StoreArgs
 from ._vocabulary import Vocabulary
 from .exceptions import (
     ArgumentTypeError,
@@ -334,35 +334,7 @@ class Collection:
     ) -> _deltacells.RawBatches:
         return self.native.batches(plan, form)
 
-    def batches(
-        self,
-        batch_size: int = DEFAULTS["batch_size"],
-        *,
-        shuffle: bool = DEFAULTS["shuffle"],
-        seed: int = DEFAULTS["seed"],
-        epoch: int = DEFAULTS["epoch"],
-        rank: int = DEFAULTS["rank"],
-        world_size: int = DEFAULTS["world_size"],
-        worker: int = DEFAULTS["worker"],
-        num_workers: int = DEFAULTS["num_workers"],
-        obs_columns: Sequence[str] | None = None,
-        cells: Cells | None = None,
-        drop_last: bool = DEFAULTS["drop_last"],
-        window_tiles: int = DEFAULTS["window_tiles"],
-        mix_chunks: int = DEFAULTS["mix_chunks"],
-        prefetch: int = DEFAULTS["prefetch"],
-        weights: Sequence[float] | np.ndarray | None = None,
-        num_samples: int | None = None,
-        balance: str | None = None,
-        class_weights: Mapping[Any, float] | None = None,
-        normalize: float | None = None,
-        normalize_over: str = "stored",
-        log1p: bool = False,
-        dense: bool = False,
-        top_k: int | None = None,
-        dtype: Any = None,
-        sorted_columns: bool = True,
-    ) -> Loader:
+    def batches(self, batch_size: int = DEFAULTS["batch_size"], **options: Unpack[BatchArgs]) -> Loader:
         """One epoch of training batches over every dataset, as
         :meth:`Dataset.batches` (every option means what it means there;
         ``cells`` are the collection's indices, and obs columns are merged as
@@ -383,16 +355,8 @@ class Collection:
         >>> for batch in coll.batches(1024, obs_columns=["cell_type"]):
         ...     x, y = batch.X.to_scipy(), batch.obs["cell_type"]
         """
-        options = loader_options(
-            batch_size=batch_size, shuffle=shuffle, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
-            worker=worker, num_workers=num_workers, drop_last=drop_last, window_tiles=window_tiles,
-            mix_chunks=mix_chunks, prefetch=prefetch,
-        )
-        form = form_options(normalize, normalize_over, log1p, dense, top_k, self.n_genes, dtype, sorted_columns)
-        return Loader(
-            self, options, obs_columns, cells, weights=weights, num_samples=num_samples, balance=balance,
-            class_weights=class_weights, form=form,
-        )
+        loader, sampling, form = batch_options("batches", batch_size, options)
+        return Loader(self, loader, form=form_from(form, self.n_genes), **sampling)
 
     def split(
         self,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Unpack
 
@@ -16,9 +16,9 @@ from . import _deltacells
 from ._args import flag, integer
 from ._loader import Gathers, Loader
 from ._obs import Obs
-from ._options import DEFAULTS, form_from, form_options, loader_options
+from ._options import DEFAULTS, batch_options, form_from, form_options
 from ._sampling import split
-from ._types import Batch, Cells, Form, FormArgs, LoaderOptions
+from ._types import Batch, BatchArgs, Cells, Form, FormArgs, LoaderOptions
 from ._vocabulary import Genes, Vocabulary, VocabularyReport, _names, _stored_keys, resolve
 from .exceptions import ArgumentTypeError, CellIndexError, InvalidArgumentError
 
@@ -368,32 +368,9 @@ class Dataset:
         self,
         batch_size: int = DEFAULTS["batch_size"],
         *,
-        shuffle: bool = DEFAULTS["shuffle"],
-        seed: int = DEFAULTS["seed"],
-        epoch: int = DEFAULTS["epoch"],
-        rank: int = DEFAULTS["rank"],
-        world_size: int = DEFAULTS["world_size"],
-        worker: int = DEFAULTS["worker"],
-        num_workers: int = DEFAULTS["num_workers"],
-        obs_columns: Sequence[str] | None = None,
-        cells: Cells | None = None,
-        drop_last: bool = DEFAULTS["drop_last"],
-        window_tiles: int = DEFAULTS["window_tiles"],
-        mix_chunks: int = DEFAULTS["mix_chunks"],
-        prefetch: int = DEFAULTS["prefetch"],
-        weights: Sequence[float] | np.ndarray | None = None,
-        num_samples: int | None = None,
-        balance: str | None = None,
-        class_weights: Mapping[Any, float] | None = None,
         genes: Genes | None = None,
         gene_column: str | None = None,
-        normalize: float | None = None,
-        normalize_over: str = "stored",
-        log1p: bool = False,
-        dense: bool = False,
-        top_k: int | None = None,
-        dtype: Any = None,
-        sorted_columns: bool = True,
+        **options: Unpack[BatchArgs],
     ) -> Loader:
         """One epoch of training batches (a :class:`Loader`: iterate over it;
         each item is a :class:`CellBatch` with ``.X``, ``.cells`` and ``.obs``).
@@ -455,6 +432,25 @@ class Dataset:
         column being lower) and ``batch.top_k_values`` (float32) beside
         them: the input of rank-based models.
 
+        Keywords, by group (each group a TypedDict of ``deltacells._types``,
+        which :meth:`Collection.batches` and
+        :class:`deltacells.torch.CellDataset` take too):
+
+        - order (:class:`OrderArgs`): ``shuffle``, ``seed``, ``drop_last``,
+          ``window_tiles``, ``mix_chunks``, ``prefetch``; share
+          (:class:`ShareArgs`): ``epoch``, ``rank``, ``world_size``,
+          ``worker``, ``num_workers``. Their defaults are the Rust loader's:
+          ``deltacells.LOADER_DEFAULTS``.
+        - cells (:class:`SamplingArgs`): ``obs_columns``, ``cells`` (default:
+          every cell), ``weights``, ``num_samples``, ``balance``,
+          ``class_weights`` (default: none of them).
+        - form (:class:`FormArgs`): ``normalize`` (None), ``normalize_over``
+          (``"stored"``), ``log1p`` (False), ``dense`` (False), ``top_k``
+          (None), ``dtype`` (None: int32), ``sorted_columns`` (True).
+        - genes, here only: ``genes``, ``gene_column`` (None: the stored genes).
+
+        An unknown keyword raises :class:`ArgumentTypeError` (a ``TypeError``).
+
         Raises :class:`InvalidArgumentError` (a ``ValueError``) for an
         argument out of its range, and :class:`UnknownNameError` (a
         ``KeyError``) for an obs column or class the dataset does not have,
@@ -465,20 +461,10 @@ class Dataset:
         ...         x, y = batch.X.to_scipy(), batch.obs["cell_type"]
         >>> balanced = ds.batches(1024, balance="cell_type")
         """
-        options = loader_options(
-            batch_size=batch_size, shuffle=shuffle, seed=seed, epoch=epoch, rank=rank, world_size=world_size,
-            worker=worker, num_workers=num_workers, drop_last=drop_last, window_tiles=window_tiles,
-            mix_chunks=mix_chunks, prefetch=prefetch,
-        )
+        loader, sampling, form = batch_options("batches", batch_size, options)
         vocabulary = resolve(self, genes, gene_column)
-        form = form_options(
-            normalize, normalize_over, log1p, dense, top_k, self.n_genes if vocabulary is None else vocabulary.n_genes,
-            dtype, sorted_columns,
-        )
-        return Loader(
-            self, options, obs_columns, cells, weights=weights, num_samples=num_samples, balance=balance,
-            class_weights=class_weights, genes=vocabulary, form=form,
-        )
+        n_genes = self.n_genes if vocabulary is None else vocabulary.n_genes
+        return Loader(self, loader, genes=vocabulary, form=form_from(form, n_genes), **sampling)
 
     def split(
         self,

@@ -12,8 +12,18 @@ from typing import Any
 import numpy as np
 
 from . import _deltacells
-from ._args import flag, integer, location, positive_number
-from ._types import ConvertDefaults, Form, FormArgs, LoaderOptions, StoreArgs
+from ._args import flag, integer, keywords, location, positive_number
+from ._types import (
+    BatchArgs,
+    ConvertDefaults,
+    Form,
+    FormArgs,
+    LoaderOptions,
+    OrderArgs,
+    SamplingArgs,
+    ShareArgs,
+    StoreArgs,
+)
 from .exceptions import InvalidArgumentError
 
 #: The loader's defaults, from the Rust loader: the signatures of
@@ -55,6 +65,20 @@ def loader_options(
         mix_chunks=integer("mix_chunks", mix_chunks, 1, 1 << 32),
         prefetch=integer("prefetch", prefetch, 1, MAX_PREFETCH),
     )
+
+
+def batch_options(function: str, batch_size: Any, args: BatchArgs) -> tuple[LoaderOptions, SamplingArgs, FormArgs]:
+    """The keywords of an epoch of batches (``function``'s ``**options``),
+    split into the loader's options (checked, every one not given the Rust
+    loader's default), the cells and obs the epoch reads, and the batches'
+    form (checked by :func:`form_from`, which needs the genes). A keyword
+    :class:`BatchArgs` does not have is refused as Python refuses one."""
+    keywords(function, args, BatchArgs.__annotations__)
+    given = {k: v for k, v in args.items() if k in OrderArgs.__annotations__ or k in ShareArgs.__annotations__}
+    loader = loader_options(**{**DEFAULTS, **given, "batch_size": batch_size})
+    sampling = SamplingArgs(**{k: v for k, v in args.items() if k in SamplingArgs.__annotations__})  # type: ignore[typeddict-item]
+    form = FormArgs(**{k: v for k, v in args.items() if k in FormArgs.__annotations__})  # type: ignore[typeddict-item]
+    return loader, sampling, form
 
 
 def store_options(args: StoreArgs) -> StoreArgs:

@@ -14,7 +14,7 @@ options live in ``_options``, the classes that satisfy the protocols above.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import numpy as np
@@ -151,6 +151,53 @@ class LoaderOptions(TypedDict):
     prefetch: int
 
 
+class OrderArgs(TypedDict, total=False):
+    """How an epoch's cells are ordered and read ahead (see
+    :meth:`deltacells.Dataset.batches` for what each does)."""
+
+    shuffle: bool
+    seed: int
+    drop_last: bool
+    window_tiles: int
+    mix_chunks: int
+    prefetch: int
+
+
+class ShareArgs(TypedDict, total=False):
+    """Which epoch, and which share of it, a loader reads: what
+    :class:`deltacells.torch.CellDataset` fills in for each worker."""
+
+    epoch: int
+    rank: int
+    world_size: int
+    worker: int
+    num_workers: int
+
+
+class SamplingArgs(TypedDict, total=False):
+    """Which cells an epoch holds and the obs columns each batch carries:
+    the keywords of the loader's own constructor."""
+
+    obs_columns: Sequence[str] | None
+    cells: Cells | None
+    weights: Sequence[float] | np.ndarray | None
+    num_samples: int | None
+    balance: str | None
+    class_weights: Mapping[Any, float] | None
+
+
+class EpochArgs(OrderArgs, SamplingArgs, FormArgs, total=False):
+    """An epoch of batches as a training job describes it, once for every
+    worker: :class:`deltacells.torch.CellDataset` takes these."""
+
+
+class BatchArgs(EpochArgs, ShareArgs, total=False):
+    """Every keyword of :meth:`deltacells.Dataset.batches` and
+    :meth:`deltacells.Collection.batches` but the gene vocabulary, defined
+    here only (each documented at :meth:`deltacells.Dataset.batches`, the
+    defaults of the first two groups from the Rust loader's)."""
+
+
 class StoreArgs(TypedDict, total=False):
     """How a store is reached (a dataset's, or an input's at a URL): the
     keywords of every entry point that reads or writes one, defined here
@@ -159,6 +206,21 @@ class StoreArgs(TypedDict, total=False):
 
     anonymous: bool
     endpoint: str | None
+
+
+class OpenArgs(StoreArgs, total=False):
+    """What :class:`deltacells.torch.CellDataset` passes on to each worker's
+    :func:`deltacells.open_dataset`: the store's keywords, the cache folder
+    of obs and the budget of decompressed chunks."""
+
+    cache_dir: str | None
+    cache_bytes: int
+
+
+class CellDatasetArgs(EpochArgs, OpenArgs, total=False):
+    """The keywords of :class:`deltacells.torch.CellDataset` besides its own:
+    an epoch's (as :meth:`deltacells.Dataset.batches` takes them) and how
+    each worker opens the dataset."""
 
 
 class JobArgs(StoreArgs, total=False):

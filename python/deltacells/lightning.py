@@ -37,7 +37,7 @@ from ._deltacells import redact
 from ._loader import CellBatch
 from ._open import OPEN_OPTIONS, open_dataset
 from ._options import DEFAULTS
-from ._types import Cells
+from ._types import Cells, EpochArgs
 from .exceptions import ArgumentTypeError, InvalidArgumentError
 from .torch import CellDataset, _distributed
 
@@ -47,10 +47,8 @@ _TRAIN_ONLY = ("shuffle", "seed", "drop_last", "window_tiles", "mix_chunks", "we
                "class_weights")
 
 #: The options a DataModule passes on to CellDataset (the others are its own).
-_LOADER_OPTIONS = [
-    name for name in inspect.signature(CellDataset).parameters
-    if name not in ("root", "batch_size", "obs_columns", "cells", "transform", "rank", "world_size", "open_options")
-]
+_LOADER_OPTIONS = ["threads", "genes", "gene_column",
+                   *(name for name in EpochArgs.__annotations__ if name not in ("obs_columns", "cells"))]
 _OPEN_OPTIONS = list(OPEN_OPTIONS)
 
 #: DataLoader arguments the DataModule sets itself.

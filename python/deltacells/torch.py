@@ -34,21 +34,21 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Unpack, cast
 
 import numpy as np
 import torch
 import torch.utils.data
 
-from ._args import column_names, integer, location, thread_count
+from ._args import column_names, integer, keywords, location, thread_count
 from ._collection import Collection
 from ._dataset import _INHERITED, Dataset
 from ._deltacells import DEFAULT_CACHE_BYTES, redact
 from ._loader import CellBatch
 from ._open import OPEN_OPTIONS, open_dataset
-from ._options import DEFAULTS, loader_options, store_options
-from ._types import Cells
+from ._options import DEFAULTS, batch_options, store_options
+from ._types import BatchArgs, CellDatasetArgs, OpenArgs
 from ._vocabulary import Vocabulary
 from .exceptions import ArgumentTypeError, InvalidArgumentError
 
@@ -165,8 +165,9 @@ def _gene_choice(
 class CellDataset(torch.utils.data.IterableDataset):
     """Shuffled batches of a deltacells dataset for a ``torch.utils.data.DataLoader``.
 
-    ``root`` and ``open_options`` are those of :func:`deltacells.open_dataset`,
-    or ``root`` is a :class:`deltacells.Dataset` (opened again, with its
+    ``root`` and the keywords ``cache_dir``, ``cache_bytes``, ``anonymous``
+    and ``endpoint`` are those of :func:`deltacells.open_dataset`, or
+    ``root`` is a :class:`deltacells.Dataset` (opened again, with its
     options, by each worker) or a :class:`deltacells.Collection` (from
     :func:`deltacells.open_collection`, whose genes and weights then apply;
     each worker opens a dataset of it when its share first reads from it);
@@ -194,53 +195,29 @@ class CellDataset(torch.utils.data.IterableDataset):
         root: str | os.PathLike[str] | Dataset | Collection,
         batch_size: int = DEFAULTS["batch_size"],
         *,
-        shuffle: bool = DEFAULTS["shuffle"],
-        seed: int = DEFAULTS["seed"],
-        obs_columns: Sequence[str] | None = None,
-        cells: Cells | None = None,
-        drop_last: bool = DEFAULTS["drop_last"],
-        window_tiles: int = DEFAULTS["window_tiles"],
-        mix_chunks: int = DEFAULTS["mix_chunks"],
-        prefetch: int = DEFAULTS["prefetch"],
-        weights: Sequence[float] | np.ndarray | None = None,
-        num_samples: int | None = None,
-        balance: str | None = None,
-        class_weights: Mapping[Any, float] | None = None,
         threads: int | None = None,
         transform: Callable[[CellBatch], Any] | None = None,
         genes: Sequence[str] | np.ndarray | str | Vocabulary | None = None,
         gene_column: str | None = None,
-        normalize: float | None = None,
-        normalize_over: str = "stored",
-        log1p: bool = False,
-        dense: bool = False,
-        top_k: int | None = None,
-        dtype: Any = None,
-        sorted_columns: bool = True,
         rank: int | None = None,
         world_size: int | None = None,
-        **open_options: Any,
+        **options: Unpack[CellDatasetArgs],
     ) -> None:
         super().__init__()
-        self.root, open_options, self._version = _source(root, open_options)
+        keywords("CellDataset", options, CellDatasetArgs.__annotations__)
+        open_keys = OpenArgs.__annotations__
+        epoch: dict[str, Any] = {k: v for k, v in options.items() if k not in open_keys}
+        self.root, open_options, self._version = _source(root, {k: v for k, v in options.items() if k in open_keys})
         genes, gene_column = _gene_choice(root, genes, gene_column)
+        obs_columns, cells = epoch.pop("obs_columns", None), epoch.pop("cells", None)
         if isinstance(root, Collection) and obs_columns:
             root.obs.ensure_local(list(obs_columns))  # merges the obs schemas once, here
         # Checked here, in the main process, rather than in every worker.
-        loader_options(
-            batch_size=batch_size, shuffle=shuffle, seed=seed, epoch=0, rank=rank or 0,
-            world_size=1 if world_size is None else world_size, worker=0,
-            num_workers=1, drop_last=drop_last, window_tiles=window_tiles, mix_chunks=mix_chunks, prefetch=prefetch,
-        )
-        self.batch_options: dict[str, Any] = dict(
-            batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, window_tiles=window_tiles,
-            mix_chunks=mix_chunks, prefetch=prefetch, weights=weights, num_samples=num_samples, balance=balance,
-            class_weights=class_weights, genes=genes, gene_column=gene_column, normalize=normalize,
-            normalize_over=normalize_over, log1p=log1p, dense=dense, top_k=top_k, dtype=dtype,
-            sorted_columns=sorted_columns,
-        )
-        if isinstance(root, Collection):
-            del self.batch_options["genes"], self.batch_options["gene_column"]
+        shared = {**epoch, "epoch": 0, "rank": rank or 0, "world_size": 1 if world_size is None else world_size}
+        batch_options("CellDataset", batch_size, cast(BatchArgs, shared))
+        self.batch_options: dict[str, Any] = {"batch_size": batch_size, **epoch}
+        if not isinstance(root, Collection):
+            self.batch_options.update(genes=genes, gene_column=gene_column)
         self.obs_columns = list(obs_columns) if obs_columns else None
         self.cells = None if cells is None else np.asarray(cells, dtype=np.int64)
         self.threads = threads

@@ -169,6 +169,39 @@ def first_batch(loader: deltacells.Loader) -> None:
         break
 
 
+#: A valid value of every keyword of ``BatchArgs``, for the test below.
+EVERY_BATCH_KEYWORD: dict[str, Any] = {
+    "shuffle": False, "seed": 3, "drop_last": False, "window_tiles": 2, "mix_chunks": 2, "prefetch": 2,
+    "epoch": 1, "rank": 0, "world_size": 1, "worker": 0, "num_workers": 1,
+    "obs_columns": ["sample"], "cells": range(20), "weights": None, "num_samples": None, "balance": None,
+    "class_weights": None,
+    "normalize": None, "normalize_over": "stored", "log1p": False, "dense": False, "top_k": None, "dtype": None,
+    "sorted_columns": True,
+}
+
+
+def test_the_batch_keywords_are_one_definition_with_the_loaders_defaults(ds) -> None:
+    """``Dataset.batches`` and ``Collection.batches`` take the keywords of
+    ``BatchArgs`` (defined once), each not given at the Rust loader's
+    default (``deltacells.LOADER_DEFAULTS``), and refuse any other as Python
+    refuses an unknown keyword, naming it."""
+    from deltacells._types import BatchArgs
+
+    assert set(EVERY_BATCH_KEYWORD) == set(BatchArgs.__annotations__)  # a new keyword joins this test
+    assert ds.batches(8).options == {**deltacells.LOADER_DEFAULTS, "batch_size": 8}
+    loader = ds.batches(8, **EVERY_BATCH_KEYWORD)
+    assert loader.options == {**deltacells.LOADER_DEFAULTS, "batch_size": 8,
+                              **{k: EVERY_BATCH_KEYWORD[k] for k in deltacells.LOADER_DEFAULTS if k != "batch_size"}}
+    batches = list(loader)
+    assert np.concatenate([b.cells for b in batches]).tolist() == list(range(20))  # shuffle=False, those cells
+    assert all(set(b.obs) == {"sample"} for b in batches)
+    with pytest.raises(deltacells.ArgumentTypeError, match="batches\\(\\) got an unexpected keyword argument 'shufle'"):
+        ds.batches(8, shufle=True)
+    with pytest.raises(TypeError):
+        deltacells.LOADER_DEFAULTS["seed"] = 1  # type: ignore[index]
+    still_works(ds)
+
+
 @FUZZ
 @given(option=st.sampled_from(INT_OPTIONS), value=any_value)
 def test_loader_options_at_and_beyond_their_bounds_work_or_are_refused_by_name(ds, option, value) -> None:

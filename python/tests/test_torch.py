@@ -167,3 +167,25 @@ def test_bad_options_are_refused_when_the_dataset_is_made(torch, root, ds) -> No
         CellDataset(root, rank=2, world_size=2, cache_dir=ds.obs.cache_root)
     with pytest.raises(deltacells.DatasetNotFoundError):
         CellDataset(root + "-missing")
+
+
+def test_cell_dataset_takes_the_epoch_keywords_and_the_open_ones(torch, root, ds) -> None:
+    """CellDataset's keywords are the epoch's (``EpochArgs``, as
+    ``Dataset.batches`` takes them) and the open ones (``OpenArgs``): each
+    reaches what it is for, and any other is refused as Python refuses an
+    unknown keyword, naming it."""
+    from deltacells._types import CellDatasetArgs, EpochArgs, OpenArgs
+    from deltacells.torch import CellDataset
+
+    assert set(CellDatasetArgs.__annotations__) == set(EpochArgs.__annotations__) | set(OpenArgs.__annotations__)
+    data = CellDataset(root, 16, shuffle=False, window_tiles=2, cells=range(40), obs_columns=["sample"],
+                       cache_dir=ds.obs.cache_root, cache_bytes=0, transform=lambda b: b)
+    assert data.open_options == {"cache_dir": ds.obs.cache_root, "cache_bytes": 0}
+    assert data.batch_options["window_tiles"] == 2 and "cache_bytes" not in data.batch_options
+    batches = list(data)
+    assert [len(b) for b in batches] == [16, 16, 8]
+    assert np.concatenate([b.cells for b in batches]).tolist() == list(range(40))  # not shuffled
+    assert all("sample" in b.obs for b in batches)
+    for wrong in ("shufle", "epoch", "worker"):  # a typo; what CellDataset fills in itself
+        with pytest.raises(deltacells.ArgumentTypeError, match=f"unexpected keyword argument '{wrong}'"):
+            CellDataset(root, **{wrong: 1}, cache_dir=ds.obs.cache_root)
