@@ -79,22 +79,29 @@ impl<K: Hash + Eq, V> Budgeted<K, V> {
     }
 
     /// Keeps `value` (of `size` bytes), dropping the least recently used to
-    /// make room; a value larger than the whole budget is not kept.
-    fn put(&mut self, key: K, value: Arc<V>, size: u64) {
+    /// make room; a value larger than the whole budget is not kept. Returns
+    /// the values dropped, so that the caller can reuse their memory.
+    fn put(&mut self, key: K, value: Arc<V>, size: u64) -> Vec<Arc<V>> {
+        let mut dropped = Vec::new();
         if size > self.budget {
-            return;
+            return dropped;
         }
-        if let Some((_, old)) = self.entries.pop(&key) {
+        if let Some((old_value, old)) = self.entries.pop(&key) {
             self.used -= old;
+            dropped.push(old_value);
         }
         while self.used + size > self.budget {
             match self.entries.pop_lru() {
-                Some((_, (_, old))) => self.used -= old,
+                Some((_, (old_value, old))) => {
+                    self.used -= old;
+                    dropped.push(old_value);
+                }
                 None => break,
             }
         }
         self.used += size;
         self.entries.put(key, (value, size));
+        dropped
     }
 }
 
@@ -159,12 +166,21 @@ impl GatherCache {
         self.chunks.lock().unwrap_or_else(|p| p.into_inner()).get(&(generation, (tile, chunk)))
     }
 
-    pub(super) fn put_chunk(&self, generation: u64, tile: usize, chunk: usize, planes: Arc<ChunkPlanes>) {
+    /// Keeps a chunk's planes; returns those it dropped to make room (the
+    /// caller's to reuse: a gather that touches more chunks than the budget
+    /// holds would otherwise free and allocate planes for every chunk).
+    pub(super) fn put_chunk(
+        &self,
+        generation: u64,
+        tile: usize,
+        chunk: usize,
+        planes: Arc<ChunkPlanes>,
+    ) -> Vec<Arc<ChunkPlanes>> {
         if self.stale(generation) {
-            return;
+            return Vec::new();
         }
         let size = planes.heap_bytes();
-        self.chunks.lock().unwrap_or_else(|p| p.into_inner()).put((generation, (tile, chunk)), planes, size);
+        self.chunks.lock().unwrap_or_else(|p| p.into_inner()).put((generation, (tile, chunk)), planes, size)
     }
 
     /// Whether the CRC of tile `tile`'s file, in the version `etag`
@@ -199,7 +215,8 @@ mod tests {
             cache.put(k, Arc::new(k), 30);
         }
         assert!(cache.get(&0).is_some()); // 1 is now the least recently used
-        cache.put(3, Arc::new(3), 30);
+        let dropped = cache.put(3, Arc::new(3), 30); // returned, for the caller to reuse
+        assert_eq!(dropped.iter().map(|v| **v).collect::<Vec<_>>(), [1]);
         assert!(cache.get(&1).is_none());
         assert!([0, 2, 3].iter().all(|k| cache.get(k).is_some()));
         assert_eq!(cache.used, 90);
@@ -208,7 +225,7 @@ mod tests {
         assert!(cache.get(&9).is_none());
         assert_eq!(cache.used, 90);
         // the same key again replaces it
-        cache.put(0, Arc::new(10), 10);
+        assert_eq!(cache.put(0, Arc::new(10), 10).iter().map(|v| **v).collect::<Vec<_>>(), [0]);
         assert_eq!(cache.get(&0).as_deref(), Some(&10));
         assert_eq!(cache.used, 70);
         // a smaller budget drops the least recently used (2) until the rest fit

@@ -344,7 +344,11 @@ impl Dataset {
                 let mut chunk = self.planes.take();
                 parsed.decode_planes(c, &mut chunk).map_err(err)?;
                 let chunk = Arc::new(chunk);
-                self.cache.put_chunk(generation, tile, c, chunk.clone());
+                for evicted in self.cache.put_chunk(generation, tile, c, chunk.clone()) {
+                    if let Ok(planes) = Arc::try_unwrap(evicted) {
+                        self.planes.give(planes);
+                    }
+                }
                 Ok((at, chunk))
             })
             .collect::<Result<_, DatasetError>>()?;
