@@ -27,7 +27,7 @@ use bytes::Bytes;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-use super::base::{recorded, restated_rows};
+use super::base::{recorded, StoredObsRows};
 use super::finalize::finalize_in;
 use super::job::{AppendPlan, Plan, PlanObs, PLAN_FORMAT, PLAN_KEY};
 use super::obs_merge::{ObsPlan, Restated, StoredObs};
@@ -482,8 +482,10 @@ fn plan_staged(
             progress.phase("rewriting obs", first_cell);
             for s in 0..first_shard {
                 let mut writer = ShardWriter::starting_at(plan.arrow_schema().clone(), per_file as u64, s);
-                for batch in &restated_rows(ds.as_ref(), s, &stored.schema, plan)? {
-                    writer.add_tile(batch, &staging)?;
+                let rows = StoredObsRows::open(ds.as_ref(), s, &stored.schema)?;
+                for i in 0..rows.len() {
+                    let batch = rows.restated(i, plan)?;
+                    writer.add_tile(&batch, &staging)?;
                     progress.advance(batch.num_rows() as u64);
                 }
                 kept_obs.extend(writer.finish(&staging)?);

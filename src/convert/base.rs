@@ -64,19 +64,46 @@ pub(crate) fn check_base(base: &dyn Storage, append: &AppendPlan) -> Result<Mani
     })
 }
 
-/// The obs rows of obs shard `s` of `base`, one batch per tile, restated into
-/// `plan`'s schema.
-pub(crate) fn restated_rows(
-    base: &dyn Storage,
-    s: usize,
-    old: &format::obs_schema::ObsSchema,
-    plan: &ObsPlan,
-) -> Result<Vec<arrow_array::RecordBatch>> {
-    let key = format::obs_shard_key(s);
-    let location = base.location(&key);
-    let bytes = base.get(&key)?.ok_or_else(|| ConvertError::invalid(&location, "missing (the manifest lists it)"))?;
-    let groups = crate::obs::row_groups(bytes).map_err(|e| ConvertError::invalid(&location, e))?;
-    groups.iter().map(|g| plan.restate(old, g).map_err(|e| ConvertError::invalid(&location, e))).collect()
+/// The obs rows of an obs shard of a stored dataset, read a tile at a time
+/// and restated into a plan's schema: a shard holds up to
+/// `obs_tiles_per_file` tiles (10 million cells at the default), which an
+/// append that rewrites it must not hold in memory at once.
+pub(crate) struct StoredObsRows {
+    groups: crate::obs::RowGroups,
+    old: format::obs_schema::ObsSchema,
+    location: String,
+    /// The tiles' rows taken, from the first.
+    count: usize,
+}
+
+impl StoredObsRows {
+    /// Obs shard `s` of `base`, whose stored schema is `old`: its footer
+    /// read, no row yet.
+    pub(crate) fn open(base: &dyn Storage, s: usize, old: &format::obs_schema::ObsSchema) -> Result<Self> {
+        let key = format::obs_shard_key(s);
+        let location = base.location(&key);
+        let bytes =
+            base.get(&key)?.ok_or_else(|| ConvertError::invalid(&location, "missing (the manifest lists it)"))?;
+        let groups = crate::obs::RowGroups::open(bytes).map_err(|e| ConvertError::invalid(&location, e))?;
+        let count = groups.len();
+        Ok(StoredObsRows { groups, old: old.clone(), location, count })
+    }
+
+    /// The number of tiles' rows taken.
+    pub(crate) fn len(&self) -> usize {
+        self.count
+    }
+
+    /// The rows of the shard's tile `i`, restated into `plan`'s schema.
+    pub(crate) fn restated(&self, i: usize, plan: &ObsPlan) -> Result<arrow_array::RecordBatch> {
+        let batch = self.groups.get(i).map_err(|e| ConvertError::invalid(&self.location, e))?;
+        plan.restate(&self.old, &batch).map_err(|e| ConvertError::invalid(&self.location, e))
+    }
+
+    /// Keeps the first `n` tiles' rows only.
+    fn truncate(&mut self, n: usize) {
+        self.count = self.count.min(n);
+    }
 }
 
 /// What an append's first shard keeps of `base`: the cells of its last tile
@@ -86,29 +113,30 @@ pub(crate) fn kept_rows(
     base: &dyn Storage,
     plan: &Plan,
     obs_plan: Option<&ObsPlan>,
-) -> Result<(Option<StoredTail>, Vec<arrow_array::RecordBatch>)> {
+) -> Result<(Option<StoredTail>, Option<StoredObsRows>)> {
     let a = plan.append.as_ref().expect("an append's plan");
     let manifest = check_base(base, a)?;
     let per = plan.tiles_per_unit();
     let shard = a.first_tile / per;
     let tail_tile = plan.inputs.first().and_then(|i| i.stored_tile);
-    let mut prefix = Vec::new();
+    let mut prefix = None;
     let mut tail_obs = None;
     if let Some(obs_plan) = obs_plan {
         if !a.first_tile.is_multiple_of(per) || tail_tile.is_some() {
             let old = crate::obs::read_schema(base)?;
-            let mut rows = restated_rows(base, shard, &old.schema, obs_plan)?;
+            let mut rows = StoredObsRows::open(base, shard, &old.schema)?;
             let in_shard = a.first_tile - shard * per;
             if tail_tile.is_some() {
-                tail_obs = Some(rows.get(in_shard).cloned().ok_or_else(|| {
-                    ConvertError::invalid(
+                if in_shard >= rows.len() {
+                    return Err(ConvertError::invalid(
                         base.location(&format::obs_shard_key(shard)),
                         format!("no row group for tile {}", a.first_tile),
-                    )
-                })?);
+                    ));
+                }
+                tail_obs = Some(rows.restated(in_shard, obs_plan)?);
             }
             rows.truncate(in_shard);
-            prefix = rows;
+            prefix = Some(rows);
         }
     }
     let tail = match tail_tile {

@@ -92,9 +92,9 @@ pub(crate) fn shard_in(
         Some(a) if !tiles.is_empty() && tiles.start == a.first_tile => kept_rows(base, &plan, obs_plan.as_ref())?,
         Some(a) => {
             check_base(base, a)?;
-            (None, Vec::new())
+            (None, None)
         }
-        None => (None, Vec::new()),
+        None => (None, None),
     };
     let mut writer = DatasetWriter::starting_at(out, plan.write_options(), plan.n_genes as u32, tiles.start);
     // (the inputs are read as the plan read them)
@@ -103,7 +103,7 @@ pub(crate) fn shard_in(
         inputs: &plan.inputs,
         first_cell: plan.first_cell(),
         tail: tail.as_ref(),
-        obs_prefix: &obs_prefix,
+        obs_prefix: obs_prefix.as_ref(),
         matrix: &plan.matrix,
         tiles: tiles.clone(),
         source_genes: &source_genes,

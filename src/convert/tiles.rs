@@ -6,6 +6,7 @@
 use std::path::Path;
 use std::sync::mpsc;
 
+use super::base::StoredObsRows;
 use super::error::Result;
 use super::obs_merge::ObsPlan;
 use super::obs_shards::{ShardRecord, ShardWriter};
@@ -55,8 +56,9 @@ pub(crate) struct TileJob<'a> {
     /// The cells of the input that is a stored tile (an append's).
     pub tail: Option<&'a StoredTail>,
     /// The obs rows of the tiles before `tiles.start` in its obs shard (an
-    /// append's, whose first tile may not start a shard), one batch per tile.
-    pub obs_prefix: &'a [arrow_array::RecordBatch],
+    /// append's, whose first tile may not start a shard), read a tile at a
+    /// time as the shard is written again.
+    pub obs_prefix: Option<&'a StoredObsRows>,
     pub matrix: &'a str,
     pub tiles: std::ops::Range<usize>,
     /// The dataset's genes in source order (before sorting by counts).
@@ -119,9 +121,12 @@ pub(crate) fn write_tiles(
             .map(|p| ShardWriter::starting_at(p.arrow_schema().clone(), per_file, job.tiles.start / per_file as usize));
         let writer_thread = threads.spawn(move || -> Result<TilesWritten, (usize, TileFailure)> {
             let mut cleaned = Cleaned::default();
-            if let Some(shards) = &mut shard_writer {
-                for batch in job.obs_prefix {
-                    shards.add_tile(batch, writer.storage()).map_err(|e| (0, TileFailure::Other(e)))?;
+            if let (Some(shards), Some(prefix), Some(plan)) = (&mut shard_writer, job.obs_prefix, obs_plan) {
+                for i in 0..prefix.len() {
+                    prefix
+                        .restated(i, plan)
+                        .and_then(|batch| shards.add_tile(&batch, writer.storage()))
+                        .map_err(|e| (0, TileFailure::Other(e)))?;
                 }
             }
             for (next, tile) in pending.into_iter().enumerate() {

@@ -35,9 +35,11 @@ pub const DEFAULT_WRITER_WAIT: std::time::Duration = std::time::Duration::from_s
 /// per process and which holds a validation set or a pool of controls.
 pub const DEFAULT_CACHE_BYTES: u64 = 512 << 20;
 
-/// Tiles' indexes kept, at most, in bytes: 64 MiB, about 8 million cells'
-/// indptr (8 bytes a cell).
-const INDEX_BUDGET: u64 = 64 << 20;
+/// Tiles' indexes kept, at most, in bytes: 256 MiB, about 32 million
+/// cells' indptr (8 bytes a cell). Random gathers touch every tile, so a
+/// budget smaller than the dataset's indexes reads each tile's index again
+/// for every batch (at 64 MiB, 10 million cells did).
+const INDEX_BUDGET: u64 = 256 << 20;
 
 impl Default for ReadOptions {
     fn default() -> Self {

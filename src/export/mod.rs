@@ -64,14 +64,33 @@ pub fn obs_table(ds: &Dataset, range: Range<u64>) -> Result<Option<Table>, Expor
         index: range.clone().map(|c| c.to_string()).collect(),
         columns: Vec::new(),
     };
+    // Only the tiles the range is in: their row groups of each column.
+    let tile_cells = &ds.manifest().tile_cells;
+    let (mut first_tile, mut skipped) = (0, 0u64);
+    while first_tile < tile_cells.len() && skipped + tile_cells[first_tile] <= range.start {
+        skipped += tile_cells[first_tile];
+        first_tile += 1;
+    }
+    let (mut end_tile, mut reached) = (first_tile, skipped);
+    while end_tile < tile_cells.len() && reached < range.end {
+        reached += tile_cells[end_tile];
+        end_tile += 1;
+    }
+    let range_in = (range.start - skipped)..(range.end - skipped);
     for (i, column) in source.schema.columns.iter().enumerate() {
-        let (batches, _, _) = source.fetch_column(i)?;
+        let (batches, _, _) = source.fetch_column_of(i, first_tile..end_tile)?;
         let parts: Vec<&dyn Array> = batches.iter().map(|b| b.column(0).as_ref()).collect();
         let whole = arrow_select::concat::concat(&parts).map_err(|e| ExportError::Invalid {
             location: location.clone(),
             message: format!("obs column {:?}: {e}", column.name),
         })?;
-        let values = whole.slice(range.start as usize, (range.end - range.start) as usize);
+        if (whole.len() as u64) < range_in.end {
+            return Err(ExportError::Invalid {
+                location: location.clone(),
+                message: format!("obs column {:?} holds fewer cells than its tiles", column.name),
+            });
+        }
+        let values = whole.slice(range_in.start as usize, (range_in.end - range_in.start) as usize);
         if column.name == "obs_names" {
             let names = values.as_string_opt::<i32>().ok_or_else(|| ExportError::Invalid {
                 location: location.clone(),

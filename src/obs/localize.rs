@@ -345,17 +345,16 @@ impl<'a> ObsSource<'a> {
         (self.requests, self.schema_bytes + self.footers.iter().map(|f| f.tail.1.len() as u64).sum::<u64>())
     }
 
-    /// The byte ranges of `column` in each shard: its chunk in every row group.
-    fn column_ranges(&self, column: usize) -> Vec<Vec<Range<u64>>> {
+    /// The byte ranges of `column` in each shard: its chunk in the row group
+    /// of every tile of `wanted`.
+    fn column_ranges(&self, column: usize, wanted: &Range<usize>) -> Vec<Vec<Range<u64>>> {
         self.footers
             .iter()
             .enumerate()
             .map(|(s, footer)| {
-                footer
-                    .metadata
-                    .row_groups()
-                    .iter()
-                    .take(self.tiles_of(s).len())
+                let first = self.tiles_of(s).start;
+                self.wanted_of(s, wanted)
+                    .filter_map(|t| footer.metadata.row_groups().get(t - first))
                     .map(|rg| {
                         let (start, len) = rg.column(column).byte_range();
                         start..start.saturating_add(len)
@@ -365,10 +364,17 @@ impl<'a> ObsSource<'a> {
             .collect()
     }
 
+    /// The tiles of `wanted` whose rows shard `s` holds.
+    fn wanted_of(&self, s: usize, wanted: &Range<usize>) -> Range<usize> {
+        let tiles = self.tiles_of(s);
+        let start = tiles.start.max(wanted.start);
+        start..tiles.end.min(wanted.end).max(start)
+    }
+
     /// The requests and bytes a localize of `column` reads after opening: the
     /// column's chunks, merged as the storage merges nearby ranges.
     pub fn column_cost(&self, column: usize) -> (u64, u64) {
-        self.cost_of(&self.column_ranges(column))
+        self.cost_of(&self.column_ranges(column, &(0..self.tile_cells.len())))
     }
 
     /// The tiles whose rows shard `s` holds, of the version read as.
@@ -384,7 +390,18 @@ impl<'a> ObsSource<'a> {
     /// Every tile's values of `column`, read with ranged reads of its chunks
     /// only; with the requests and bytes that took.
     pub fn fetch_column(&self, column: usize) -> Result<(Vec<RecordBatch>, u64, u64), ObsError> {
-        let ranges = self.column_ranges(column);
+        self.fetch_column_of(column, 0..self.tile_cells.len())
+    }
+
+    /// The values of `column` of the tiles `wanted` (one batch each), read
+    /// with ranged reads of their chunks only; with the requests and bytes
+    /// that took. Shards that hold none of them are not read.
+    pub fn fetch_column_of(
+        &self,
+        column: usize,
+        wanted: Range<usize>,
+    ) -> Result<(Vec<RecordBatch>, u64, u64), ObsError> {
+        let ranges = self.column_ranges(column, &wanted);
         let (requests, bytes) = self.cost_of(&ranges);
         // Each shard's chunks of the column in one call (the storage merges
         // nearby ones and fetches them concurrently), the shards in parallel.
@@ -394,6 +411,10 @@ impl<'a> ObsSource<'a> {
             .zip(&ranges)
             .enumerate()
             .map(|(s, (footer, shard_ranges))| {
+                let wanted = self.wanted_of(s, &wanted);
+                if wanted.is_empty() {
+                    return Ok(Vec::new());
+                }
                 let key = format::obs_shard_key(s);
                 let chunks = self
                     .storage
@@ -418,7 +439,8 @@ impl<'a> ObsSource<'a> {
                     });
                 }
                 let mut batches = Vec::new();
-                for ((i, rg), t) in groups.iter().enumerate().zip(tiles) {
+                for t in wanted {
+                    let (i, rg) = (t - tiles.start, &groups[t - tiles.start]); // (checked above)
                     let batch = read_row_group(file.clone(), meta.clone(), mask.clone(), i, rg.num_rows() as usize)
                         .map_err(|source| ObsError::RowGroup { location: location.clone(), row_group: i, source })?;
                     // The tile's cells of the version read as come first.

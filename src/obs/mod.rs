@@ -177,28 +177,46 @@ fn first_bad_code(array: &ArrayRef, n_categories: i64) -> Option<(usize, i64)> {
     }
 }
 
-/// Every row group of an obs shard, one batch each (the rows of one tile).
+/// The row groups of an obs shard (one per tile), each read as one batch
+/// only when asked for: an append that rewrites a shard of many tiles holds
+/// one tile's rows at a time, not the shard's.
 #[cfg_attr(not(feature = "convert"), allow(dead_code))] // append restates them
-pub(crate) fn row_groups(bytes: Bytes) -> Result<Vec<arrow_array::RecordBatch>, String> {
-    let parquet = |e: parquet::errors::ParquetError| format!("not a readable Parquet file: {e}");
-    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).map_err(parquet)?;
-    let meta = builder.metadata().clone();
-    let schema = builder.schema().clone();
-    let mut out = Vec::with_capacity(meta.num_row_groups());
-    for g in 0..meta.num_row_groups() {
-        let rows = meta.row_group(g).num_rows().max(1) as usize;
-        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())
-            .map_err(parquet)?
+pub(crate) struct RowGroups {
+    bytes: Bytes,
+    meta: parquet::arrow::arrow_reader::ArrowReaderMetadata,
+}
+
+#[cfg_attr(not(feature = "convert"), allow(dead_code))]
+impl RowGroups {
+    /// Reads the footer of the shard `bytes`.
+    pub(crate) fn open(bytes: Bytes) -> Result<Self, String> {
+        let meta = parquet::arrow::arrow_reader::ArrowReaderMetadata::load(&bytes, Default::default())
+            .map_err(|e| format!("not a readable Parquet file: {e}"))?;
+        Ok(RowGroups { bytes, meta })
+    }
+
+    /// The number of row groups.
+    pub(crate) fn len(&self) -> usize {
+        self.meta.metadata().num_row_groups()
+    }
+
+    /// Row group `g`'s rows, as one batch.
+    pub(crate) fn get(&self, g: usize) -> Result<arrow_array::RecordBatch, String> {
+        let failed = |e: &dyn std::fmt::Display| format!("row group {g}: {e}");
+        if g >= self.len() {
+            return Err(failed(&format!("the file has {}", self.len())));
+        }
+        // (read in batches of at most 64 Ki rows whatever the footer claims,
+        // then joined: a row count is not trusted to size a buffer)
+        let rows = self.meta.metadata().row_group(g).num_rows().clamp(1, 1 << 16) as usize;
+        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(self.bytes.clone(), self.meta.clone())
             .with_row_groups(vec![g])
             .with_batch_size(rows)
             .build()
-            .map_err(parquet)?;
-        let batches = reader.collect::<Result<Vec<_>, _>>().map_err(|e| format!("row group {g}: {e}"))?;
-        let batch =
-            arrow_select::concat::concat_batches(&schema, &batches).map_err(|e| format!("row group {g}: {e}"))?;
-        out.push(batch);
+            .map_err(|e| failed(&e))?;
+        let batches = reader.collect::<Result<Vec<_>, _>>().map_err(|e| failed(&e))?;
+        arrow_select::concat::concat_batches(self.meta.schema(), &batches).map_err(|e| failed(&e))
     }
-    Ok(out)
 }
 
 /// A Parquet file whose footer the parquet crate could not read (its error,

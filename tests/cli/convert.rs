@@ -397,6 +397,17 @@ fn export_gives_back_the_source_counts() {
     let want: Vec<Vec<(u32, u32)>> =
         (0..m.n_rows()).map(|r| m.row(r).0.iter().copied().zip(m.row(r).1.iter().copied()).collect()).collect();
     assert_eq!(part, want);
+    // a range that starts in a later tile and obs shard: only its tiles' obs are read
+    t.run(&["convert", "-q", "--level", "3", "--tile-size", "6", "--obs-tiles-per-file", "2", s(&input), "ds2"])
+        .expect_code(0);
+    t.run(&["export", "-q", "--cells", "13:23", "ds2", "late.h5ad"]).expect_code(0);
+    let names = deltacells::inputs::h5ad::H5adFile::open(&t.join("late.h5ad")).unwrap().dataframe_index("obs").unwrap();
+    assert_eq!(names, h5::cells(23, "c")[13..23].to_vec());
+    let late = Dataset::open(s(&t.join("ds2"))).unwrap().read(Selection::Range(13..23)).unwrap();
+    let want: Vec<Vec<(u32, u32)>> = (0..late.n_rows())
+        .map(|r| late.row(r).0.iter().copied().zip(late.row(r).1.iter().copied()).collect())
+        .collect();
+    assert_eq!(read_h5ad_rows(&t.join("late.h5ad")), want);
     let run = t.run(&["export", "-q", "ds", "part.h5ad"]).expect_code(2);
     assert!(run.stderr().contains("exists"), "{}", run.stderr());
     t.run(&["export", "-q", "--cells", "5:99", "ds", "x.h5ad"]).expect_code(2);
