@@ -401,67 +401,109 @@ impl<'a> ObsSource<'a> {
         column: usize,
         wanted: Range<usize>,
     ) -> Result<(Vec<RecordBatch>, u64, u64), ObsError> {
+        let mut all = Vec::new();
+        let (requests, bytes) = self.for_each_tile(column, wanted, |batch| {
+            all.push(batch);
+            Ok(())
+        })?;
+        Ok((all, requests, bytes))
+    }
+
+    /// Calls `each` with the values of `column` of every tile of `wanted`,
+    /// in order, one tile decoded at a time (the column's compressed chunks
+    /// fetched first: each shard's in one call, which the storage merges
+    /// and issues concurrently, the shards in parallel); returns the
+    /// requests and bytes that took. Shards that hold none of them are not
+    /// read.
+    pub fn for_each_tile(
+        &self,
+        column: usize,
+        wanted: Range<usize>,
+        mut each: impl FnMut(RecordBatch) -> Result<(), ObsError>,
+    ) -> Result<(u64, u64), ObsError> {
         let ranges = self.column_ranges(column, &wanted);
         let (requests, bytes) = self.cost_of(&ranges);
-        // Each shard's chunks of the column in one call (the storage merges
-        // nearby ones and fetches them concurrently), the shards in parallel.
-        let decoded: Vec<Result<Vec<RecordBatch>, ObsError>> = self
+        let fetched: Vec<Result<Option<FetchedShard>, ObsError>> = self
             .footers
             .par_iter()
             .zip(&ranges)
             .enumerate()
-            .map(|(s, (footer, shard_ranges))| {
-                let wanted = self.wanted_of(s, &wanted);
-                if wanted.is_empty() {
-                    return Ok(Vec::new());
-                }
-                let key = format::obs_shard_key(s);
-                let chunks = self
-                    .storage
-                    .get_ranges_of(&key, shard_ranges, footer.etag.as_deref())?
-                    .ok_or_else(|| ObsError::Missing { location: self.storage.location(&key) })?;
-                let mut parts = vec![footer.tail.clone()];
-                parts.extend(shard_ranges.iter().map(|r| r.start).zip(chunks));
-                let file = SparseFile { len: footer.len, parts: Arc::new(parts) };
-                let location = self.storage.location(&key);
-                let meta = ArrowReaderMetadata::try_new(footer.metadata.clone(), ArrowReaderOptions::new())
-                    .map_err(|e| ObsError::Shard { location: location.clone(), reason: format!("footer: {e}") })?;
-                let mask = ProjectionMask::roots(meta.parquet_schema(), [column]);
-                let tiles = self.tiles_of(s);
-                let groups = footer.metadata.row_groups();
-                // One row group per tile; a later version's shard may hold
-                // more tiles than the version read as.
-                let later = self.manifest.n_tiles() > self.tile_cells.len();
-                if groups.len() < tiles.len() || (!later && groups.len() != tiles.len()) {
+            .map(|(s, (footer, shard_ranges))| self.fetch_shard(s, footer, shard_ranges, column, &wanted))
+            .collect();
+        for shard in fetched {
+            let Some(shard) = shard? else { continue };
+            for t in shard.wanted.clone() {
+                let i = t - shard.first_tile;
+                let rows_stored = shard.meta.metadata().row_group(i).num_rows();
+                let batch = read_row_group(shard.file.clone(), shard.meta.clone(), shard.mask.clone(), i, rows_stored)
+                    .map_err(|source| ObsError::RowGroup { location: shard.location.clone(), row_group: i, source })?;
+                // The tile's cells of the version read as come first.
+                let rows = self.tile_cells[t] as usize;
+                if batch.num_rows() < rows {
                     return Err(ObsError::Shard {
-                        location,
-                        reason: format!("{} row groups, expected {} (one per tile)", groups.len(), tiles.len()),
+                        location: shard.location,
+                        reason: format!("row group {i} has {} rows, tile {t} {rows} cells", batch.num_rows()),
                     });
                 }
-                let mut batches = Vec::new();
-                for t in wanted {
-                    let (i, rg) = (t - tiles.start, &groups[t - tiles.start]); // (checked above)
-                    let batch = read_row_group(file.clone(), meta.clone(), mask.clone(), i, rg.num_rows() as usize)
-                        .map_err(|source| ObsError::RowGroup { location: location.clone(), row_group: i, source })?;
-                    // The tile's cells of the version read as come first.
-                    let rows = self.tile_cells[t] as usize;
-                    if batch.num_rows() < rows {
-                        return Err(ObsError::Shard {
-                            location,
-                            reason: format!("row group {i} has {} rows, tile {t} {rows} cells", batch.num_rows()),
-                        });
-                    }
-                    batches.push(batch.slice(0, rows));
-                }
-                Ok(batches)
-            })
-            .collect();
-        let mut all = Vec::new();
-        for r in decoded {
-            all.extend(r?);
+                each(batch.slice(0, rows))?;
+            }
         }
-        Ok((all, requests, bytes))
+        Ok((requests, bytes))
     }
+
+    /// Shard `s`'s chunks of `column` in the row groups of the tiles of
+    /// `wanted` it holds (None when it holds none), its row groups checked
+    /// against its tiles.
+    fn fetch_shard(
+        &self,
+        s: usize,
+        footer: &Footer,
+        shard_ranges: &[Range<u64>],
+        column: usize,
+        wanted: &Range<usize>,
+    ) -> Result<Option<FetchedShard>, ObsError> {
+        let wanted = self.wanted_of(s, wanted);
+        if wanted.is_empty() {
+            return Ok(None);
+        }
+        let key = format::obs_shard_key(s);
+        let chunks = self
+            .storage
+            .get_ranges_of(&key, shard_ranges, footer.etag.as_deref())?
+            .ok_or_else(|| ObsError::Missing { location: self.storage.location(&key) })?;
+        let mut parts = vec![footer.tail.clone()];
+        parts.extend(shard_ranges.iter().map(|r| r.start).zip(chunks));
+        let file = SparseFile { len: footer.len, parts: Arc::new(parts) };
+        let location = self.storage.location(&key);
+        let meta = ArrowReaderMetadata::try_new(footer.metadata.clone(), ArrowReaderOptions::new())
+            .map_err(|e| ObsError::Shard { location: location.clone(), reason: format!("footer: {e}") })?;
+        let mask = ProjectionMask::roots(meta.parquet_schema(), [column]);
+        let tiles = self.tiles_of(s);
+        let groups = footer.metadata.row_groups();
+        // One row group per tile; a later version's shard may hold more
+        // tiles than the version read as.
+        let later = self.manifest.n_tiles() > self.tile_cells.len();
+        if groups.len() < tiles.len() || (!later && groups.len() != tiles.len()) {
+            return Err(ObsError::Shard {
+                location,
+                reason: format!("{} row groups, expected {} (one per tile)", groups.len(), tiles.len()),
+            });
+        }
+        Ok(Some(FetchedShard { file, meta, mask, location, wanted, first_tile: tiles.start }))
+    }
+}
+
+/// One shard's chunks of a column, fetched, for [`ObsSource::for_each_tile`]
+/// to decode a tile at a time.
+struct FetchedShard {
+    file: SparseFile,
+    meta: ArrowReaderMetadata,
+    mask: ProjectionMask,
+    location: String,
+    /// The tiles wanted of those the shard holds, the first of which is
+    /// `first_tile` (its row group 0).
+    wanted: Range<usize>,
+    first_tile: usize,
 }
 
 /// Row group `i` of `file`, column(s) `mask`, as one batch.
@@ -470,44 +512,79 @@ fn read_row_group(
     meta: ArrowReaderMetadata,
     mask: ProjectionMask,
     i: usize,
-    rows: usize,
+    rows: i64,
 ) -> parquet::errors::Result<RecordBatch> {
+    // (batches of at most 64 Ki rows whatever the footer claims, joined
+    // after: a row count read from a file does not size a buffer)
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta)
         .with_row_groups(vec![i])
         .with_projection(mask)
-        .with_batch_size(rows.max(1))
+        .with_batch_size(rows.clamp(1, 1 << 16) as usize)
         .build()?;
     let schema = reader.schema();
     let batches: Vec<RecordBatch> = reader.collect::<Result<_, _>>()?;
     Ok(arrow_select::concat::concat_batches(&schema, &batches)?)
 }
 
-/// Writes `batches` as an uncompressed Arrow IPC file at `path`, through a
-/// temporary file in the same folder and a rename.
-fn write_ipc(path: &Path, column: &str, batches: &[RecordBatch]) -> Result<(), ObsError> {
-    let dir = path.parent().expect("cache files are in a folder");
-    let field = batches.first().map(|b| b.schema().field(0).clone());
-    let schema = Arc::new(Schema::new(vec![field
-        .unwrap_or_else(|| Field::new(column, arrow_schema::DataType::Utf8, true))
-        .with_name(column)]));
-    let io = cache_err(path);
-    let arrow = |source| ObsError::Write { path: path.display().to_string(), source };
-    let mut tmp = crate::storage::temp_file_in(dir).map_err(&io)?;
-    {
-        let mut writer = arrow_ipc::writer::FileWriter::try_new(tmp.as_file_mut(), &schema).map_err(arrow)?;
-        for b in batches {
-            let batch = RecordBatch::try_new(schema.clone(), b.columns().to_vec()).map_err(arrow)?;
-            writer.write(&batch).map_err(arrow)?;
-        }
-        writer.finish().map_err(arrow)?;
+/// A column's cache file being written: an uncompressed Arrow IPC file at
+/// `path`, one record batch per tile as each arrives, through a temporary
+/// file in the same folder renamed into place by [`IpcOut::finish`]
+/// (dropped before, the temporary file goes with it).
+struct IpcOut<'p> {
+    path: &'p Path,
+    column: &'p str,
+    writer: Option<(arrow_ipc::writer::FileWriter<tempfile::NamedTempFile>, Arc<Schema>)>,
+}
+
+impl<'p> IpcOut<'p> {
+    fn new(path: &'p Path, column: &'p str) -> Self {
+        IpcOut { path, column, writer: None }
     }
-    tmp.as_file().sync_all().map_err(&io)?;
-    let checksum = file_checksum(tmp.path()).map_err(&io)?;
-    tmp.persist(path).map_err(|e| io(e.error))?;
-    let mut sum = crate::storage::temp_file_in(dir).map_err(&io)?;
-    std::io::Write::write_all(&mut sum, checksum.as_bytes()).map_err(&io)?;
-    sum.persist(checksum_path(path)).map_err(|e| io(e.error))?;
-    Ok(())
+
+    fn arrow(&self) -> impl Fn(arrow_schema::ArrowError) -> ObsError + '_ {
+        |source| ObsError::Write { path: self.path.display().to_string(), source }
+    }
+
+    /// The writer, made for `field` (the column's, named `column`) if none is yet.
+    fn writer(
+        &mut self,
+        field: Option<&Field>,
+    ) -> Result<&mut (arrow_ipc::writer::FileWriter<tempfile::NamedTempFile>, Arc<Schema>), ObsError> {
+        if self.writer.is_none() {
+            let field = field.cloned().unwrap_or_else(|| Field::new(self.column, arrow_schema::DataType::Utf8, true));
+            let schema = Arc::new(Schema::new(vec![field.with_name(self.column)]));
+            let dir = self.path.parent().expect("cache files are in a folder");
+            let tmp = crate::storage::temp_file_in(dir).map_err(cache_err(self.path))?;
+            let writer = arrow_ipc::writer::FileWriter::try_new(tmp, &schema).map_err(self.arrow())?;
+            self.writer = Some((writer, schema));
+        }
+        Ok(self.writer.as_mut().expect("made above"))
+    }
+
+    /// Writes the next tile's values.
+    fn write(&mut self, batch: &RecordBatch) -> Result<(), ObsError> {
+        let (writer, schema) = self.writer(Some(batch.schema().field(0)))?;
+        let batch = RecordBatch::try_new(schema.clone(), batch.columns().to_vec());
+        let written = batch.and_then(|b| writer.write(&b));
+        written.map_err(self.arrow())
+    }
+
+    /// Finishes the file, syncs it, renames it into place and writes its
+    /// checksum beside it.
+    fn finish(mut self) -> Result<(), ObsError> {
+        self.writer(None)?;
+        let (writer, _) = self.writer.take().expect("made above");
+        let tmp = writer.into_inner().map_err(self.arrow())?;
+        let io = cache_err(self.path);
+        tmp.as_file().sync_all().map_err(&io)?;
+        let checksum = file_checksum(tmp.path()).map_err(&io)?;
+        tmp.persist(self.path).map_err(|e| io(e.error))?;
+        let dir = self.path.parent().expect("cache files are in a folder");
+        let mut sum = crate::storage::temp_file_in(dir).map_err(&io)?;
+        std::io::Write::write_all(&mut sum, checksum.as_bytes()).map_err(&io)?;
+        sum.persist(checksum_path(self.path)).map_err(|e| io(e.error))?;
+        Ok(())
+    }
 }
 
 fn remove_stale_temporaries(dir: &Path) {
@@ -580,8 +657,11 @@ pub(crate) fn localize_as(
             .iter()
             .position(|c| &c.name == name)
             .ok_or_else(|| ObsError::NoColumn { location: storage.location(""), column: name.clone() })?;
-        let (batches, requests, bytes) = src.fetch_column(index)?;
-        write_ipc(&path, name, &batches)?;
+        // written as it is read, a tile at a time: a column of 100 million
+        // cells is never in memory whole
+        let mut out = IpcOut::new(&path, name);
+        let (requests, bytes) = src.for_each_tile(index, 0..manifest.tile_cells.len(), |b| out.write(&b))?;
+        out.finish()?;
         report.requests += requests;
         report.bytes += bytes;
         report.fetched.push(name.clone());
