@@ -65,9 +65,9 @@ pub enum CollectionError {
     /// A cell index at or past the collection's cells.
     #[error("cell {cell} is out of range: the collection has {n_cells} cells")]
     CellOutOfRange { cell: u64, n_cells: u64 },
-    /// A collection file that cannot be read (the message says why).
-    #[error("{path}: {message}")]
-    File { path: String, message: String },
+    /// A collection file that is not one (the source says why).
+    #[error("{path}")]
+    File { path: String, source: CollectionFileError },
     /// A collection file that could not be read (the source says why).
     #[error("{path}: cannot read it")]
     Read { path: String, source: std::io::Error },
@@ -688,7 +688,7 @@ impl TileSource for Collection {
 }
 
 mod file;
-pub use file::{CollectionFile, COLLECTION_FILE_VERSION};
+pub use file::{CollectionFile, CollectionFileError, COLLECTION_FILE_VERSION};
 
 #[cfg(test)]
 mod tests;

@@ -201,7 +201,7 @@ fn check_var(storage: &dyn Storage, manifest: &Manifest, problems: &mut Problems
         flagged_file(storage, format::VAR_NAMES_KEY, "has_var_names", manifest.has_var_names, problems)?
     {
         if let Err(e) = parse_var_names(&bytes, n_genes) {
-            problems.add(format::VAR_NAMES_KEY, "var-names", e);
+            problems.add(format::VAR_NAMES_KEY, "var-names", crate::error_chain(&e));
         }
     }
     if let Some(bytes) =

@@ -11,6 +11,33 @@ use crate::storage::StoreOptions;
 /// The collection file's version this build writes and reads.
 pub const COLLECTION_FILE_VERSION: u64 = 1;
 
+/// Why a text is not a collection file, or its weights not the collection's.
+#[derive(Debug, thiserror::Error)]
+pub enum CollectionFileError {
+    /// Not JSON: the parser's error, kept as it is, reads inside the
+    /// parentheses (where no `source()` prints), so it is no source.
+    #[error("not a collection file (not JSON: {0})")]
+    NotJson(serde_json::Error),
+    /// JSON that breaks a rule of the file (the message says which).
+    #[error("{0}")]
+    Rule(String),
+    /// A weight given for a name that is no dataset of the collection.
+    #[error("weights: {name:?} is not a dataset of the collection")]
+    UnknownWeight { name: String },
+}
+
+impl From<String> for CollectionFileError {
+    fn from(message: String) -> Self {
+        CollectionFileError::Rule(message)
+    }
+}
+
+impl From<&str> for CollectionFileError {
+    fn from(message: &str) -> Self {
+        CollectionFileError::Rule(message.to_string())
+    }
+}
+
 /// A collection written down: a small JSON file that `open_collection`
 /// reads back (roots relative to the file's folder are resolved from it).
 #[derive(Clone, Debug, PartialEq)]
@@ -49,10 +76,10 @@ impl CollectionFile {
     /// Reads the collection file at `path` (a local file): its roots as
     /// written, and resolved against the file's folder when relative.
     pub fn read(path: &Path) -> Result<CollectionFile, CollectionError> {
-        let err = |message: String| CollectionError::File { path: path.display().to_string(), message };
         let text = std::fs::read_to_string(path)
             .map_err(|source| CollectionError::Read { path: path.display().to_string(), source })?;
-        let mut file = CollectionFile::parse(&text).map_err(err)?;
+        let mut file = CollectionFile::parse(&text)
+            .map_err(|source| CollectionError::File { path: path.display().to_string(), source })?;
         let base = path.parent().unwrap_or(Path::new(""));
         for (_, root, _) in &mut file.datasets {
             if !root.contains("://") && Path::new(root.as_str()).is_relative() {
@@ -63,16 +90,16 @@ impl CollectionFile {
     }
 
     /// The file's JSON text, checked.
-    pub fn parse(text: &str) -> Result<CollectionFile, String> {
-        let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| format!("not a collection file (not JSON: {e})"))?;
+    pub fn parse(text: &str) -> Result<CollectionFile, CollectionFileError> {
+        let value: serde_json::Value = serde_json::from_str(text).map_err(CollectionFileError::NotJson)?;
         let version = value.get("deltacells_collection").and_then(serde_json::Value::as_u64);
         match version {
             None => return Err("not a collection file (no \"deltacells_collection\" version)".into()),
             Some(v) if v != COLLECTION_FILE_VERSION => {
                 return Err(format!(
                     "collection file version {v}; this deltacells reads version {COLLECTION_FILE_VERSION}"
-                ))
+                )
+                .into())
             }
             Some(_) => {}
         }
@@ -125,15 +152,14 @@ impl CollectionFile {
 
     /// Weights in the collection's dataset order (0 for a dataset the file
     /// gives none), refusing a name that is no dataset of it.
-    pub fn weights_in_order(&self) -> Result<Option<Vec<f64>>, String> {
+    pub fn weights_in_order(&self) -> Result<Option<Vec<f64>>, CollectionFileError> {
         let Some(weights) = &self.weights else { return Ok(None) };
         let index: HashMap<&str, usize> =
             self.datasets.iter().enumerate().map(|(i, (n, _, _))| (n.as_str(), i)).collect();
         let mut out = vec![0.0; self.datasets.len()];
         for (name, w) in weights {
-            let i = index
-                .get(name.as_str())
-                .ok_or_else(|| format!("weights: {name:?} is not a dataset of the collection"))?;
+            let i =
+                index.get(name.as_str()).ok_or_else(|| CollectionFileError::UnknownWeight { name: name.clone() })?;
             out[*i] = *w;
         }
         Ok(Some(out))

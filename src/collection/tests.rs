@@ -255,7 +255,7 @@ fn a_collection_file_reads_back_with_relative_roots() {
     wrong.datasets[1].2 = Some("00".into());
     assert!(wrong.open(&StoreOptions::default()).err().unwrap().to_string().contains("dataset \"d1\""));
     wrong.weights = Some(vec![("d9".into(), 1.0)]);
-    assert!(wrong.weights_in_order().unwrap_err().contains("\"d9\" is not a dataset"));
+    assert!(wrong.weights_in_order().unwrap_err().to_string().contains("\"d9\" is not a dataset"));
     for bad in ["{}", "[]", "{\"deltacells_collection\": 2, \"datasets\": []}", "{\"deltacells_collection\": 1}"] {
         assert!(CollectionFile::parse(bad).is_err(), "{bad}");
     }

@@ -84,7 +84,8 @@ impl StoredObsRows {
         let location = base.location(&key);
         let bytes =
             base.get(&key)?.ok_or_else(|| ConvertError::invalid(&location, "missing (the manifest lists it)"))?;
-        let groups = crate::obs::RowGroups::open(bytes).map_err(|e| ConvertError::invalid(&location, e))?;
+        let groups = crate::obs::RowGroups::open(bytes)
+            .map_err(|e| ConvertError::Unreadable { location: location.clone(), source: Box::new(e) })?;
         let count = groups.len();
         Ok(StoredObsRows { groups, old: old.clone(), location, count })
     }
@@ -96,7 +97,10 @@ impl StoredObsRows {
 
     /// The rows of the shard's tile `i`, restated into `plan`'s schema.
     pub(crate) fn restated(&self, i: usize, plan: &ObsPlan) -> Result<arrow_array::RecordBatch> {
-        let batch = self.groups.get(i).map_err(|e| ConvertError::invalid(&self.location, e))?;
+        let batch = self
+            .groups
+            .get(i)
+            .map_err(|e| ConvertError::Unreadable { location: self.location.clone(), source: Box::new(e) })?;
         plan.restate(&self.old, &batch).map_err(|e| ConvertError::invalid(&self.location, e))
     }
 

@@ -38,6 +38,11 @@ pub enum ConvertError {
     /// what is wrong.
     #[error("{location}: {problem}")]
     Invalid { location: String, problem: String },
+    /// A file or object the job reads (a stored obs shard, the stored gene
+    /// names) that could not be read as the format says; the cause is left
+    /// to `source()`.
+    #[error("{location}")]
+    Unreadable { location: String, source: crate::causes::Cause },
     /// The dataset is not in a state in which this step can run.
     #[error("{location}: {problem}")]
     State { location: String, problem: String },

@@ -71,7 +71,7 @@ pub(crate) fn shard_in(
     let names_bytes =
         base.get(format::VAR_NAMES_KEY)?.ok_or_else(|| ConvertError::invalid(&names_location, "missing"))?;
     let mut stored_names = crate::dataset::parse_var_names(&names_bytes, plan.n_genes)
-        .map_err(|e| ConvertError::invalid(&names_location, e))?;
+        .map_err(|e| ConvertError::Unreadable { location: names_location, source: Box::new(e) })?;
     let mut source_genes = vec![String::new(); order.len()];
     for (j, &g) in order.iter().enumerate() {
         source_genes[g as usize] = std::mem::take(&mut stored_names[j]);

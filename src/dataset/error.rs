@@ -35,7 +35,7 @@ pub enum DatasetError {
     #[error("{location}: {message}")]
     Invalid { location: String, message: String },
     /// A file that is there but could not be read as the format says: the
-    /// source says why (the parser's error).
+    /// source says why (the parser's error, or the rule the file breaks).
     #[error("{location}")]
     Unreadable { location: String, source: crate::causes::Cause },
     /// A var column asked for (to match genes by) that the gene table does not have.

@@ -63,7 +63,7 @@ impl Dataset {
         let (location, bytes) = self.flagged_file(format::VAR_NAMES_KEY, "has_var_names")?;
         parse_var_names(&bytes, self.manifest.n_genes)
             .map(Some)
-            .map_err(|message| DatasetError::Invalid { location, message })
+            .map_err(|e| DatasetError::Unreadable { location, source: Box::new(e) })
     }
 }
 
@@ -124,16 +124,27 @@ pub(crate) fn cumulative(tile_cells: &[u64]) -> Vec<u64> {
         .collect()
 }
 
+/// Why var_names.txt is not what the format says.
+#[derive(Debug, thiserror::Error)]
+pub enum VarNamesError {
+    #[error("not UTF-8")]
+    NotUtf8(#[source] std::str::Utf8Error),
+    #[error("the last line does not end in a newline")]
+    NoLastNewline,
+    #[error("has {lines} lines, expected n_genes {n_genes}")]
+    Lines { lines: usize, n_genes: u64 },
+}
+
 /// var_names.txt: UTF-8, one name per line, every line ending in "\n"
 /// (decisions.md 13).
-pub(crate) fn parse_var_names(bytes: &[u8], n_genes: u64) -> Result<Vec<String>, String> {
-    let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
+pub(crate) fn parse_var_names(bytes: &[u8], n_genes: u64) -> Result<Vec<String>, VarNamesError> {
+    let text = std::str::from_utf8(bytes).map_err(VarNamesError::NotUtf8)?;
     if !text.is_empty() && !text.ends_with('\n') {
-        return Err("the last line does not end in a newline".into());
+        return Err(VarNamesError::NoLastNewline);
     }
     let names: Vec<String> = text.split_terminator('\n').map(str::to_string).collect();
     if names.len() as u64 != n_genes {
-        return Err(format!("has {} lines, expected n_genes {n_genes}", names.len()));
+        return Err(VarNamesError::Lines { lines: names.len(), n_genes });
     }
     Ok(names)
 }

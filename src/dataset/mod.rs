@@ -28,9 +28,9 @@ use crate::storage::{self, Storage};
 
 pub use cache::{ReadOptions, DEFAULT_CACHE_BYTES, DEFAULT_WRITER_WAIT};
 pub use error::DatasetError;
-pub use files::read_manifest;
 use files::read_manifest_bytes;
 pub(crate) use files::{cumulative, no_manifest, parse_var_names};
+pub use files::{read_manifest, VarNamesError};
 #[cfg(feature = "convert")]
 pub(crate) use files::{APPEND_KEY, PLAN_KEY};
 use follow::{keep_rows, Current};

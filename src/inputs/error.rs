@@ -32,10 +32,9 @@ impl Hdf5Error {
         self
     }
 
-    /// Its first line, with why the read under it failed (HDF5 says only
-    /// that it did).
-    pub(crate) fn failed_read(self, cause: impl std::fmt::Display) -> Hdf5Error {
-        Hdf5Error { first_line: true, hint: Some(format!("reading the object failed: {cause}")), ..self }
+    /// Without its hint (why a read under it failed takes the hint's place).
+    pub(crate) fn without_hint(self) -> Hdf5Error {
+        Hdf5Error { hint: None, ..self }
     }
 
     pub fn error(&self) -> &hdf5::Error {
@@ -56,6 +55,43 @@ impl std::fmt::Display for Hdf5Error {
 
 // (the text is the error's: no source, or it would print twice)
 impl std::error::Error for Hdf5Error {}
+
+/// An error of a file at a URL whose read failed under it, with why (HDF5
+/// says only that a read failed): `error's first line (reading the object
+/// failed: why)`. Both are kept as the values they are.
+#[derive(Debug)]
+pub struct FailedRead {
+    error: Cause,
+    failure: crate::inputs::remote::Failure,
+}
+
+impl FailedRead {
+    pub(crate) fn new(error: impl Into<Cause>, failure: crate::inputs::remote::Failure) -> FailedRead {
+        FailedRead { error: error.into(), failure }
+    }
+
+    /// The error the read's failure came under (HDF5's, or a rule it broke).
+    pub fn error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        self.error.as_ref()
+    }
+
+    /// Why the read failed: the store's error, or a read that panicked.
+    pub fn failure(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        self.failure.0.as_ref()
+    }
+}
+
+impl std::fmt::Display for FailedRead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let error = crate::error_chain(self.error.as_ref());
+        let failure = crate::error_chain(&self.failure);
+        write!(f, "{} (reading the object failed: {failure})", error.lines().next().unwrap_or(""))
+    }
+}
+
+// (why the read failed is printed inside the parentheses, which a source()
+// cannot be: no source, or it would print twice)
+impl std::error::Error for FailedRead {}
 
 /// Why an input file could not be read. Each variant names the file and the
 /// object inside it (for .h5ad files, the HDF5 path: `X/data`, `obs/cell_type`).

@@ -29,7 +29,7 @@ mod table;
 pub mod tenx;
 pub mod zarr;
 
-pub use error::{Advised, BadCount, Cause, Context, Hdf5Error, InputError, Whole};
+pub use error::{Advised, BadCount, Cause, Context, FailedRead, Hdf5Error, InputError, Whole};
 use format::format_by_name;
 pub use format::InputFormat;
 use options::Shared;

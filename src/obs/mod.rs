@@ -189,9 +189,9 @@ pub(crate) struct RowGroups {
 #[cfg_attr(not(feature = "convert"), allow(dead_code))]
 impl RowGroups {
     /// Reads the footer of the shard `bytes`.
-    pub(crate) fn open(bytes: Bytes) -> Result<Self, String> {
+    pub(crate) fn open(bytes: Bytes) -> Result<Self, UnreadableParquet> {
         let meta = parquet::arrow::arrow_reader::ArrowReaderMetadata::load(&bytes, Default::default())
-            .map_err(|e| format!("not a readable Parquet file: {e}"))?;
+            .map_err(|e| UnreadableParquet(Whole(e)))?;
         Ok(RowGroups { bytes, meta })
     }
 
@@ -201,10 +201,9 @@ impl RowGroups {
     }
 
     /// Row group `g`'s rows, as one batch.
-    pub(crate) fn get(&self, g: usize) -> Result<arrow_array::RecordBatch, String> {
-        let failed = |e: &dyn std::fmt::Display| format!("row group {g}: {e}");
+    pub(crate) fn get(&self, g: usize) -> Result<arrow_array::RecordBatch, RowGroupError> {
         if g >= self.len() {
-            return Err(failed(&format!("the file has {}", self.len())));
+            return Err(RowGroupError::Missing { group: g, len: self.len() });
         }
         // (read in batches of at most 64 Ki rows whatever the footer claims,
         // then joined: a row count is not trusted to size a buffer)
@@ -213,10 +212,24 @@ impl RowGroups {
             .with_row_groups(vec![g])
             .with_batch_size(rows)
             .build()
-            .map_err(|e| failed(&e))?;
-        let batches = reader.collect::<Result<Vec<_>, _>>().map_err(|e| failed(&e))?;
-        arrow_select::concat::concat_batches(self.meta.schema(), &batches).map_err(|e| failed(&e))
+            .map_err(|e| RowGroupError::Parquet { group: g, source: Whole(e) })?;
+        let arrow = |e| RowGroupError::Arrow { group: g, source: Whole(e) };
+        let batches = reader.collect::<Result<Vec<_>, _>>().map_err(arrow)?;
+        arrow_select::concat::concat_batches(self.meta.schema(), &batches).map_err(arrow)
     }
+}
+
+/// Why a row group of an obs shard could not be read: not in the file, or
+/// the parquet crate's or Arrow's error (kept whole: its text can hold its
+/// own cause's).
+#[derive(Debug, thiserror::Error)]
+pub enum RowGroupError {
+    #[error("row group {group}: the file has {len}")]
+    Missing { group: usize, len: usize },
+    #[error("row group {group}")]
+    Parquet { group: usize, source: Whole<parquet::errors::ParquetError> },
+    #[error("row group {group}")]
+    Arrow { group: usize, source: Whole<arrow_schema::ArrowError> },
 }
 
 /// A Parquet file whose footer the parquet crate could not read (its error,

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use hdf5::types::{FloatSize, IntSize, TypeDescriptor};
 
 use super::remote;
-use crate::inputs::error::{Cause, Hdf5Error, InputError as H5adError};
+use crate::inputs::error::{Cause, FailedRead, Hdf5Error, InputError as H5adError};
 use crate::inputs::rows::{checked_indices, checked_indptr, made_once, shape_problem, unbacked, RawRows};
 
 pub(crate) use strings::{read_string_attr, read_strings, read_strings_range};
@@ -105,33 +105,16 @@ impl H5adFile {
     /// `e`, with why the read of a file at a URL failed, when one did (HDF5
     /// says only that it did).
     pub(crate) fn with_read_failure(&self, e: H5adError) -> H5adError {
-        match (self.ranged.as_ref().and_then(|r| r.failure()), e) {
-            (Some(cause), H5adError::Invalid { path, object, message }) => H5adError::Invalid {
-                path,
-                object,
-                message: format!(
-                    "{} (reading the object failed: {})",
-                    first_line(&message),
-                    crate::error_chain(&cause)
-                ),
+        let Some(failure) = self.ranged.as_ref().and_then(|r| r.failure()) else { return e };
+        let (path, object, error): (PathBuf, String, Cause) = match e {
+            H5adError::Invalid { path, object, message } => (path, object, message.into()),
+            H5adError::Read { path, object, source } => match source.downcast::<Hdf5Error>() {
+                Ok(h) => (path, object, Box::new(h.without_hint()) as Cause),
+                Err(source) => (path, object, source),
             },
-            (Some(cause), H5adError::Read { path, object, source }) => H5adError::Read {
-                path,
-                object,
-                source: match source.downcast::<Hdf5Error>() {
-                    Ok(h) => Box::new(h.failed_read(crate::error_chain(&cause))),
-                    // (a rule broken, or an attribute's context: as text, as
-                    // the HDF5 error's first line is)
-                    Err(source) => format!(
-                        "{} (reading the object failed: {})",
-                        first_line(&crate::error_chain(source.as_ref())),
-                        crate::error_chain(&cause)
-                    )
-                    .into(),
-                },
-            },
-            (_, e) => e,
-        }
+            e => return e,
+        };
+        H5adError::Read { path, object, source: Box::new(FailedRead::new(error, failure)) }
     }
 
     pub fn path(&self) -> &Path {
@@ -411,10 +394,6 @@ impl H5adFile {
     pub fn obs_names(&self) -> Option<Vec<String>> {
         self.dataframe_index("obs").ok()
     }
-}
-
-fn first_line(s: &str) -> String {
-    s.lines().next().unwrap_or("").to_string()
 }
 
 /// An HDF5 filter, by its registered id (the HDF Group's list), as words.

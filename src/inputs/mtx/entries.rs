@@ -5,7 +5,7 @@
 use std::io::{BufRead, Write};
 use std::ops::Range;
 
-use super::place::{read_line, LineError};
+use super::place::{read_line, LineError, LineProblem};
 
 /// Entries sorted in memory at once before they are written to the
 /// temporary file: 16 bytes each, so 64 MiB.
@@ -55,12 +55,12 @@ pub(super) fn read_header(stream: &mut dyn BufRead) -> Result<Header, LineError>
             return Err((1, "unsupported: a dense (array) matrix; deltacells reads coordinate matrices".into()))
         }
         Some(["matrix", "coordinate", field @ ("pattern" | "complex"), _]) => {
-            return Err((1, format!("unsupported: {field} values; counts are integer or real")))
+            return Err((1, format!("unsupported: {field} values; counts are integer or real").into()))
         }
         Some(["matrix", "coordinate", _, symmetry]) => {
-            return Err((1, format!("unsupported: a {symmetry} matrix; counts are general")))
+            return Err((1, format!("unsupported: a {symmetry} matrix; counts are general").into()))
         }
-        _ => return Err((1, format!("unsupported banner {:?}", String::from_utf8_lossy(&line).trim()))),
+        _ => return Err((1, format!("unsupported banner {:?}", String::from_utf8_lossy(&line).trim()).into())),
     }
     let mut at = 1u64;
     loop {
@@ -73,16 +73,17 @@ pub(super) fn read_header(stream: &mut dyn BufRead) -> Result<Header, LineError>
         if text.is_empty() || text.starts_with('%') {
             continue;
         }
-        let sizes: Vec<u64> = text
-            .split_whitespace()
-            .map(str::parse)
-            .collect::<Result<_, _>>()
-            .map_err(|_| (at, format!("{text:?} is not the three sizes (rows, columns, entries)")))?;
+        let sizes: Vec<u64> = text.split_whitespace().map(str::parse).collect::<Result<_, _>>().map_err(|_| {
+            (at, LineProblem::from(format!("{text:?} is not the three sizes (rows, columns, entries)")))
+        })?;
         let [rows, cols, entries] = sizes[..] else {
-            return Err((at, format!("{text:?} is not the three sizes (rows, columns, entries)")));
+            return Err((at, format!("{text:?} is not the three sizes (rows, columns, entries)").into()));
         };
         if rows > u64::from(u32::MAX) || cols > u64::from(u32::MAX) {
-            return Err((at, format!("{rows} x {cols} is larger than deltacells stores (2^32-1 cells or genes)")));
+            return Err((
+                at,
+                format!("{rows} x {cols} is larger than deltacells stores (2^32-1 cells or genes)").into(),
+            ));
         }
         return Ok(Header { rows, cols, entries, first_line: at + 1 });
     }
@@ -149,7 +150,7 @@ pub(super) fn parse(
     n_cells: u64,
     run_entries: usize,
 ) -> Result<Parsed, LineError> {
-    let temp = |e: std::io::Error| (0, format!("cannot write the temporary file of sorted entries ($TMPDIR): {e}"));
+    let temp = |e: std::io::Error| (0, LineProblem::Temporary(e));
     let mut file = std::io::BufWriter::with_capacity(1 << 20, tempfile::tempfile().map_err(temp)?);
     let mut counts = vec![0u64; n_cells as usize + 1];
     // (grown as entries come: the header's count is only a claim)
@@ -199,17 +200,21 @@ pub(super) fn parse(
             continue;
         }
         let Some((r, c, value)) = parse_entry(text) else {
-            return Err((number, format!("{:?} is not an entry (row, column, value)", String::from_utf8_lossy(text))));
+            return Err((
+                number,
+                format!("{:?} is not an entry (row, column, value)", String::from_utf8_lossy(text)).into(),
+            ));
         };
         if r == 0 || r > n_rows || c == 0 || c > n_cols {
             return Err((
                 number,
-                format!("entry ({r}, {c}) is outside the header's {n_rows} x {n_cols} (rows and columns count from 1)"),
+                format!("entry ({r}, {c}) is outside the header's {n_rows} x {n_cols} (rows and columns count from 1)")
+                    .into(),
             ));
         }
         seen += 1;
         if seen > header.entries {
-            return Err((number, format!("more entries than the {} the header says", header.entries)));
+            return Err((number, format!("more entries than the {} the header says", header.entries).into()));
         }
         let (cell, gene) = match orientation {
             Orientation::GenesByCells => (c - 1, r - 1),
@@ -222,7 +227,10 @@ pub(super) fn parse(
         }
     }
     if seen < header.entries {
-        return Err((number, format!("the file ends after {seen} entries, but the header says {}", header.entries)));
+        return Err((
+            number,
+            format!("the file ends after {seen} entries, but the header says {}", header.entries).into(),
+        ));
     }
     flush(&mut run, &mut file)?;
     let file = file.into_inner().map_err(|e| temp(e.into_error()))?;
@@ -295,12 +303,24 @@ mod tests {
         let h = header("%%MatrixMarket matrix coordinate integer general\n%comment\n3 4 5\n1 1 1\n").unwrap();
         assert_eq!(h, Header { rows: 3, cols: 4, entries: 5, first_line: 4 });
         assert!(header("%%MatrixMarket matrix coordinate real general\n\n3 4 5\n").is_ok());
-        assert!(header("%%MatrixMarket matrix array real general\n3 4\n").unwrap_err().1.contains("dense"));
-        assert!(header("%%MatrixMarket matrix coordinate pattern general\n").unwrap_err().1.contains("pattern"));
-        assert!(header("%%MatrixMarket matrix coordinate integer symmetric\n").unwrap_err().1.contains("symmetric"));
-        assert!(header("hello\n").unwrap_err().1.contains("not a Matrix Market"));
+        assert!(header("%%MatrixMarket matrix array real general\n3 4\n").unwrap_err().1.to_string().contains("dense"));
+        assert!(header("%%MatrixMarket matrix coordinate pattern general\n")
+            .unwrap_err()
+            .1
+            .to_string()
+            .contains("pattern"));
+        assert!(header("%%MatrixMarket matrix coordinate integer symmetric\n")
+            .unwrap_err()
+            .1
+            .to_string()
+            .contains("symmetric"));
+        assert!(header("hello\n").unwrap_err().1.to_string().contains("not a Matrix Market"));
         assert_eq!(header("%%MatrixMarket matrix coordinate integer general\n3 4\n").unwrap_err().0, 2);
-        assert!(header("%%MatrixMarket matrix coordinate integer general\n% only\n").unwrap_err().1.contains("ends"));
+        assert!(header("%%MatrixMarket matrix coordinate integer general\n% only\n")
+            .unwrap_err()
+            .1
+            .to_string()
+            .contains("ends"));
     }
 
     #[test]
@@ -362,9 +382,9 @@ mod tests {
         let parsed = |text: &str, n: u64| parsed(text, 3, 3, n, RUN_ENTRIES);
         let e = parsed("1 1 1\n4 1 1\n", 2).unwrap_err();
         assert_eq!(e.0, 4);
-        assert!(e.1.contains("outside the header's 3 x 3"), "{}", e.1);
-        assert!(parsed("1 1 1\n", 2).unwrap_err().1.contains("ends after 1 entries"));
-        assert!(parsed("1 1 1\n1 2 1\n", 1).unwrap_err().1.contains("more entries"));
+        assert!(e.1.to_string().contains("outside the header's 3 x 3"), "{}", e.1);
+        assert!(parsed("1 1 1\n", 2).unwrap_err().1.to_string().contains("ends after 1 entries"));
+        assert!(parsed("1 1 1\n1 2 1\n", 1).unwrap_err().1.to_string().contains("more entries"));
         assert_eq!(parsed("1 1 x\n", 1).unwrap_err().0, 3);
     }
 }

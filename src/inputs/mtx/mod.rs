@@ -40,7 +40,7 @@ use crate::inputs::source::InputSource;
 use crate::inputs::table::{FrameColumn, MemoryTable, Table};
 pub use entries::RUN_ENTRIES;
 use entries::{parse, read_header, Entry, Header, Orientation, Parsed, ENTRY_BYTES};
-use place::{read_tsv, Place};
+use place::{read_tsv, LineError, LineProblem, Place};
 
 /// Parsed matrices kept for the process's next openings of the same file.
 const KEPT_MATRICES: usize = 4;
@@ -141,14 +141,14 @@ impl MtxSource {
                 source,
             })
         };
-        let features = read_tsv(opened(&features_file)?).map_err(|(line, m)| invalid(at(&features_file, line), m))?;
-        let barcodes = read_tsv(opened(&barcodes_file)?).map_err(|(line, m)| invalid(at(&barcodes_file, line), m))?;
+        let features = read_tsv(opened(&features_file)?).map_err(|e| line_error(path, &features_file, e))?;
+        let barcodes = read_tsv(opened(&barcodes_file)?).map_err(|e| line_error(path, &barcodes_file, e))?;
         let header = read_header(&mut matrix.open(remote).map_err(|source| InputError::OpenFailed {
             path: path.to_path_buf(),
             format: "Matrix Market",
             source,
         })?)
-        .map_err(|(line, m)| invalid(at(&matrix, line), m))?;
+        .map_err(|e| line_error(path, &matrix, e))?;
         let (n_features, n_barcodes) = (features.len() as u64, barcodes.len() as u64);
         let sizes = format!(
             "{} x {} (header), {n_features} features in {}, {n_barcodes} barcodes in {}",
@@ -238,8 +238,6 @@ impl MtxSource {
         if let Some(p) = self.parsed.get() {
             return Ok(p);
         }
-        let invalid =
-            |object: String, message: String| InputError::Invalid { path: self.path.clone(), object, message };
         let version = self.matrix.version(&self.remote).map_err(|source| InputError::Read {
             path: self.path.clone(),
             object: self.matrix.name(),
@@ -260,7 +258,7 @@ impl MtxSource {
                 })?;
                 let p = Arc::new(
                     parse(stream, self.header, self.orientation, self.n_rows(), RUN_ENTRIES)
-                        .map_err(|(line, m)| invalid(at(&self.matrix, line), m))?,
+                        .map_err(|e| line_error(&self.path, &self.matrix, e))?,
                 );
                 let mut kept = PARSED.lock().unwrap_or_else(|e| e.into_inner());
                 kept.retain(|(k, _)| *k != key);
@@ -272,6 +270,16 @@ impl MtxSource {
             }
         };
         Ok(self.parsed.get_or_init(|| parsed))
+    }
+}
+
+/// The input's error for a failure at a line of `place` (of the input at
+/// `path`): a rule broken, or a failed read with its cause.
+fn line_error(path: &Path, place: &Place, (line, problem): LineError) -> InputError {
+    let (path, object) = (path.to_path_buf(), at(place, line));
+    match problem {
+        LineProblem::Rule(message) => InputError::Invalid { path, object, message },
+        problem => InputError::Read { path, object, source: Box::new(problem) },
     }
 }
 

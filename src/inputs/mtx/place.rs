@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::inputs::error::Cause;
+use crate::inputs::error::{Cause, Whole};
 use crate::inputs::remote::{self, RangedFile, ReadOf, RemoteOptions};
 use crate::storage::StorageError;
 
@@ -103,17 +103,48 @@ impl Read for UrlReader {
 }
 
 /// A failure at a line of a file (0: not at a line).
-pub(super) type LineError = (u64, String);
+pub(super) type LineError = (u64, LineProblem);
+
+/// What failed at a line: a rule of the format it breaks, or the reading of
+/// it (or the writing of the entries sorted), with the error under it.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum LineProblem {
+    /// A rule broken (the message says which).
+    #[error("{0}")]
+    Rule(String),
+    #[error("the gzip stream ends early (a truncated file)")]
+    Truncated,
+    /// A gzip stream that does not decode: the decoder's error reads inside
+    /// the parentheses (where no `source()` prints), so it is no source.
+    #[error("the gzip stream is corrupt ({0})")]
+    Corrupt(std::io::Error),
+    /// A read that failed: the system's error, or the store's as an
+    /// `io::Error`'s text (kept whole, as it printed).
+    #[error("cannot be read")]
+    Unread(#[source] Whole<std::io::Error>),
+    #[error("cannot write the temporary file of sorted entries ($TMPDIR)")]
+    Temporary(#[source] std::io::Error),
+}
+
+impl From<String> for LineProblem {
+    fn from(message: String) -> Self {
+        LineProblem::Rule(message)
+    }
+}
+
+impl From<&str> for LineProblem {
+    fn from(message: &str) -> Self {
+        LineProblem::Rule(message.to_string())
+    }
+}
 
 /// Says what a failed read of text means: a gzip stream that ends early or
 /// does not decode, or the read's own failure.
-pub(super) fn read_failure(e: &std::io::Error) -> String {
+fn read_failure(e: std::io::Error) -> LineProblem {
     match e.kind() {
-        std::io::ErrorKind::UnexpectedEof => "the gzip stream ends early (a truncated file)".into(),
-        std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData => {
-            format!("the gzip stream is corrupt ({e})")
-        }
-        _ => format!("cannot be read: {e}"),
+        std::io::ErrorKind::UnexpectedEof => LineProblem::Truncated,
+        std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData => LineProblem::Corrupt(e),
+        _ => LineProblem::Unread(Whole(e)),
     }
 }
 
@@ -124,11 +155,11 @@ pub(super) const MAX_LINE: usize = 1 << 20;
 
 /// Reads the next line of `stream`, its end included, into `line` (cleared
 /// first): its length, 0 at the end of the file; a failure's reason.
-pub(super) fn read_line(stream: &mut dyn BufRead, line: &mut Vec<u8>) -> Result<usize, String> {
+pub(super) fn read_line(stream: &mut dyn BufRead, line: &mut Vec<u8>) -> Result<usize, LineProblem> {
     line.clear();
-    let n = stream.take(MAX_LINE as u64 + 1).read_until(b'\n', line).map_err(|e| read_failure(&e))?;
+    let n = stream.take(MAX_LINE as u64 + 1).read_until(b'\n', line).map_err(read_failure)?;
     if n > MAX_LINE {
-        return Err(format!("a line longer than {MAX_LINE} bytes: not a text file of this format"));
+        return Err(format!("a line longer than {MAX_LINE} bytes: not a text file of this format").into());
     }
     Ok(n)
 }
@@ -143,7 +174,7 @@ pub(super) fn read_tsv(mut stream: Box<dyn BufRead + Send>) -> Result<Vec<Vec<St
             break;
         }
         let line = line.strip_suffix(b"\n").unwrap_or(&line);
-        let text = std::str::from_utf8(line).map_err(|_| (n, "is not UTF-8 text".to_string()))?;
+        let text = std::str::from_utf8(line).map_err(|_| (n, LineProblem::from("is not UTF-8 text")))?;
         let text = text.strip_suffix('\r').unwrap_or(text);
         if text.is_empty() {
             continue;

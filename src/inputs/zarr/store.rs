@@ -35,10 +35,17 @@ impl StoreBytes {
             return Ok(());
         };
         match limit.problem(chunk) {
+            // (a rule broken, as zarrs's text: no library's error is under it)
             Some(problem) => Err(StorageError::Other(format!("chunk {key}: {problem}"))),
             None => Ok(()),
         }
     }
+}
+
+/// Our store's failure as zarrs's: zarrs's error holds another library's only
+/// as an `io::Error`, which holds ours as the value it is and prints its text.
+fn store_failure(e: crate::storage::StorageError) -> StorageError {
+    StorageError::from(std::io::Error::other(e))
 }
 
 impl ReadableStorageTraits for StoreBytes {
@@ -48,15 +55,14 @@ impl ReadableStorageTraits for StoreBytes {
         byte_ranges: ByteRangeIterator<'a>,
     ) -> Result<MaybeBytesIterator<'a>, StorageError> {
         let ranges: Vec<ByteRange> = byte_ranges.collect();
-        let fail = |e: crate::storage::StorageError| StorageError::Other(e.to_string());
         if let [ByteRange::FromStart(0, None)] = ranges[..] {
-            let Some(bytes) = self.0.get(key.as_str()).map_err(fail)? else { return Ok(None) };
+            let Some(bytes) = self.0.get(key.as_str()).map_err(store_failure)? else { return Ok(None) };
             self.check(key, &bytes)?;
             return Ok(Some(Box::new(std::iter::once(Ok(bytes)))));
         }
         let open_ended = ranges.iter().any(|r| matches!(r, ByteRange::Suffix(_) | ByteRange::FromStart(_, None)));
         let size = if open_ended {
-            match self.0.size(key.as_str()).map_err(fail)? {
+            match self.0.size(key.as_str()).map_err(store_failure)? {
                 Some(size) => size,
                 None => return Ok(None),
             }
@@ -64,7 +70,7 @@ impl ReadableStorageTraits for StoreBytes {
             u64::MAX
         };
         let ranges: Vec<Range<u64>> = ranges.iter().map(|r| r.to_range(size)).collect();
-        let Some(parts) = self.0.get_ranges(key.as_str(), &ranges).map_err(fail)? else { return Ok(None) };
+        let Some(parts) = self.0.get_ranges(key.as_str(), &ranges).map_err(store_failure)? else { return Ok(None) };
         for part in &parts {
             self.check(key, part)?;
         }
@@ -72,7 +78,7 @@ impl ReadableStorageTraits for StoreBytes {
     }
 
     fn size_key(&self, key: &StoreKey) -> Result<Option<u64>, StorageError> {
-        self.0.size(key.as_str()).map_err(|e| StorageError::Other(e.to_string()))
+        self.0.size(key.as_str()).map_err(store_failure)
     }
 
     fn supports_get_partial(&self) -> bool {
