@@ -229,20 +229,20 @@ fn inputs_that_cannot_be_appended_are_refused_before_anything_changes() {
     refused(&["genes.h5ad"], &["genes.h5ad", "has no gene \"gene4\"", "ds (var_names.txt)"]);
     // an obs column missing
     input(&t.join("missing.h5ad"), 5, 2, &genes, &tb, Score::Int8);
-    let f = hdf5::File::open_rw(t.join("missing.h5ad")).unwrap();
+    let f = h5::open_rw(&t.join("missing.h5ad"));
     f.unlink("obs/score").unwrap();
     drop(f);
     refused(&["missing.h5ad"], &["missing.h5ad: obs column \"score\" is missing (it is in ds)"]);
     // an obs column of another kind
     input(&t.join("kind.h5ad"), 5, 2, &genes, &tb, Score::Int8);
-    let f = hdf5::File::open_rw(t.join("kind.h5ad")).unwrap();
+    let f = h5::open_rw(&t.join("kind.h5ad"));
     f.unlink("obs/score").unwrap();
     h5::strings(&f.group("obs").unwrap(), "score", &names("s", 5));
     drop(f);
     refused(&["kind.h5ad"], &["obs column \"score\" is numeric in ds but string in kind.h5ad"]);
     // values that are not counts (found while encoding: still nothing changes)
     input(&t.join("floats.h5ad"), 3, 2, &genes, &tb, Score::Int8);
-    let f = hdf5::File::open_rw(t.join("floats.h5ad")).unwrap();
+    let f = h5::open_rw(&t.join("floats.h5ad"));
     f.unlink("X").unwrap();
     let rows: Rows = vec![vec![(1, 2.0)], vec![], vec![(3, 0.5)]];
     h5::matrix(&f, "X", &rows, 20, Layout::Csr, |v| v as f32);

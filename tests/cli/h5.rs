@@ -8,9 +8,27 @@ use hdf5::H5Type;
 
 /// Creates an HDF5 file that is really closed when the handle is dropped (the
 /// "strong" close degree closes every object still open in it).
+///
+/// File locking is off: HDF5 opens files without close-on-exec, so a
+/// `deltacells` child that another test thread starts while this file is open
+/// inherits the descriptor and, with it, the lock, which then refuses a later
+/// open of the same file in this process ("unable to lock file, errno = 11").
 pub fn create(path: &Path) -> hdf5::File {
     use hdf5::file::FileCloseDegree;
-    hdf5::File::with_options().with_fapl(|p| p.fclose_degree(FileCloseDegree::Strong)).create(path).unwrap()
+    hdf5::File::with_options()
+        .with_fapl(|p| p.fclose_degree(FileCloseDegree::Strong).file_locking(false))
+        .create(path)
+        .unwrap()
+}
+
+/// Opens an existing HDF5 file for editing, closed strongly and unlocked as
+/// [`create`]'s files are.
+pub fn open_rw(path: &Path) -> hdf5::File {
+    use hdf5::file::FileCloseDegree;
+    hdf5::File::with_options()
+        .with_fapl(|p| p.fclose_degree(FileCloseDegree::Strong).file_locking(false))
+        .open_rw(path)
+        .unwrap()
 }
 
 pub fn vlu(s: &str) -> VarLenUnicode {

@@ -187,7 +187,7 @@ fn obs_columns_that_cannot_be_stored_or_merged_are_named() {
     assert!(!t.join("out/manifest.json").exists());
     // a column missing from one file
     with_obs(&t.join("c.h5ad"), &["T"], &[0], true);
-    let f = hdf5::File::open_rw(t.join("c.h5ad")).unwrap();
+    let f = h5::open_rw(&t.join("c.h5ad"));
     f.unlink("obs/score").unwrap();
     drop(f);
     let run = t.run(&["convert", "-q", "a.h5ad", "c.h5ad", "out"]).expect_code(2);
@@ -210,7 +210,7 @@ fn obs_columns_that_cannot_be_stored_or_merged_are_named() {
     );
     t.run(&["convert", "-q", "--no-obs", "a.h5ad", "bare.h5ad", "out3"]).expect_code(0);
     // a column of an unsupported encoding
-    let f = hdf5::File::open_rw(t.join("c.h5ad")).unwrap();
+    let f = h5::open_rw(&t.join("c.h5ad"));
     let g = f.group("obs").unwrap().create_group("when").unwrap();
     h5::str_attr(&g, "encoding-type", "datetime");
     drop((g, f));
