@@ -21,7 +21,10 @@
 //! the same collection without opening anything: each dataset is opened when
 //! it is first read, and refused, naming it, if its manifest changed. An open
 //! dataset costs its manifest (a few hundred bytes per tile) and its map (4
-//! bytes per stored gene and 8 per vocabulary gene).
+//! bytes per stored gene, and 4 per vocabulary gene once top-k batches or
+//! [`Collection::holders`] ask for it). While a collection is opened, each
+//! distinct gene name is kept once, as are 4 bytes per stored gene of every
+//! dataset.
 //!
 //! A collection can be written down as a small JSON file
 //! ([`CollectionFile`]): the roots, the gene choice, weights per dataset and
@@ -206,11 +209,11 @@ fn check_members(members: &[(String, String)]) -> Result<(), CollectionError> {
     Ok(())
 }
 
-/// A dataset opened, with its genes as the vocabulary matches them (in
-/// stored order).
+/// A dataset opened, with the ids of its genes as the vocabulary matches
+/// them (in stored order).
 struct Opened {
     dataset: Arc<Dataset>,
-    keys: Vec<String>,
+    ids: Vec<u32>,
 }
 
 impl Collection {
@@ -230,6 +233,7 @@ impl Collection {
             GeneMap::by_name(&[] as &[&str], names)?;
         }
         let read = member_read_options(DEFAULT_CACHE_BYTES, members.len());
+        let names = Mutex::new(GeneIds::default());
         let opened: Vec<Opened> = members
             .par_iter()
             .map(|(name, root)| {
@@ -239,12 +243,17 @@ impl Collection {
                     .and_then(|store| Dataset::from_storage_with(store, &read))
                     .map_err(member)?;
                 let keys = dataset.gene_keys(gene_column).map_err(member)?;
-                Ok(Opened { dataset: Arc::new(dataset), keys })
+                let ids = names.lock().unwrap_or_else(|p| p.into_inner()).intern(keys)?;
+                Ok(Opened { dataset: Arc::new(dataset), ids })
             })
             .collect::<Result<_, CollectionError>>()?;
+        let names = names.into_inner().unwrap_or_else(|p| p.into_inner());
         let vocabulary = match genes {
             GeneChoice::List(names) => names.clone(),
-            choice => combined(&opened, *choice == GeneChoice::Union),
+            choice => {
+                let ids: Vec<&[u32]> = opened.iter().map(|o| o.ids.as_slice()).collect();
+                names.combined(&ids, *choice == GeneChoice::Union)
+            }
         };
         if vocabulary.is_empty() {
             let names: Vec<&str> = members.iter().map(|(n, _)| n.as_str()).collect();
@@ -253,9 +262,11 @@ impl Collection {
                 gene_column.unwrap_or("var_names")
             )));
         }
+        let columns = names.columns_in(&vocabulary);
+        drop(names);
         let mut built = Vec::with_capacity(opened.len());
         for ((name, root), o) in members.iter().zip(opened) {
-            let map = GeneMap::by_name(&o.keys, &vocabulary)?;
+            let map = genes::map_of(&o.ids, &columns, vocabulary.len())?;
             let in_vocabulary = map.is_identity();
             let m = o.dataset.manifest();
             let summary = MemberSummary {
@@ -635,30 +646,6 @@ fn check_output(output: &BatchOutput, n_cols: u32) -> Result<(), CollectionError
     output.check_columns(n_cols).map_err(|e| CollectionError::Argument(e.to_string()))
 }
 
-/// The union (or intersection) of the datasets' genes: see the [module](self).
-fn combined(opened: &[Opened], union: bool) -> Vec<String> {
-    let mut seen = HashSet::new();
-    let mut out = Vec::new();
-    if union {
-        for o in opened {
-            for name in &o.keys {
-                if seen.insert(name.as_str()) {
-                    out.push(name.clone());
-                }
-            }
-        }
-    } else {
-        let sets: Vec<HashSet<&str>> =
-            opened[1..].iter().map(|o| o.keys.iter().map(String::as_str).collect()).collect();
-        for name in &opened[0].keys {
-            if sets.iter().all(|s| s.contains(name.as_str())) && seen.insert(name.as_str()) {
-                out.push(name.clone());
-            }
-        }
-    }
-    out
-}
-
 impl TileSource for Collection {
     fn n_members(&self) -> usize {
         self.members.len()
@@ -688,7 +675,9 @@ impl TileSource for Collection {
 }
 
 mod file;
+mod genes;
 pub use file::{CollectionFile, CollectionFileError, COLLECTION_FILE_VERSION};
+use genes::GeneIds;
 
 #[cfg(test)]
 mod tests;

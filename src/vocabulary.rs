@@ -32,7 +32,7 @@ pub enum VocabularyError {
 }
 
 /// Where each stored column goes in the output. See the [module](self).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct GeneMap {
     /// Per stored column: its output column, or [`LEFT_OUT`].
     to_output: Vec<u32>,
@@ -43,12 +43,36 @@ pub struct GeneMap {
     /// Output columns some stored column goes to.
     present: u32,
     /// Per output column: the first stored column that goes to it, or
-    /// [`LEFT_OUT`] for a gene the dataset lacks.
-    from_output: Vec<u32>,
+    /// [`LEFT_OUT`] for a gene the dataset lacks. Made when first asked
+    /// (top-k ranking, a collection's holders): a collection of hundreds of
+    /// datasets keeps one map each, and most never need it.
+    from_output: std::sync::OnceLock<Vec<u32>>,
     /// Some output column has several stored columns (their counts are added).
     merges: bool,
     /// Radix passes (bytes) an output column needs.
     passes: usize,
+}
+
+/// Maps are equal when they send every stored column to the same place
+/// (everything else is derived from that).
+impl PartialEq for GeneMap {
+    fn eq(&self, other: &Self) -> bool {
+        self.n_output == other.n_output && self.to_output == other.to_output
+    }
+}
+
+impl Eq for GeneMap {}
+
+/// Per output column of `n_output`, the first stored column `to_output`
+/// sends there, or [`LEFT_OUT`].
+fn first_stored_of(to_output: &[u32], n_output: u32) -> Vec<u32> {
+    let mut from_output = vec![LEFT_OUT; n_output as usize];
+    for (stored, &j) in to_output.iter().enumerate() {
+        if let Some(first) = from_output.get_mut(j as usize).filter(|f| **f == LEFT_OUT) {
+            *first = stored as u32;
+        }
+    }
+    from_output
 }
 
 impl GeneMap {
@@ -81,6 +105,23 @@ impl GeneMap {
         Ok(GeneMap::from_table(to_output, wanted.len() as u32))
     }
 
+    /// The map whose stored column `i` goes to output column
+    /// `to_output[i]` (`u32::MAX`: left out) of `n_output`: a map by name
+    /// whose names were matched elsewhere (a collection matches ids). An
+    /// output column past `n_output` is left out.
+    pub(crate) fn from_columns(mut to_output: Vec<u32>, n_output: usize) -> Result<GeneMap, VocabularyError> {
+        let max = LEFT_OUT - 1;
+        let n =
+            u32::try_from(n_output).ok().filter(|&n| n <= max).ok_or(VocabularyError::TooMany { n: n_output, max })?;
+        if n == 0 {
+            return Err(VocabularyError::Empty);
+        }
+        for j in to_output.iter_mut().filter(|j| **j >= n) {
+            *j = LEFT_OUT;
+        }
+        Ok(GeneMap::from_table(to_output, n))
+    }
+
     /// The map back to the source files' gene order: stored column `j` was
     /// source column `gene_order[j]` (gene_order.npy).
     pub fn source_order(gene_order: &[i32]) -> Result<GeneMap, VocabularyError> {
@@ -104,22 +145,20 @@ impl GeneMap {
     }
 
     fn from_table(to_output: Vec<u32>, n_output: u32) -> GeneMap {
-        let mut from_output = vec![LEFT_OUT; n_output as usize];
+        let from_output = first_stored_of(&to_output, n_output);
         let mut in_order = true;
-        let mut merges = false;
         let mut last: Option<u32> = None;
-        for (stored, &j) in to_output.iter().enumerate().filter(|(_, &j)| j != LEFT_OUT) {
+        let mut mapped = 0usize;
+        for &j in to_output.iter().filter(|&&j| j != LEFT_OUT) {
             in_order &= last.is_none_or(|l| j > l);
             last = Some(j);
-            if from_output[j as usize] == LEFT_OUT {
-                from_output[j as usize] = stored as u32;
-            } else {
-                merges = true;
-            }
+            mapped += 1;
         }
         let present = from_output.iter().filter(|&&s| s != LEFT_OUT).count() as u32;
+        // a stored column that is not the first of its output column
+        let merges = mapped > present as usize;
         let passes = (1..=4).find(|&p| u64::from(n_output.max(1) - 1) >> (8 * p) == 0).unwrap_or(4);
-        GeneMap { to_output, n_output, in_order, present, from_output, merges, passes }
+        GeneMap { to_output, n_output, in_order, present, from_output: std::sync::OnceLock::new(), merges, passes }
     }
 
     /// Columns of the output.
@@ -146,7 +185,8 @@ impl GeneMap {
     /// The first stored column that goes to output column `column` (for a
     /// gene the dataset lacks, or past the output, `u32::MAX`).
     pub fn first_stored(&self, column: u32) -> u32 {
-        self.from_output.get(column as usize).copied().unwrap_or(LEFT_OUT)
+        let from_output = self.from_output.get_or_init(|| first_stored_of(&self.to_output, self.n_output));
+        from_output.get(column as usize).copied().unwrap_or(LEFT_OUT)
     }
 
     /// Whether the map changes nothing: every stored column is the output
