@@ -4,7 +4,7 @@ and its memory stay flat over the decade.
 
     .venv/bin/python benches/make_atlas.py --cells 10000000 --compression gzip --out target/atlas-gz
     .venv/bin/python benches/sharded_scale.py --inputs target/atlas-gz [--cells 10000000]
-                                              [--small 1000000] [--shard-cells 1000000] [--work DIR] [--keep]
+                                              [--small 1000000] [--shard-cells 1000000] [--reads] [--work DIR] [--keep]
 
 A plan needs every input at once, so the inputs are benches/make_atlas.py's
 files written with `--compression gzip`, as anndata writes them when asked:
@@ -24,7 +24,11 @@ posix_fadvise, so that 2 GB and 21 GB of inputs are read alike):
 - then `verify` of the result (cold), and its bytes.
 
 At SMALL cells also a one-process `convert` of the same inputs, to show what
-sharding costs. Prints a table with the growth per decade (per cell for
+sharding costs. With --reads, also at both sizes, on the store the shards
+made (cold, as benches/ten_million.py measures them): open_dataset,
+`obs localize` of three columns, `export` of 10,000 cells, and a collection
+of the same cells as datasets of MEMBER_CELLS each (converted from the same
+inputs, not timed): open_collection and a full shuffled epoch of it. Prints a table with the growth per decade (per cell for
 times) and the raw results as JSON on stderr. The stores are deleted at the
 end unless --keep; the inputs are left (make_atlas.py made them). Not run by
 the tests.
@@ -45,7 +49,7 @@ BINARY = REPO / "target" / "release" / "deltacells"
 PER_FILE = 10_000
 sys.path.insert(0, str(HERE))
 
-from ten_million import size_of, timed  # noqa: E402
+from ten_million import python_row, size_of, timed
 
 
 def inputs_of(root: Path, cells: int) -> list[Path]:
@@ -79,6 +83,43 @@ def sharded(files: list[Path], out: Path, shards: int) -> dict:
     }
 
 
+def members_of(files: list[Path], root: Path, member_cells: int) -> list[Path]:
+    """The cells of `files` as datasets of `member_cells` each under `root`
+    (those already there kept)."""
+    per = member_cells // PER_FILE
+    members = []
+    for m in range(0, len(files), per):
+        out = root / f"member_{m // per:04d}"
+        if not (out / "manifest.json").exists():
+            shutil.rmtree(out, ignore_errors=True)
+            timed([BINARY, "convert", "-q", *files[m:m + per], out])
+        members.append(out)
+    return members
+
+
+def reads(cells: int, ds: Path, members: list[Path], work: Path) -> dict:
+    """The reads that hold what grows with the dataset, on `ds` (cold)."""
+    rows: dict[str, dict] = {"open_dataset": python_row("open", str(ds), cold=[ds])}
+    cache = work / "obs-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    rows["obs localize, 3 columns"] = {
+        **timed([BINARY, "obs", "localize", "--cache-dir", cache, "--columns", "cell_type,donor,n_counts", ds],
+                cold=[ds]),
+        "cache_bytes": size_of(cache)}
+    shutil.rmtree(cache, ignore_errors=True)
+    exported = work / "export.h5ad"
+    middle = cells // 2
+    rows["export of 10,000 cells"] = timed([BINARY, "export", "--overwrite", "--cells",
+                                            f"{middle}:{middle + 10_000}", ds, exported], cold=[ds])
+    exported.unlink(missing_ok=True)
+    listing = json.dumps([str(m) for m in members])
+    rows["collection epoch"] = python_row("collection", listing, str(cache), cold=members)
+    rows["open_collection"] = python_row("collection-open", listing, cold=members)
+    shutil.rmtree(cache, ignore_errors=True)
+    rows["_members"] = {"count": len(members)}
+    return rows
+
+
 def report(results: dict) -> None:
     small, large = results["sizes"]
     a, b = results[str(small)], results[str(large)]
@@ -109,6 +150,25 @@ def report(results: dict) -> None:
     row("the same: us per cell", a["seconds"] / small * 1e6, b["seconds"] / large * 1e6, False, "{:.1f}")
     row("verify, cold: s", a["verify"]["seconds"], b["verify"]["seconds"], True, "{:.1f}")
     row("store: GB", a["store_bytes"] / 1e9, b["store_bytes"] / 1e9, True, "{:.2f}")
+    if "reads" in a and "reads" in b:
+        ra, rb = a["reads"], b["reads"]
+        print(f"| collection datasets | {ra['_members']['count']} | {rb['_members']['count']} | |")
+        row("open_dataset, cold: ms", ra["open_dataset"]["open_seconds"] * 1e3,
+            rb["open_dataset"]["open_seconds"] * 1e3, False, "{:.1f}")
+        row("open_dataset: memory added, MiB", ra["open_dataset"]["open_rss"] / 2**20,
+            rb["open_dataset"]["open_rss"] / 2**20, False, "{:.1f}")
+        for name in ("obs localize, 3 columns", "export of 10,000 cells"):
+            per_cell = name.startswith("obs")
+            row(f"{name}, cold: s", ra[name]["seconds"], rb[name]["seconds"], per_cell, "{:.2f}")
+            row(f"{name}: peak MiB", ra[name]["rss"] / 2**20, rb[name]["rss"] / 2**20, False, "{:.0f}")
+        row("open_collection, cold: ms", ra["open_collection"]["open_seconds"] * 1e3,
+            rb["open_collection"]["open_seconds"] * 1e3, False, "{:.0f}")
+        row("open_collection: memory added, MiB", ra["open_collection"]["open_rss"] / 2**20,
+            rb["open_collection"]["open_rss"] / 2**20, False, "{:.1f}")
+        ca, cb = ra["collection epoch"], rb["collection epoch"]
+        row("collection epoch, cold: cells/s", ca["cells"] / ca["seconds"], cb["cells"] / cb["seconds"], False,
+            "{:,.0f}")
+        row("collection epoch: peak MiB", ca["rss"] / 2**20, cb["rss"] / 2**20, False, "{:.0f}")
     if "convert" in a:
         c = a["convert"]
         print(f"\none-process convert of the {small:,} cells, the same inputs: {c['seconds']:.1f} s "
@@ -124,6 +184,9 @@ def main() -> None:
     parser.add_argument("--shard-cells", type=int, default=1_000_000, help="cells of each shard's share")
     parser.add_argument("--work", default=str(REPO / "target" / "sharded-scale"))
     parser.add_argument("--keep", action="store_true", help="keep the stores")
+    parser.add_argument("--reads", action="store_true", help="also the reads that hold what grows (see above)")
+    parser.add_argument("--member-cells", type=int, default=100_000, help="cells of each dataset of --reads' "
+                        "collection (a multiple of 10,000)")
     parser.add_argument("--report", help="print the table of a recorded run (its JSON) and stop")
     args = parser.parse_args()
     if args.report:
@@ -131,6 +194,8 @@ def main() -> None:
         return
     if not 0 < args.small < args.cells or args.shard_cells <= 0:
         parser.error("--small must be above 0 and below --cells, --shard-cells above 0")
+    if args.member_cells <= 0 or args.member_cells % PER_FILE:
+        parser.error(f"--member-cells {args.member_cells} is not a positive multiple of {PER_FILE:,}")
     if not BINARY.exists():
         sys.exit(f"{BINARY} is missing: cargo build --release first")
     work = Path(args.work)
@@ -145,6 +210,9 @@ def main() -> None:
             row = sharded(files, out, shards)
             print(f"{cells:,} cells: {json.dumps({k: v for k, v in row.items() if k != 'shard_runs'})}",
                   file=sys.stderr, flush=True)
+            if args.reads:
+                members = members_of(files, work / "members", args.member_cells)
+                row["reads"] = reads(cells, out, members, work)
             if not args.keep:
                 shutil.rmtree(out)
             if cells == args.small:
@@ -157,7 +225,7 @@ def main() -> None:
             (work / "results.json").write_text(json.dumps(results, indent=1))
     finally:
         if not args.keep:
-            for p in work.glob("sharded-*"):
+            for p in [*work.glob("sharded-*"), work / "members"]:
                 shutil.rmtree(p, ignore_errors=True)
     report(results)
     print(json.dumps(results), file=sys.stderr)
