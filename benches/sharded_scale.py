@@ -16,7 +16,9 @@ For each size, in processes of their own under GNU time (wall seconds, peak
 RSS), with the inputs dropped from the page cache before each step (cold,
 posix_fadvise, so that 2 GB and 21 GB of inputs are read alike):
 
-- `plan` of the inputs (the default options);
+- `plan` of the inputs (the default options but --obs-tiles-per-file,
+  100 here: a shard encodes whole obs shards, and with convert's 1,000
+  tiles per obs shard all 10 M cells would fall to one shard);
 - `shard OUT --shard K/N` for every K, one after another, N = cells /
   SHARD_CELLS (each shard a machine's share; here they take turns on both
   cores);
@@ -62,11 +64,12 @@ def inputs_of(root: Path, cells: int) -> list[Path]:
     return files[:wanted]
 
 
-def sharded(files: list[Path], out: Path, shards: int) -> dict:
+def sharded(files: list[Path], out: Path, shards: int, obs_tiles: int) -> dict:
     """Plan, every shard and finalize into `out`, each step timed cold."""
     listing = out.with_suffix(".txt")
     listing.write_text("".join(f"{p}\n" for p in files))
-    plan = timed([BINARY, "plan", "-q", "--inputs-from", listing, out], cold=files)
+    plan = timed([BINARY, "plan", "-q", "--obs-tiles-per-file", str(obs_tiles), "--inputs-from", listing, out],
+                 cold=files)
     runs = [timed([BINARY, "shard", "-q", out, "--shard", f"{k}/{shards}"], cold=files) for k in range(shards)]
     final = timed([BINARY, "finalize", "-q", out], cold=files)
     verify = timed([BINARY, "verify", "-q", out], cold=[out])
@@ -184,6 +187,9 @@ def main() -> None:
     parser.add_argument("--shard-cells", type=int, default=1_000_000, help="cells of each shard's share")
     parser.add_argument("--work", default=str(REPO / "target" / "sharded-scale"))
     parser.add_argument("--keep", action="store_true", help="keep the stores")
+    parser.add_argument("--obs-tiles-per-file", type=int, default=100,
+                        help="plan's option: a shard takes whole obs shards, so with the default of convert "
+                             "(1,000 tiles, 10 M cells) only one shard of 10 M cells has work")
     parser.add_argument("--reads", action="store_true", help="also the reads that hold what grows (see above)")
     parser.add_argument("--member-cells", type=int, default=100_000, help="cells of each dataset of --reads' "
                         "collection (a multiple of 10,000)")
@@ -207,7 +213,7 @@ def main() -> None:
             shards = -(-cells // args.shard_cells)
             out = work / f"sharded-{cells}"
             shutil.rmtree(out, ignore_errors=True)
-            row = sharded(files, out, shards)
+            row = sharded(files, out, shards, args.obs_tiles_per_file)
             print(f"{cells:,} cells: {json.dumps({k: v for k, v in row.items() if k != 'shard_runs'})}",
                   file=sys.stderr, flush=True)
             if args.reads:
