@@ -30,8 +30,9 @@ sharding costs. With --reads, also at both sizes, on the store the shards
 made (cold, as benches/ten_million.py measures them): open_dataset,
 `obs localize` of three columns, `export` of 10,000 cells, and a collection
 of the same cells as datasets of MEMBER_CELLS each (converted from the same
-inputs, not timed): open_collection and a full shuffled epoch of it. Prints a table with the growth per decade (per cell for
-times) and the raw results as JSON on stderr. The stores are deleted at the
+inputs, not timed): open_collection and a full shuffled epoch of it.
+Prints a table with the growth per decade (per cell for times) and the raw
+results as JSON on stderr. The stores are deleted at the
 end unless --keep; the inputs are left (make_atlas.py made them). Not run by
 the tests.
 """
@@ -51,7 +52,7 @@ BINARY = REPO / "target" / "release" / "deltacells"
 PER_FILE = 10_000
 sys.path.insert(0, str(HERE))
 
-from ten_million import python_row, size_of, timed
+from ten_million import python_row, size_of, timed  # noqa: E402
 
 
 def inputs_of(root: Path, cells: int) -> list[Path]:
