@@ -12,7 +12,7 @@
 //! with the cell's entries, not with the vocabulary.
 
 /// The output column of a stored column the vocabulary does not have.
-const LEFT_OUT: u32 = u32::MAX;
+pub(crate) const LEFT_OUT: u32 = u32::MAX;
 
 /// Why a gene map cannot be built.
 #[derive(Debug, thiserror::Error)]

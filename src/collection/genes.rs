@@ -8,10 +8,7 @@
 use indexmap::IndexSet;
 
 use super::CollectionError;
-use crate::vocabulary::GeneMap;
-
-/// The output column of an id the vocabulary does not have.
-const LEFT_OUT: u32 = u32::MAX;
+use crate::vocabulary::{GeneMap, LEFT_OUT};
 
 /// Distinct gene names, each with its id (its place in the set).
 #[derive(Default)]

@@ -14,21 +14,20 @@ use hdf5::H5Type;
 /// inherits the descriptor and, with it, the lock, which then refuses a later
 /// open of the same file in this process ("unable to lock file, errno = 11").
 pub fn create(path: &Path) -> hdf5::File {
-    use hdf5::file::FileCloseDegree;
-    hdf5::File::with_options()
-        .with_fapl(|p| p.fclose_degree(FileCloseDegree::Strong).file_locking(false))
-        .create(path)
-        .unwrap()
+    unlocked().create(path).unwrap()
 }
 
 /// Opens an existing HDF5 file for editing, closed strongly and unlocked as
 /// [`create`]'s files are.
 pub fn open_rw(path: &Path) -> hdf5::File {
+    unlocked().open_rw(path).unwrap()
+}
+
+fn unlocked() -> hdf5::file::FileBuilder {
     use hdf5::file::FileCloseDegree;
-    hdf5::File::with_options()
-        .with_fapl(|p| p.fclose_degree(FileCloseDegree::Strong).file_locking(false))
-        .open_rw(path)
-        .unwrap()
+    let mut builder = hdf5::File::with_options();
+    builder.with_fapl(|p| p.fclose_degree(FileCloseDegree::Strong).file_locking(false));
+    builder
 }
 
 pub fn vlu(s: &str) -> VarLenUnicode {
