@@ -4,7 +4,8 @@ and its memory stay flat over the decade.
 
     .venv/bin/python benches/make_atlas.py --cells 10000000 --compression gzip --out target/atlas-gz
     .venv/bin/python benches/sharded_scale.py --inputs target/atlas-gz [--cells 10000000]
-                                              [--small 1000000] [--shard-cells 1000000] [--reads] [--work DIR] [--keep]
+                                              [--small 1000000] [--shard-cells 1000000] [--reads] [--convert-large]
+                                              [--work DIR] [--keep]
 
 A plan needs every input at once, so the inputs are benches/make_atlas.py's
 files written with `--compression gzip`, as anndata writes them when asked:
@@ -26,7 +27,8 @@ posix_fadvise, so that 2 GB and 21 GB of inputs are read alike):
 - then `verify` of the result (cold), and its bytes.
 
 At SMALL cells also a one-process `convert` of the same inputs, to show what
-sharding costs. With --reads, also at both sizes, on the store the shards
+sharding costs (with --convert-large at CELLS too: its time per cell and
+memory over the decade, all CELLS in one obs shard). With --reads, also at both sizes, on the store the shards
 made (cold, as benches/ten_million.py measures them): open_dataset,
 `obs localize` of three columns, `export` of 10,000 cells, and a collection
 of the same cells as datasets of MEMBER_CELLS each (converted from the same
@@ -178,6 +180,11 @@ def report(results: dict) -> None:
         print(f"\none-process convert of the {small:,} cells, the same inputs: {c['seconds']:.1f} s "
               f"({c['seconds'] / small * 1e6:.1f} us/cell), {c['rss'] / 2**20:.0f} MiB peak; "
               f"sharded took {a['seconds'] / c['seconds']:.2f}x its time")
+    if "convert" in a and "convert" in b:
+        ca, cb = a["convert"], b["convert"]
+        print(f"\n| one-process convert | {small:,} | {large:,} | growth |\n|---|---|---|---|")
+        row("time: us per cell", ca["seconds"] / small * 1e6, cb["seconds"] / large * 1e6, False, "{:.1f}")
+        row("peak MiB", ca["rss"] / 2**20, cb["rss"] / 2**20, False, "{:.0f}")
 
 
 def main() -> None:
@@ -194,6 +201,8 @@ def main() -> None:
     parser.add_argument("--reads", action="store_true", help="also the reads that hold what grows (see above)")
     parser.add_argument("--member-cells", type=int, default=100_000, help="cells of each dataset of --reads' "
                         "collection (a multiple of 10,000)")
+    parser.add_argument("--convert-large", action="store_true",
+                        help="also a one-process convert of all CELLS (at SMALL it always runs)")
     parser.add_argument("--report", help="print the table of a recorded run (its JSON) and stop")
     args = parser.parse_args()
     if args.report:
@@ -222,7 +231,7 @@ def main() -> None:
                 row["reads"] = reads(cells, out, members, work)
             if not args.keep:
                 shutil.rmtree(out)
-            if cells == args.small:
+            if cells == args.small or args.convert_large:
                 with tempfile.TemporaryDirectory(dir=work) as tmp:
                     listing = Path(tmp) / "files.txt"
                     listing.write_text("".join(f"{p}\n" for p in files))

@@ -121,7 +121,8 @@ def open_collection(
     obs_columns
         Obs columns to localize now in every dataset that has them.
     cache_dir, threads, anonymous, endpoint
-        As for :func:`open_dataset`.
+        As for :func:`open_dataset`; the datasets share the collection's one
+        pool of ``threads``, however many there are.
     cache_bytes
         Decompressed chunks kept for cells drawn again, over all the datasets
         (each keeps an equal share): as for :func:`open_dataset`, 512 MiB by

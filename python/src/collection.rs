@@ -207,11 +207,11 @@ impl RawCollection {
     }
 
     /// Dataset `member` (opened now if need be) as a `RawDataset` sharing
-    /// this collection's open copy.
+    /// this collection's open copy and its threads.
     fn member(&self, py: Python<'_>, member: usize) -> PyResult<RawDataset> {
         let c = self.collection.clone();
         let open = detached(py, move || Ok(c.open_member(member)?))?;
-        Ok(RawDataset::wrap(open.dataset, self.threads.count()))
+        Ok(RawDataset::on_threads(open.dataset, self.threads.clone()))
     }
 
     /// Per dataset, whether it holds each gene of the vocabulary: a flat

@@ -40,9 +40,14 @@ pub(crate) struct RawDataset {
 impl RawDataset {
     /// An open dataset, its thread pool of `threads` made on first use.
     pub(crate) fn wrap(dataset: Arc<Dataset>, threads: Option<usize>) -> RawDataset {
+        RawDataset::on_threads(dataset, Threads::new(threads))
+    }
+
+    /// An open dataset running on `threads` (a pool shared with others).
+    pub(crate) fn on_threads(dataset: Arc<Dataset>, threads: Threads) -> RawDataset {
         RawDataset {
             dataset,
-            threads: Threads::new(threads),
+            threads,
             buffers: Arc::new(BufferPool::new(POOLED_BUFFERS)),
             loader_buffers: KeptBuffers::default(),
         }

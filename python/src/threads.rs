@@ -13,14 +13,18 @@ use crate::errors::{Failure, Kind};
 const MAX_THREADS: usize = 1024;
 
 /// A rayon pool of `n` threads (all cores when None), made on first use.
+/// Clones share the one pool: a collection's members run on the
+/// collection's threads, so a process reading hundreds of members keeps one
+/// pool, not one per member.
+#[derive(Clone)]
 pub(crate) struct Threads {
     n: Option<usize>,
-    pool: OnceLock<Result<Arc<rayon::ThreadPool>, String>>,
+    pool: Arc<OnceLock<Result<Arc<rayon::ThreadPool>, String>>>,
 }
 
 impl Threads {
     pub(crate) fn new(n: Option<usize>) -> Threads {
-        Threads { n, pool: OnceLock::new() }
+        Threads { n, pool: Arc::new(OnceLock::new()) }
     }
 
     /// The pool, made on first use.
@@ -38,11 +42,6 @@ impl Threads {
     /// Runs `f` on the pool.
     pub(crate) fn install<T: Send>(&self, f: impl FnOnce() -> Result<T, Failure> + Send) -> Result<T, Failure> {
         self.pool()?.install(f)
-    }
-
-    /// The threads asked for (None: all cores).
-    pub(crate) fn count(&self) -> Option<usize> {
-        self.n
     }
 }
 

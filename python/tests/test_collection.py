@@ -300,3 +300,26 @@ def test_torch_workers_read_every_cell_of_a_collection_once(sources, torch, cach
     np.testing.assert_array_equal(np.concatenate(labels), coll.obs.take(cells_all, ["label"])["label"])
     with pytest.raises(deltacells.InvalidArgumentError, match="its own genes"):
         CellDataset(coll, genes=["A"])
+
+
+def test_members_share_the_collections_threads(sources, tmp_path: Path, cache: str) -> None:
+    """A process reading the obs of many datasets runs them on the
+    collection's one pool: its threads do not grow with the datasets (each
+    dataset's own pool cost 2 threads and about 0.2 MiB per dataset)."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        pytest.skip("counts threads in /proc")
+    roots = {}
+    for i in range(24):
+        roots[f"m{i}"] = str(tmp_path / f"m{i}")
+        shutil.copytree(sources[0].root, roots[f"m{i}"])
+    coll = deltacells.open_collection(roots, threads=2, cache_dir=cache)
+    n = sources[0].x.shape[0]
+    coll.obs.take([0], ["label"])  # the pool is made, and pyarrow's threads
+    before = len(list(tasks.iterdir()))
+    cells = np.arange(3, coll.n_cells, n)  # a cell of every dataset
+    labels = coll.obs.take(cells, ["label"])["label"]
+    after = len(list(tasks.iterdir()))
+    assert after - before <= 2, f"{after - before} threads for {len(roots)} datasets"
+    want = sources[0].obs["label"].iloc[3]
+    assert [coll.obs.categories("label")[c] for c in labels] == [want] * len(roots)

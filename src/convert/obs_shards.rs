@@ -1,16 +1,23 @@
 //! Writing obs shards: obs/obs_NNNN.parquet with exactly one row group per tile,
 //! zstd, without column statistics or page indexes (decisions.md 21).
+//!
+//! A shard is written as its tiles come, to a temporary file the storage
+//! gives (beside the shard, for a local folder), hashed as it is written, and
+//! put when complete: a shard of a thousand tiles of 10,000 cells is tens of
+//! megabytes of Parquet that a conversion need not hold in memory.
 
 use super::error::Result;
+use std::io::{BufWriter, Write};
+
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
-use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use sha2::{Digest, Sha256};
 
-use crate::format::{self, fingerprint};
-use crate::storage::Storage;
+use crate::format;
+use crate::storage::{Spool, Storage};
 
 /// Size and SHA-256 of a written shard, for the manifest.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,7 +31,7 @@ pub struct ShardRecord {
 pub struct ShardWriter {
     schema: SchemaRef,
     tiles_per_file: u64,
-    current: Option<ArrowWriter<Vec<u8>>>,
+    current: Option<ArrowWriter<Hashed>>,
     tiles_in_current: u64,
     first_shard: usize,
     shards: Vec<ShardRecord>,
@@ -57,7 +64,9 @@ impl ShardWriter {
     /// Adds the next tile's rows as one row group.
     pub fn add_tile(&mut self, batch: &RecordBatch, storage: &dyn Storage) -> Result<()> {
         if self.current.is_none() {
-            self.current = Some(ArrowWriter::try_new(Vec::new(), self.schema.clone(), Some(properties()))?);
+            let spool = storage.spool(&self.next_key())?;
+            let out = Hashed { out: BufWriter::with_capacity(1 << 20, spool), hash: Sha256::new(), bytes: 0 };
+            self.current = Some(ArrowWriter::try_new(out, self.schema.clone(), Some(properties()))?);
         }
         let writer = self.current.as_mut().expect("set above");
         writer.write(batch)?;
@@ -69,12 +78,20 @@ impl ShardWriter {
         Ok(())
     }
 
+    fn next_key(&self) -> String {
+        format::obs_shard_key(self.first_shard + self.shards.len())
+    }
+
     fn finish_shard(&mut self, storage: &dyn Storage) -> Result<()> {
         let Some(writer) = self.current.take() else { return Ok(()) };
-        let bytes = writer.into_inner()?;
-        let key = format::obs_shard_key(self.first_shard + self.shards.len());
-        self.shards.push(ShardRecord { bytes: bytes.len() as u64, sha256: fingerprint::sha256_hex(&bytes) });
-        storage.put(&key, Bytes::from(bytes))?;
+        let Hashed { out, hash, bytes } = writer.into_inner()?;
+        let key = self.next_key();
+        let spool = out.into_inner().map_err(|e| crate::storage::StorageError::Io {
+            location: storage.location(&key),
+            source: e.into_error(),
+        })?;
+        storage.put_spooled(&key, spool)?;
+        self.shards.push(ShardRecord { bytes, sha256: hex::encode(hash.finalize()) });
         self.tiles_in_current = 0;
         Ok(())
     }
@@ -83,5 +100,24 @@ impl ShardWriter {
     pub fn finish(mut self, storage: &dyn Storage) -> Result<Vec<ShardRecord>> {
         self.finish_shard(storage)?;
         Ok(self.shards)
+    }
+}
+
+/// A shard's file as it is written, with its SHA-256 and length so far.
+struct Hashed {
+    out: BufWriter<Spool>,
+    hash: Sha256,
+    bytes: u64,
+}
+
+impl Write for Hashed {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.hash.update(buf.get(..n).unwrap_or(buf));
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
     }
 }

@@ -67,8 +67,8 @@ pub fn check_read(store: &dyn Storage) -> Result<(), String> {
     Ok(())
 }
 
-/// Everything: writes [`FIXTURE`], [`check_read`], then replacing an object,
-/// deleting (twice: absent is fine) and the upload counts.
+/// Everything: writes [`FIXTURE`], [`check_read`], then replacing an object
+/// (by put and by a spool), deleting (twice: absent is fine) and the upload counts.
 pub fn check_read_write(store: &dyn Storage) -> Result<(), String> {
     let before = store.stats().uploads();
     for (key, data) in FIXTURE {
@@ -77,12 +77,19 @@ pub fn check_read_write(store: &dyn Storage) -> Result<(), String> {
     check_read(store)?;
     store.put("a/b/c.bin", Bytes::from_static(b"new")).map_err(err("put"))?;
     expect("get after a replacing put", store.get("a/b/c.bin").map_err(err("get"))?, Some(Bytes::from_static(b"new")))?;
+    // a spooled write replaces as put does; a spool dropped unput leaves nothing
+    let mut spool = store.spool("a/b/c.bin").map_err(err("spool"))?;
+    std::io::Write::write_all(&mut spool, b"spooled").map_err(|e| format!("writing a spool: {e}"))?;
+    drop(store.spool("a/b/dropped.bin").map_err(err("spool"))?);
+    store.put_spooled("a/b/c.bin", spool).map_err(err("put_spooled"))?;
+    expect("get after put_spooled", store.get("a/b/c.bin").map_err(err("get"))?, Some(Bytes::from_static(b"spooled")))?;
+    expect("a dropped spool", store.get("a/b/dropped.bin").map_err(err("get"))?, None)?;
     store.delete("top.txt").map_err(err("delete"))?;
     store.delete("top.txt").map_err(err("delete of an absent object"))?;
     expect("get after delete", store.get("top.txt").map_err(err("get"))?, None)?;
     let after = store.stats().uploads();
-    // c.bin twice and top.txt: 10 + 1 + 3 bytes
-    expect("uploads counted", (after.0 - before.0, after.1 - before.1), (3, 14))?;
+    // c.bin three times and top.txt: 10 + 1 + 3 + 7 bytes
+    expect("uploads counted", (after.0 - before.0, after.1 - before.1), (4, 21))?;
     store.delete("a/b/c.bin").map_err(err("delete"))?;
     Ok(())
 }

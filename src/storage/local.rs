@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 
-use super::{IoStats, Storage, StorageError};
+use super::{IoStats, Spool, Storage, StorageError};
 
 /// A dataset in a local folder. Reads are positional; writes go to a temporary
 /// name in the same folder and are renamed into place.
@@ -182,6 +182,28 @@ impl Storage for LocalStorage {
         tmp.as_file().sync_data().map_err(|e| self.io_err(key, e))?;
         tmp.persist(&path).map_err(|e| self.io_err(key, e.error))?;
         self.stats.record_upload(data.len() as u64);
+        Ok(())
+    }
+
+    fn spool(&self, key: &str) -> Result<Spool, StorageError> {
+        let path = self.path(key);
+        let dir = path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).map_err(|e| self.io_err(key, e))?;
+        Ok(Spool { file: temp_file_in(dir).map_err(|e| self.io_err(key, e))? })
+    }
+
+    fn put_spooled(&self, key: &str, spool: Spool) -> Result<(), StorageError> {
+        let path = self.path(key);
+        let file = spool.file;
+        file.as_file().sync_data().map_err(|e| self.io_err(key, e))?;
+        let len = file.as_file().metadata().map_err(|e| self.io_err(key, e))?.len();
+        // A spool made elsewhere (another storage's) is copied, not renamed.
+        if file.path().parent() != path.parent() {
+            let data = std::fs::read(file.path()).map_err(|e| self.io_err(key, e))?;
+            return self.put(key, Bytes::from(data));
+        }
+        file.persist(&path).map_err(|e| self.io_err(key, e.error))?;
+        self.stats.record_upload(len);
         Ok(())
     }
 

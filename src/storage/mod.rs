@@ -333,6 +333,23 @@ pub trait Storage: Send + Sync {
     }
     /// Writes `key` atomically: readers see the old object or the whole new one.
     fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError>;
+    /// A temporary file to write `key`'s bytes into, for
+    /// [`Storage::put_spooled`]: what is too large to build in memory (an
+    /// obs shard of a thousand tiles). This default puts it in the system's
+    /// temporary folder; a local folder puts it beside `key`.
+    fn spool(&self, key: &str) -> Result<Spool, StorageError> {
+        let dir = std::env::temp_dir();
+        let file = temp_file_in(&dir).map_err(|source| StorageError::Io { location: self.location(key), source })?;
+        Ok(Spool { file })
+    }
+    /// Stores what was written to `spool` as `key`, atomically as
+    /// [`Storage::put`] does. This default reads it back and puts it; a
+    /// local folder renames the file into place.
+    fn put_spooled(&self, key: &str, spool: Spool) -> Result<(), StorageError> {
+        let data = std::fs::read(spool.file.path())
+            .map_err(|source| StorageError::Io { location: self.location(key), source })?;
+        self.put(key, Bytes::from(data))
+    }
     /// Removes `key`; absent is fine.
     fn delete(&self, key: &str) -> Result<(), StorageError>;
     /// Moves `from` to `to`, replacing `to`. Readers of `to` see the old
@@ -365,6 +382,21 @@ pub trait Storage: Send + Sync {
     }
     /// Requests and bytes served so far.
     fn stats(&self) -> &IoStats;
+}
+
+/// A key's bytes being written to a temporary file (see [`Storage::spool`]);
+/// dropped without being put, the file is removed.
+pub struct Spool {
+    file: tempfile::NamedTempFile,
+}
+
+impl std::io::Write for Spool {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.file.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
 }
 
 /// The keys of another storage below `prefix`: what a writer writes here lands
@@ -419,6 +451,12 @@ impl Storage for Within<'_> {
     }
     fn put(&self, key: &str, data: Bytes) -> Result<(), StorageError> {
         self.inner.put(&self.key(key), data)
+    }
+    fn spool(&self, key: &str) -> Result<Spool, StorageError> {
+        self.inner.spool(&self.key(key))
+    }
+    fn put_spooled(&self, key: &str, spool: Spool) -> Result<(), StorageError> {
+        self.inner.put_spooled(&self.key(key), spool)
     }
     fn delete(&self, key: &str) -> Result<(), StorageError> {
         self.inner.delete(&self.key(key))
