@@ -336,10 +336,14 @@ pub trait Storage: Send + Sync {
     /// A temporary file to write `key`'s bytes into, for
     /// [`Storage::put_spooled`]: what is too large to build in memory (an
     /// obs shard of a thousand tiles). This default puts it in the system's
-    /// temporary folder; a local folder puts it beside `key`.
+    /// temporary folder, readable by this account only (the folder is
+    /// shared); a local folder puts it beside `key`.
     fn spool(&self, key: &str) -> Result<Spool, StorageError> {
-        let dir = std::env::temp_dir();
-        let file = temp_file_in(&dir).map_err(|source| StorageError::Io { location: self.location(key), source })?;
+        let file = tempfile::Builder::new()
+            .prefix(".deltacells-")
+            .suffix(".tmp")
+            .tempfile()
+            .map_err(|source| StorageError::Io { location: self.location(key), source })?;
         Ok(Spool { file })
     }
     /// Stores what was written to `spool` as `key`, atomically as

@@ -212,3 +212,22 @@ fn object_storage_locations_are_redacted() {
     let refused = Location::parse("ftp://ann:secret4@host/x").unwrap_err().to_string();
     assert!(refused.starts_with("ftp://REDACTED@host/x: "), "{refused}");
 }
+
+#[test]
+fn spools_outside_the_dataset_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let memory: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let store = ObjectStorage::new(memory, "", "mem://");
+    // in the shared temporary folder: this account's alone
+    let spool = store.spool("obs/obs_0000.parquet").unwrap();
+    let mode = std::fs::metadata(spool.file.path()).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    // beside the dataset's files: the mode of the files it holds
+    let dir = tempfile::tempdir().unwrap();
+    let local = LocalStorage::new(dir.path());
+    let spool = local.spool("obs/obs_0000.parquet").unwrap();
+    assert_eq!(spool.file.path().parent(), Some(dir.path().join("obs").as_path()));
+    local.put_spooled("obs/obs_0000.parquet", spool).unwrap();
+    let names: Vec<_> = std::fs::read_dir(dir.path().join("obs")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, vec!["obs_0000.parquet"]);
+}
