@@ -194,14 +194,13 @@ impl Storage for LocalStorage {
 
     fn put_spooled(&self, key: &str, spool: Spool) -> Result<(), StorageError> {
         let path = self.path(key);
+        // A spool made elsewhere (another storage's) is copied, not renamed.
+        if spool.file.path().parent() != path.parent() {
+            return self.put(key, spool.into_bytes().map_err(|e| self.io_err(key, e))?);
+        }
         let file = spool.file;
         file.as_file().sync_data().map_err(|e| self.io_err(key, e))?;
         let len = file.as_file().metadata().map_err(|e| self.io_err(key, e))?.len();
-        // A spool made elsewhere (another storage's) is copied, not renamed.
-        if file.path().parent() != path.parent() {
-            let data = std::fs::read(file.path()).map_err(|e| self.io_err(key, e))?;
-            return self.put(key, Bytes::from(data));
-        }
         file.persist(&path).map_err(|e| self.io_err(key, e.error))?;
         self.stats.record_upload(len);
         Ok(())

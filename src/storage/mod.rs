@@ -350,9 +350,8 @@ pub trait Storage: Send + Sync {
     /// [`Storage::put`] does. This default reads it back and puts it; a
     /// local folder renames the file into place.
     fn put_spooled(&self, key: &str, spool: Spool) -> Result<(), StorageError> {
-        let data = std::fs::read(spool.file.path())
-            .map_err(|source| StorageError::Io { location: self.location(key), source })?;
-        self.put(key, Bytes::from(data))
+        let data = spool.into_bytes().map_err(|source| StorageError::Io { location: self.location(key), source })?;
+        self.put(key, data)
     }
     /// Removes `key`; absent is fine.
     fn delete(&self, key: &str) -> Result<(), StorageError>;
@@ -392,6 +391,13 @@ pub trait Storage: Send + Sync {
 /// dropped without being put, the file is removed.
 pub struct Spool {
     file: tempfile::NamedTempFile,
+}
+
+impl Spool {
+    /// What was written, read back (for a store that takes bytes).
+    fn into_bytes(self) -> std::io::Result<Bytes> {
+        std::fs::read(self.file.path()).map(Bytes::from)
+    }
 }
 
 impl std::io::Write for Spool {
