@@ -17,7 +17,7 @@ use std::time::Instant;
 use error::Result;
 
 use crate::format::{self, CsrMatrix};
-use crate::inputs::{self, to_counts, BadValue, InputSource, RawRows};
+use crate::inputs::{self, count_of, BadValue, InputSource, RawRows, DROPPED_COLUMN};
 use crate::storage::Storage;
 
 pub mod append;
@@ -368,12 +368,21 @@ pub(crate) fn gene_totals(
     Ok(totals)
 }
 
-/// Checks one block's values as counts and sums them per gene.
+/// Checks one block's values as counts and sums them per gene (`map`: the
+/// input's column -> gene, when not the same). Duplicate entries are added
+/// as they come: a sum of them above the largest count is refused by the
+/// tiles, which read every input.
 fn block_totals(raw: &RawRows, n_genes: u32, map: Option<&[u32]>) -> Result<Vec<u64>, BadValue> {
-    let (counts, _) = to_counts(raw, n_genes, map)?;
     let mut totals = vec![0u64; n_genes as usize];
-    for (&g, &c) in counts.indices.iter().zip(&counts.data) {
-        totals[g as usize] += u64::from(c);
+    for (r, w) in raw.indptr.windows(2).enumerate() {
+        let (first, end) = (w[0] as usize, w[1] as usize);
+        for (&source, &v) in raw.indices[first..end].iter().zip(&raw.values[first..end]) {
+            let count = count_of(v).ok_or_else(|| BadValue::not_a_count(r as u64, source, v))?;
+            let gene = map.map_or(source, |m| m[source as usize]);
+            if count > 0 && gene != DROPPED_COLUMN {
+                totals[gene as usize] += u64::from(count);
+            }
+        }
     }
     Ok(totals)
 }

@@ -153,6 +153,13 @@ pub struct BadValue {
     pub problem: String,
 }
 
+impl BadValue {
+    /// Value `v` of row `row` (within the block), column `gene`, is not a count.
+    pub fn not_a_count(row: u64, gene: u32, v: f64) -> BadValue {
+        BadValue { row, gene: gene.into(), problem: not_a_count(v) }
+    }
+}
+
 /// What [`to_counts`] left out or merged, counted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Cleaned {
@@ -185,21 +192,15 @@ pub fn to_counts(raw: &RawRows, n_cols: u32, remap: Option<&[u32]>) -> Result<(C
     out.indptr.reserve(raw.indptr.len().saturating_sub(1));
     out.indices.reserve(raw.indices.len());
     out.data.reserve(raw.values.len());
-    // A row whose columns come out of order (a gene order, or an input's own
-    // order) is sorted as (column << 32 | count) keys, so that one integer
-    // sort orders it and duplicates sit side by side.
-    let mut keys: Vec<u64> = Vec::new();
+    let mut bitmap = ColumnBitmap::default();
     for (r, w) in raw.indptr.windows(2).enumerate() {
         let (first, end) = (w[0] as usize, w[1] as usize);
         let start = out.indices.len();
         let mut sorted = true;
         let mut previous: i64 = -1;
+        let (mut low, mut high) = (u32::MAX, 0u32);
         for (&source, &v) in raw.indices[first..end].iter().zip(&raw.values[first..end]) {
-            // A count is a whole number in 0..=MAX_COUNT; NaN fails the range.
-            let count = v as u32;
-            if !(v >= 0.0 && v <= f64::from(MAX_COUNT)) || f64::from(count) != v {
-                return Err(BadValue { row: r as u64, gene: source.into(), problem: not_a_count(v) });
-            }
+            let count = count_of(v).ok_or_else(|| BadValue::not_a_count(r as u64, source, v))?;
             if count == 0 {
                 continue;
             }
@@ -210,45 +211,129 @@ pub fn to_counts(raw: &RawRows, n_cols: u32, remap: Option<&[u32]>) -> Result<(C
             }
             sorted &= i64::from(column) > previous;
             previous = i64::from(column);
+            (low, high) = (low.min(column), high.max(column));
             out.indices.push(column);
             out.data.push(count);
         }
         if !sorted {
-            keys.clear();
-            keys.extend(
-                out.indices[start..].iter().zip(&out.data[start..]).map(|(&c, &v)| u64::from(c) << 32 | u64::from(v)),
-            );
-            keys.sort_unstable();
-            out.indices.truncate(start);
-            out.data.truncate(start);
-            for &key in &keys {
-                let (c, v) = ((key >> 32) as u32, key as u32);
-                let duplicate = out.indices.len() > start && out.indices.last() == Some(&c);
-                if let (true, Some(last)) = (duplicate, out.data.last_mut()) {
-                    let sum = u64::from(*last) + u64::from(v);
-                    if sum > u64::from(MAX_COUNT) {
-                        let gene = raw.indices[first..end]
-                            .iter()
-                            .copied()
-                            .find(|&s| remap.map_or(s, |m| m[s as usize]) == c)
-                            .unwrap_or(c);
-                        return Err(BadValue {
-                            row: r as u64,
-                            gene: gene.into(),
-                            problem: format!("duplicate entries sum to {sum}, above the largest count 2^31-1"),
-                        });
-                    }
-                    *last = sum as u32;
-                    cleaned.summed += 1;
-                } else {
-                    out.indices.push(c);
-                    out.data.push(v);
-                }
-            }
+            // A row whose columns come out of order (a gene order, or an
+            // input's own order) is put in order through a bitmap of the
+            // columns when the row is dense enough for its span, else sorted.
+            let words = (high / 64 - low / 64) as usize + 1;
+            let entries = out.indices.len() - start;
+            let merged = if high < n_cols && words <= entries.saturating_mul(BITMAP_WORDS_PER_ENTRY) {
+                bitmap.order(&mut out, start, low..high + 1)
+            } else {
+                None
+            };
+            cleaned.summed += match merged {
+                Some(summed) => summed,
+                None => sort_row(&mut out, start).map_err(|(c, sum)| BadValue {
+                    row: r as u64,
+                    gene: raw.indices[first..end]
+                        .iter()
+                        .copied()
+                        .find(|&s| remap.map_or(s, |m| m[s as usize]) == c)
+                        .unwrap_or(c)
+                        .into(),
+                    problem: format!("duplicate entries sum to {sum}, above the largest count 2^31-1"),
+                })?,
+            };
         }
         out.indptr.push(out.indices.len() as u64);
     }
     Ok((out, cleaned))
+}
+
+/// A stored value as a count: a whole number in 0..=MAX_COUNT (NaN fails
+/// the range), or None.
+pub fn count_of(v: f64) -> Option<u32> {
+    let count = v as u32;
+    (v >= 0.0 && v <= f64::from(MAX_COUNT) && f64::from(count) == v).then_some(count)
+}
+
+/// A row is put in order through the bitmap when the 64-column words its
+/// columns span are at most this many per entry; a sparser row is sorted.
+const BITMAP_WORDS_PER_ENTRY: usize = 4;
+
+/// Sorts the row `out.indices[start..]` (with its counts) by column as
+/// (column << 32 | count) keys, so that one integer sort orders it and
+/// duplicates sit side by side, and sums duplicates: how many were summed,
+/// or the column and the sum of duplicates that pass the largest count.
+fn sort_row(out: &mut CsrMatrix, start: usize) -> Result<u64, (u32, u64)> {
+    let mut keys: Vec<u64> =
+        out.indices[start..].iter().zip(&out.data[start..]).map(|(&c, &v)| u64::from(c) << 32 | u64::from(v)).collect();
+    keys.sort_unstable();
+    out.indices.truncate(start);
+    out.data.truncate(start);
+    let mut summed = 0;
+    for &key in &keys {
+        let (c, v) = ((key >> 32) as u32, key as u32);
+        let duplicate = out.indices.len() > start && out.indices.last() == Some(&c);
+        if let (true, Some(last)) = (duplicate, out.data.last_mut()) {
+            let sum = u64::from(*last) + u64::from(v);
+            if sum > u64::from(MAX_COUNT) {
+                return Err((c, sum));
+            }
+            *last = sum as u32;
+            summed += 1;
+        } else {
+            out.indices.push(c);
+            out.data.push(v);
+        }
+    }
+    Ok(summed)
+}
+
+/// Puts rows in column order without sorting them: a bit per column and
+/// the row's count at each column it holds, made at the first row that
+/// needs them and left empty between rows.
+#[derive(Default)]
+struct ColumnBitmap {
+    bits: Vec<u64>,
+    counts: Vec<u32>,
+}
+
+impl ColumnBitmap {
+    /// Puts the row `out.indices[start..]` (every column in `span`, below
+    /// the matrix's columns) in column order, summing duplicates: how many
+    /// were summed; None, the row unchanged, when a sum passes the largest
+    /// count (the sort then names it as it always has).
+    fn order(&mut self, out: &mut CsrMatrix, start: usize, span: Range<u32>) -> Option<u64> {
+        if self.counts.len() < out.n_cols as usize {
+            self.bits = vec![0; (out.n_cols as usize).div_ceil(64)];
+            self.counts = vec![0; out.n_cols as usize];
+        }
+        let words = span.start as usize / 64..(span.end as usize).div_ceil(64);
+        let mut summed = 0;
+        for (&c, &v) in out.indices[start..].iter().zip(&out.data[start..]) {
+            let (word, bit) = (c as usize / 64, 1u64 << (c % 64));
+            if self.bits[word] & bit == 0 {
+                self.bits[word] |= bit;
+                self.counts[c as usize] = v;
+                continue;
+            }
+            let sum = u64::from(self.counts[c as usize]) + u64::from(v);
+            if sum > u64::from(MAX_COUNT) {
+                self.bits[words].fill(0);
+                return None;
+            }
+            self.counts[c as usize] = sum as u32;
+            summed += 1;
+        }
+        out.indices.truncate(start);
+        out.data.truncate(start);
+        for word in words {
+            let mut bits = std::mem::take(&mut self.bits[word]);
+            while bits != 0 {
+                let c = word as u32 * 64 + bits.trailing_zeros();
+                out.indices.push(c);
+                out.data.push(self.counts[c as usize]);
+                bits &= bits - 1;
+            }
+        }
+        Some(summed)
+    }
 }
 
 /// Why a stored value is not a count.
@@ -326,5 +411,78 @@ mod tests {
         assert!(to_counts(&raw(&[&[(0, 2147483647.0)]]), 5, None).is_ok());
         let e = to_counts(&raw(&[&[(1, 2147483647.0), (1, 1.0)]]), 5, None).unwrap_err();
         assert!(e.problem.contains("duplicate"), "{}", e.problem);
+    }
+
+    proptest::proptest! {
+        /// Rows put in order through the bitmap (dense for their span) and
+        /// rows sorted (sparse) give the same counts as a plain reference:
+        /// columns ascending, duplicates summed, zeros and dropped columns
+        /// left out; a duplicate sum above the largest count is named with
+        /// the same sum whichever way the row went.
+        #[test]
+        fn rows_come_out_in_order_either_way(
+            rows in proptest::collection::vec(
+                proptest::collection::vec((0u32..300, proptest::prop_oneof![0u32..4, proptest::strategy::Just(MAX_COUNT)]), 0..60), 1..6),
+            wide in proptest::bool::ANY,
+        ) {
+            use proptest::prelude::*;
+            // 300 source columns onto 300 (dense spans) or onto 30,000 (sparse)
+            let n_cols: u32 = if wide { 30_000 } else { 300 };
+            let remap: Vec<u32> =
+                (0..300u32).map(|c| if c % 37 == 5 { DROPPED_COLUMN } else { (c * 7919 + 11) % n_cols }).collect();
+            let pairs: Vec<Vec<(u32, f64)>> =
+                rows.iter().map(|r| r.iter().map(|&(c, v)| (c, f64::from(v))).collect()).collect();
+            let refs: Vec<&[(u32, f64)]> = pairs.iter().map(|r| r.as_slice()).collect();
+            let got = to_counts(&raw(&refs), n_cols, Some(&remap));
+            let mut want = CsrMatrix::empty(n_cols);
+            let mut cleaned = Cleaned::default();
+            let mut overflow = None;
+            for (r, row) in rows.iter().enumerate() {
+                let mut sums = std::collections::BTreeMap::<u32, Vec<u64>>::new();
+                for &(c, v) in row {
+                    match (v, remap[c as usize]) {
+                        (0, _) => {}
+                        (_, DROPPED_COLUMN) => cleaned.dropped += 1,
+                        (v, out) => sums.entry(out).or_default().push(u64::from(v)),
+                    }
+                }
+                for (&c, values) in &sums {
+                    let total: u64 = values.iter().sum();
+                    if total > u64::from(MAX_COUNT) && overflow.is_none() {
+                        overflow = Some(r);
+                    }
+                    cleaned.summed += values.len() as u64 - 1;
+                    want.indices.push(c);
+                    want.data.push(total as u32);
+                }
+                want.indptr.push(want.indices.len() as u64);
+                if overflow.is_some() {
+                    break;
+                }
+            }
+            match (got, overflow) {
+                (Ok((m, c)), None) => {
+                    prop_assert_eq!(m.indptr, want.indptr);
+                    prop_assert_eq!(m.indices, want.indices);
+                    prop_assert_eq!(m.data, want.data);
+                    prop_assert_eq!(c, cleaned);
+                }
+                (Err(e), Some(r)) => {
+                    prop_assert_eq!(e.row, r as u64);
+                    prop_assert!(e.problem.starts_with("duplicate entries sum to"), "{}", e.problem);
+                    // the sum named is the sorted order's, as before the bitmap
+                    let mut sorted = CsrMatrix::empty(n_cols);
+                    for &(c, v) in &rows[r] {
+                        if v > 0 && remap[c as usize] != DROPPED_COLUMN {
+                            sorted.indices.push(remap[c as usize]);
+                            sorted.data.push(v);
+                        }
+                    }
+                    let (_, sum) = sort_row(&mut sorted, 0).unwrap_err();
+                    prop_assert!(e.problem.contains(&format!("sum to {sum},")), "{}", e.problem);
+                }
+                (got, overflow) => prop_assert!(false, "{:?} against overflow at {:?}", got.map(|g| g.1), overflow),
+            }
+        }
     }
 }
