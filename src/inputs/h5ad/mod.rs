@@ -9,6 +9,7 @@
 //! HDF5 serializes every call behind one global lock, so reading stays on one
 //! thread; callers parallelize what they do with the rows.
 
+mod direct;
 mod driver;
 pub(crate) mod frame;
 mod source;
@@ -41,6 +42,9 @@ pub struct H5adFile {
     file: hdf5::File,
     /// The object's reader, for a file at a URL.
     ranged: Option<std::sync::Arc<remote::RangedFile>>,
+    /// The file HDF5 opened, when it is on this machine (its arrays' chunks
+    /// are then read without HDF5 where they can be).
+    local: Option<PathBuf>,
 }
 
 /// A matrix of an open file, read by rows.
@@ -54,6 +58,9 @@ pub struct MatrixReader {
     datasets: Vec<hdf5::Dataset>,
     /// A CSC matrix, converted to CSR on first use.
     csc_as_csr: std::sync::OnceLock<RawRows>,
+    /// `datasets` read without HDF5, where they can be (a local file's
+    /// simply chunked arrays).
+    direct: Vec<Option<direct::DirectArray>>,
 }
 
 /// An HDF5 error, its first line.
@@ -82,7 +89,7 @@ impl H5adFile {
             let url = path.to_string_lossy();
             if let Some(local) = remote::downloaded(&url, options)? {
                 let file = hdf5::File::open(&local).map_err(|e| not_hdf5(path, e))?;
-                return Ok(H5adFile { path: path.to_path_buf(), file, ranged: None });
+                return Ok(H5adFile { path: path.to_path_buf(), file, ranged: None, local: Some(local) });
             }
             // The store's failures are its own (refused, denied, not there);
             // only what HDF5 makes of the bytes is the format's.
@@ -92,14 +99,14 @@ impl H5adFile {
                 path: path.to_path_buf(),
                 source,
             })?;
-            return Ok(H5adFile { path: path.to_path_buf(), file, ranged: Some(ranged) });
+            return Ok(H5adFile { path: path.to_path_buf(), file, ranged: Some(ranged), local: None });
         }
         if !path.is_file() {
             let message = if path.exists() { "not a file" } else { "no such file" };
             return Err(H5adError::Open { path: path.to_path_buf(), format: "HDF5", message: message.into() });
         }
         let file = hdf5::File::open(path).map_err(|e| not_hdf5(path, e))?;
-        Ok(H5adFile { path: path.to_path_buf(), file, ranged: None })
+        Ok(H5adFile { path: path.to_path_buf(), file, ranged: None, local: Some(path.to_path_buf()) })
     }
 
     /// `e`, with why the read of a file at a URL failed, when one did (HDF5
@@ -199,6 +206,7 @@ impl H5adFile {
                 n_cols: shape[1] as u64,
                 datasets: vec![ds],
                 csc_as_csr: std::sync::OnceLock::new(),
+                direct: vec![None],
             });
         }
         let group = self.file.group(name).map_err(|e| self.read_failed(name, Hdf5Error::new(e)))?;
@@ -278,9 +286,25 @@ impl H5adFile {
             layout,
             n_rows,
             n_cols,
+            direct: self.direct_arrays(&datasets),
             datasets,
             csc_as_csr: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Each of `datasets` as read without HDF5, where it can be: the file
+    /// on this machine, opened again (and the same size as HDF5's), and the
+    /// array simply chunked.
+    fn direct_arrays(&self, datasets: &[hdf5::Dataset]) -> Vec<Option<direct::DirectArray>> {
+        let file = self.local.as_ref().and_then(|p| std::fs::File::open(p).ok());
+        let len = file.as_ref().and_then(|f| f.metadata().ok()).map(|m| m.len());
+        match (file, len) {
+            (Some(file), Some(len)) if self.file.size() == len => {
+                let file = std::sync::Arc::new(file);
+                datasets.iter().map(|ds| direct::DirectArray::new(ds, &file, len)).collect()
+            }
+            _ => datasets.iter().map(|_| None).collect(),
+        }
     }
 
     /// The matrices this file holds, among X, raw/X and layers/*.
@@ -530,10 +554,9 @@ impl MatrixReader {
 
     fn read_indptr(&self, range: Range<u64>) -> Result<Vec<u64>, H5adError> {
         let object = self.object("indptr");
-        let raw: Vec<i64> = self.datasets[2]
-            .read_slice_1d::<i64, _>(range.start as usize..range.end as usize + 1)
-            .map_err(|e| self.read_failed(&object, e))?
-            .to_vec();
+        let raw: Vec<i64> = self
+            .slice::<i64>(2, range.start as usize..range.end as usize + 1)
+            .map_err(|e| self.read_failed(&object, e))?;
         checked_indptr(raw, range.start, self.datasets[0].size() as i64)
             .map_err(|(at, message)| self.invalid(&format!("{object}[{at}]"), message))
     }
@@ -547,30 +570,39 @@ impl MatrixReader {
         // conversion's reading time when it asked for i64 and f64).
         let indices = match stored_type(&self.datasets[1]) {
             Some(TypeDescriptor::Integer(IntSize::U4)) => {
-                let raw = self.datasets[1].read_slice_1d::<i32, _>(a..b).map_err(failed).map(owned)?;
+                let raw = self.slice::<i32>(1, a..b).map_err(failed)?;
                 checked_indices(&raw, range.start, minor)
             }
             _ => {
-                let raw = self.datasets[1].read_slice_1d::<i64, _>(a..b).map_err(failed).map(owned)?;
+                let raw = self.slice::<i64>(1, a..b).map_err(failed)?;
                 checked_indices(&raw, range.start, minor)
             }
         }
         .map_err(|(at, message)| self.invalid(&format!("{object}[{at}]"), message))?;
         let data = &self.datasets[0];
         let failed = |e: hdf5::Error| self.read_failed(&self.object("data"), e);
+        let widened = |values: Vec<f32>| values.into_iter().map(f64::from).collect();
         let values: Vec<f64> = match stored_type(data) {
-            Some(TypeDescriptor::Float(FloatSize::U4)) => {
-                data.read_slice_1d::<f32, _>(a..b).map_err(failed)?.iter().map(|&v| f64::from(v)).collect()
-            }
+            Some(TypeDescriptor::Float(FloatSize::U4)) => widened(self.slice::<f32>(0, a..b).map_err(failed)?),
             Some(TypeDescriptor::Integer(IntSize::U4)) => {
-                data.read_slice_1d::<i32, _>(a..b).map_err(failed)?.iter().map(|&v| f64::from(v)).collect()
+                self.slice::<i32>(0, a..b).map_err(failed)?.into_iter().map(f64::from).collect()
             }
             Some(TypeDescriptor::Unsigned(IntSize::U4)) => {
-                data.read_slice_1d::<u32, _>(a..b).map_err(failed)?.iter().map(|&v| f64::from(v)).collect()
+                self.slice::<u32>(0, a..b).map_err(failed)?.into_iter().map(f64::from).collect()
             }
+            Some(TypeDescriptor::Float(FloatSize::U8)) => self.slice::<f64>(0, a..b).map_err(failed)?,
             _ => data.read_slice_1d::<f64, _>(a..b).map_err(failed).map(owned)?,
         };
         Ok((indices, values))
+    }
+
+    /// Elements `range` of array `k` (data, indices, indptr) in the type
+    /// it stores: read without HDF5 where they can be, else through it.
+    fn slice<T: direct::Element + hdf5::H5Type>(&self, k: usize, range: Range<usize>) -> Result<Vec<T>, hdf5::Error> {
+        if let Some(out) = self.direct.get(k).and_then(Option::as_ref).and_then(|d| d.read::<T>(range.clone())) {
+            return Ok(out);
+        }
+        self.datasets[k].read_slice_1d::<T, _>(range).map(owned)
     }
 
     fn read_csr_rows(&self, rows: Range<u64>) -> Result<RawRows, H5adError> {
