@@ -298,19 +298,20 @@ def loader_passes(store: str, count: int, passes: int, cold: Cold) -> dict:
     return loader_protocol(batches, count, passes, cold)
 
 
-def measure_read(tool: str, store: str, count: int, passes: int, cold_cache: bool) -> dict:
+def measure_read(tool: str, store: str, count: int, passes: int, cold_cache: bool, opened=reader) -> dict:
     """Reads `store` through `tool`: full passes in consecutive batches and
     `count` random batches. Warm: the median of `passes` full passes after one
     untimed, and the random batches timed after the same batches read once.
     Cold (`cold_cache`): the store's files are dropped from the page cache
     before each timed full pass and before the random batches, and nothing is
-    read untimed first."""
+    read untimed first. `opened(tool, store)` opens the store as `reader` does
+    (benches/random_peers.py gives its own)."""
     cold = Cold(store, cold_cache)
     if tool == "annbatch":
         return annbatch_passes(store, count, passes, cold)
     if tool == "deltacells-loader":
         return loader_passes(store, count, passes, cold)
-    n, consecutive, listed = reader(tool, store)
+    n, consecutive, listed = opened(tool, store)
 
     def cold_again() -> None:
         # A store the tool maps into memory keeps its pages while mapped:
@@ -321,7 +322,7 @@ def measure_read(tool: str, store: str, count: int, passes: int, cold_cache: boo
             del consecutive, listed
             gc.collect()
             cold()
-            n, consecutive, listed = reader(tool, store)
+            n, consecutive, listed = opened(tool, store)
         else:
             cold()
 

@@ -2,11 +2,13 @@
 buys, against anndata's backed mode on the same cells, in one run.
 
     .venv/bin/python benches/random_access.py SOURCE.h5ad [--chunks 8,32,64,128] [--batches 40]
-                                              [--work DIR] [--baseline OTHER.h5ad] [--cellstream]
+                                              [--work DIR] [--baseline OTHER.h5ad] [--reuse]
+                                              [--cellstream] [--annbatch] [--scdl]
 
-SOURCE is converted once per chunk count (`deltacells convert --chunks N`,
-the other settings at their defaults: 10,000-cell tiles, zstd level 1;
-with --reuse, stores already converted are read again). Each is read as
+SOURCE is converted once per chunk count (`deltacells convert --chunks N`:
+target/release/deltacells, or the installed package's command where that is
+not built; the other settings at their defaults: 10,000-cell tiles, zstd
+level 1; with --reuse, stores already converted are read again). Each is read as
 `open_dataset` opens it (a cache of 512 MiB of decompressed chunks) and
 with `cache_bytes=0` (every batch reads and decompresses what it needs).
 Each store is then read, each reading in a process of its own:
@@ -22,18 +24,40 @@ Each store is then read, each reading in a process of its own:
 - one shuffled epoch of the loader (`ds.batches(1024, seed=0)`, its
   defaults), warm, the store opened again first.
 
-With --cellstream, SOURCE is also written as cellstream's per-cell archive
-(`write_sharded(layout="cell")`) and read with `gather_rows` on two threads
-(the same batches, the same protocol: benches/peers.py's, in the virtual
-environment it makes under target/bench-peers; its full pass is the median
-of 1 after one untimed).
-
 The same reads go to anndata's backed mode on SOURCE itself
 (`read_h5ad(backed="r").X[rows]`, as stored: for a file anndata wrote, CSR
 without compression), and to OTHER.h5ad, the same cells as anndata itself
 writes them (contiguous datasets, no compression), which the "x anndata"
 columns then compare with. The nonzeros read are compared, so a store that
-gave other cells would show. Prints a table; not run by the tests.
+gave other cells would show.
+
+The peers are written and read by benches/peers.py (and benches/
+random_peers.py), each reading in a process of its own in the virtual
+environment peers.py makes under target/bench-peers (made there if missing;
+a peer whose environment cannot be made is named with pip's last line, and
+left out), with peers.py's protocol: warm, the full pass first (the median of
+1 after one untimed), then the random batches read once untimed in the same
+open store, then timed; cold, each timed reading after the store's files
+left the page cache; no "drawn again" column:
+
+- with --cellstream, cellstream's per-cell archive (`write_sharded(layout=
+  "cell")`), read with `gather_rows` on two threads, the same batches;
+- with --annbatch, annbatch's store (`DatasetCollection.add_adatas`,
+  shuffled, as benches/peers.py writes it; its dataset_size, the cells it
+  shuffles in memory, from ANNBATCH_DATASET_SIZE if set, as peers.py's
+  --annbatch-dataset-size sets it), read through its Loader in two
+  rows: the same batches, each handed to the Loader as one load request of
+  its cells (a Sampler of ours; the cells found in annbatch's order by their
+  obs_names); and annbatch's own `Loader(batch_size=1024, chunk_size=1,
+  preload_nchunks=1024, shuffle=True)`, 1,024 random single cells a batch
+  but its own cells (its "same cells" reads "no"). Both full passes read the
+  store's own order, 1,024 consecutive cells a load request
+  (benches/random_peers.py);
+- with --scdl, BioNeMo SCDL's `SingleCellMemMapDataset` (from SOURCE's X),
+  in an environment of its own (bionemo-scdl requires torch), each batch's
+  cells read with `get_row` and made a CSR, the same batches.
+
+Prints a table; not run by the tests.
 """
 
 from __future__ import annotations
@@ -53,7 +77,8 @@ from cold import evict
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-BINARY = REPO / "target" / "release" / "deltacells"
+BUILT = REPO / "target" / "release" / "deltacells"
+BINARY = BUILT if BUILT.exists() else Path(shutil.which("deltacells") or Path(sys.executable).parent / "deltacells")
 BATCH = 1024
 ENV = dict(os.environ, HDF5_USE_FILE_LOCKING="FALSE")
 
@@ -131,34 +156,54 @@ def child(store: str, batches: int, cold: bool) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def cellstream(source: Path, work: Path, batches: int, reuse: bool) -> dict:
-    """SOURCE as cellstream's per-cell archive, written and read through
-    benches/peers.py in its virtual environment (made there if missing)."""
+#: The peers: what writes their store (benches/peers.py's convert), the
+#: virtual environment they are read in, the store's name after SOURCE's,
+#: and their rows: (name, the script that reads, the tool it reads with).
+PEERS = {
+    "cellstream": ("venv", "cellstream", [("cellstream per-cell archive", "peers.py", "cellstream")]),
+    "annbatch": ("venv", "annbatch.zarr", [
+        ("annbatch Loader, the same cells (a Sampler naming them)", "random_peers.py", "annbatch-cells"),
+        ("annbatch Loader(chunk_size=1, preload_nchunks=1024), its own random cells", "random_peers.py",
+         "annbatch-chunk1")]),
+    "scdl": ("venv-scdl", "scdl", [("BioNeMo SCDL memmap (get_row per cell)", "peers.py", "scdl")]),
+}
+
+
+def peer(kind: str, source: Path, work: Path, batches: int, reuse: bool) -> tuple[dict, str]:
+    """SOURCE written by a peer and read in benches/peers.py's virtual
+    environment for it (made there if missing): its rows, and a line to print
+    (its environment's versions, or why it is left out)."""
     sys.path.insert(0, str(HERE))
-    from peers import PEERS, venv
+    import peers
 
-    python, why = venv(REPO / "target" / "bench-peers", "venv", PEERS)
+    name, suffix, reads = PEERS[kind]
+    python, why = peers.venv(REPO / "target" / "bench-peers", name, peers.SCDL if kind == "scdl" else peers.PEERS)
     if python is None:
-        raise SystemExit(f"cellstream: {why}")
-    store = work / f"{source.stem}-cellstream"
+        return {}, f"{kind}: left out, {why}"
+    store = work / f"{source.stem}-{suffix}"
 
-    def peers(*args: str) -> dict:
-        done = subprocess.run([python, str(HERE / "peers.py"), "--measure", *args], capture_output=True, text=True,
+    def run(script: str, *args: str) -> dict:
+        done = subprocess.run([python, str(HERE / script), "--measure", *args], capture_output=True, text=True,
                               env=ENV)
         if done.returncode != 0:
-            raise RuntimeError(f"cellstream {args[0]} failed:\n{done.stderr[-3000:]}")
+            raise RuntimeError(f"{kind} {' '.join(args[:2])} failed:\n{done.stderr[-3000:]}")
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    row: dict = {"convert_seconds": None}
+    seconds = None
     if not (reuse and store.exists()):
-        row["convert_seconds"] = peers("convert", "cellstream", str(source), str(store))["seconds"]
-    row["bytes"] = size_of(store)
-    for how in ("warm", "cold"):
-        r = peers("read", "cellstream", str(store), str(batches), "1", how)
-        r["again_seconds"] = float("nan")
-        r["cached_before"] = r.get("cached_before") or 0
-        row[how] = r
-    return row
+        seconds = run("peers.py", "convert", kind, str(source), str(store))["seconds"]
+    rows = {}
+    for label, script, tool in reads:
+        row: dict = {"convert_seconds": seconds, "bytes": size_of(store)}
+        for how in ("warm", "cold"):
+            r = run(script, "read", tool, str(store), str(batches), "1", how,
+                    *([str(source)] if tool == "annbatch-cells" else []))
+            r["again_seconds"] = float("nan")
+            r["cached_before"] = r.get("cached_before") or 0
+            row[how] = r
+        rows[label] = row
+    found = run("peers.py", "versions", kind)
+    return rows, f"target/bench-peers/{name}: " + ", ".join(f"{k} {v}" for k, v in found.items())
 
 
 def size_of(path: Path) -> int:
@@ -176,6 +221,9 @@ def main() -> None:
     parser.add_argument("--baseline", help="the same cells as an .h5ad anndata wrote: the x-anndata columns' base")
     parser.add_argument("--reuse", action="store_true", help="read the stores already in --work, if complete")
     parser.add_argument("--cellstream", action="store_true", help="also cellstream's per-cell archive")
+    parser.add_argument("--annbatch", action="store_true", help="also annbatch's store, through its Loader")
+    parser.add_argument("--scdl", action="store_true",
+                        help="also BioNeMo SCDL's memory maps (its environment installs torch: 5.8 GB)")
     parser.add_argument("--measure", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
@@ -211,13 +259,20 @@ def main() -> None:
         rows["anndata backed (.h5ad anndata wrote)"] = base = {
             "bytes": size_of(Path(args.baseline)), "warm": child(args.baseline, args.batches, False),
             "cold": child(args.baseline, args.batches, True)}
-    if args.cellstream:
-        rows["cellstream per-cell archive"] = cellstream(source, work, args.batches, args.reuse)
+    notes = []
+    for kind in ("cellstream", "annbatch", "scdl"):
+        if getattr(args, kind):
+            found, note = peer(kind, source, work, args.batches, args.reuse)
+            rows.update(found)
+            notes.append(note)
+            print(f"# {kind}: read", file=sys.stderr)
     first = next(iter(rows.values()))
     print(f"# {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; {source} ({first['warm']['cells']:,} cells, "
           f"{first['warm']['nnz']:,} nonzeros); {args.batches} random batches of {BATCH:,} cells, the same for every "
           "store; cold: the store's files dropped from the page cache before the batches (bytes left cached, at "
           f"most: {max(r['cold']['cached_before'] for r in rows.values()):,})")
+    for note in dict.fromkeys(notes):  # an environment's versions once
+        print(f"# {note}")
     print()
     print("| store | bytes/nnz | random cells/s, warm | x anndata | random cells/s, cold | x anndata | "
           "drawn again cells/s | full pass cells/s, warm | shuffled epoch cells/s, warm | same cells |")
@@ -236,6 +291,9 @@ def main() -> None:
     for name, r in rows.items():
         same = "yes" if (r["warm"]["nnz"] == base["warm"]["nnz"]
                          and r["warm"]["random_nnz"] == r["cold"]["random_nnz"] == base["warm"]["random_nnz"]) else "NO"
+        if r["warm"].get("own_cells"):
+            # A loader that draws its cells: only its full pass can match.
+            same = "no (its own random cells)" if r["warm"]["nnz"] == base["warm"]["nnz"] else "NO"
         print(f"| {name} | {r['bytes'] / r['warm']['nnz']:.3f} | {speed(r['warm']):,.0f} | "
               f"{speed(r['warm']) / speed(base['warm']):.2f}x | {speed(r['cold']):,.0f} | "
               f"{speed(r['cold']) / speed(base['cold']):.2f}x | "
