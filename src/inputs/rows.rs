@@ -285,9 +285,10 @@ fn sort_row(out: &mut CsrMatrix, start: usize) -> Result<u64, (u32, u64)> {
     Ok(summed)
 }
 
-/// Puts rows in column order without sorting them: a bit per column and
-/// the row's count at each column it holds, made at the first row that
-/// needs them and left empty between rows.
+/// Puts rows in column order without sorting them: a bit per column of the
+/// row's span and the row's count at each column it holds, as large as the
+/// widest span yet (at most [`BITMAP_WORDS_PER_ENTRY`] words per entry of
+/// that row), left empty between rows.
 #[derive(Default)]
 struct ColumnBitmap {
     bits: Vec<u64>,
@@ -295,40 +296,42 @@ struct ColumnBitmap {
 }
 
 impl ColumnBitmap {
-    /// Puts the row `out.indices[start..]` (every column in `span`, below
-    /// the matrix's columns) in column order, summing duplicates: how many
-    /// were summed; None, the row unchanged, when a sum passes the largest
-    /// count (the sort then names it as it always has).
+    /// Puts the row `out.indices[start..]` (every column in `span`) in
+    /// column order, summing duplicates: how many were summed; None, the
+    /// row unchanged, when a sum passes the largest count (the sort then
+    /// names it as it always has).
     fn order(&mut self, out: &mut CsrMatrix, start: usize, span: Range<u32>) -> Option<u64> {
-        if self.counts.len() < out.n_cols as usize {
-            self.bits = vec![0; (out.n_cols as usize).div_ceil(64)];
-            self.counts = vec![0; out.n_cols as usize];
+        let base = span.start / 64 * 64;
+        let words = span.end.saturating_sub(base).div_ceil(64) as usize;
+        if self.bits.len() < words {
+            self.bits.resize(words, 0);
+            self.counts.resize(words * 64, 0);
         }
-        let words = span.start as usize / 64..(span.end as usize).div_ceil(64);
         let mut summed = 0;
         for (&c, &v) in out.indices[start..].iter().zip(&out.data[start..]) {
-            let (word, bit) = (c as usize / 64, 1u64 << (c % 64));
+            let at = (c - base) as usize;
+            let (word, bit) = (at / 64, 1u64 << (at % 64));
             if self.bits[word] & bit == 0 {
                 self.bits[word] |= bit;
-                self.counts[c as usize] = v;
+                self.counts[at] = v;
                 continue;
             }
-            let sum = u64::from(self.counts[c as usize]) + u64::from(v);
+            let sum = u64::from(self.counts[at]) + u64::from(v);
             if sum > u64::from(MAX_COUNT) {
-                self.bits[words].fill(0);
+                self.bits[..words].fill(0);
                 return None;
             }
-            self.counts[c as usize] = sum as u32;
+            self.counts[at] = sum as u32;
             summed += 1;
         }
         out.indices.truncate(start);
         out.data.truncate(start);
-        for word in words {
+        for word in 0..words {
             let mut bits = std::mem::take(&mut self.bits[word]);
             while bits != 0 {
-                let c = word as u32 * 64 + bits.trailing_zeros();
-                out.indices.push(c);
-                out.data.push(self.counts[c as usize]);
+                let at = word * 64 + bits.trailing_zeros() as usize;
+                out.indices.push(base + at as u32);
+                out.data.push(self.counts[at]);
                 bits &= bits - 1;
             }
         }

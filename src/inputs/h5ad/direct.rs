@@ -5,7 +5,8 @@
 //!
 //! Only the simple and common case is read this way: a local file; a chunked
 //! array whose every chunk is written, stored with no filter or with deflate
-//! (gzip), shuffled or not; little-endian numbers of 4 or 8 bytes. Anything
+//! (gzip), shuffled or not; 4- or 8-byte numbers of exactly the types this
+//! machine uses (its byte order, no padding), read as they lie. Anything
 //! else, and any chunk whose bytes are not where the file says or do not
 //! inflate to exactly a chunk, is left to HDF5 (the caller reads the same
 //! elements through it), so that a damaged file gets HDF5's own error.
@@ -66,10 +67,6 @@ pub(super) struct DirectArray {
     last: Mutex<Option<(usize, Arc<Vec<u8>>)>>,
 }
 
-/// Compressed bytes a chunk may take beyond its elements' (deflate's
-/// worst case on incompressible bytes is a few bytes per 16 KiB).
-const DEFLATE_SLACK: u64 = 4096;
-
 /// The largest chunk read directly (writers use a few MiB at most; a file
 /// that declares more is left to HDF5, which allocates as it sees fit).
 const MOST_CHUNK_BYTES: u64 = 64 << 20;
@@ -80,19 +77,34 @@ impl DirectArray {
     pub(super) fn new(ds: &hdf5::Dataset, file: &Arc<File>, file_len: u64) -> Option<DirectArray> {
         let len = ds.size();
         let [chunk_elements] = ds.chunk()?[..] else { return None };
+        // The stored type must be exactly one of ours as this machine lays
+        // it out (HDF5 would convert anything else: another byte order, a
+        // smaller precision, padding).
         let dtype = ds.dtype().ok()?;
-        let descriptor = dtype.to_descriptor().ok()?;
-        let width = match descriptor {
-            TypeDescriptor::Integer(IntSize::U4) | TypeDescriptor::Unsigned(IntSize::U4) => 4,
-            TypeDescriptor::Float(FloatSize::U4) => 4,
-            TypeDescriptor::Integer(IntSize::U8) | TypeDescriptor::Float(FloatSize::U8) => 8,
-            _ => return None,
-        };
-        if chunk_elements == 0 || len == 0 || dtype.byte_order() != hdf5::datatype::ByteOrder::LittleEndian {
+        let same = |native: hdf5::Result<hdf5::Datatype>| native.is_ok_and(|n| n == dtype);
+        let (descriptor, width) = [
+            (i32::STORED, same(hdf5::Datatype::from_type::<i32>()), 4),
+            (i64::STORED, same(hdf5::Datatype::from_type::<i64>()), 8),
+            (u32::STORED, same(hdf5::Datatype::from_type::<u32>()), 4),
+            (f32::STORED, same(hdf5::Datatype::from_type::<f32>()), 4),
+            (f64::STORED, same(hdf5::Datatype::from_type::<f64>()), 8),
+        ]
+        .into_iter()
+        .find_map(|(d, is, w)| is.then_some((d, w)))?;
+        if chunk_elements == 0 || len == 0 {
+            return None;
+        }
+        let dcpl = ds.dcpl().ok()?;
+        // A partial last chunk left unfiltered is not told apart by its mask.
+        let partial_unfiltered = dcpl
+            .chunk_opts()
+            .is_some_and(|o| o.contains(hdf5::plist::dataset_create::ChunkOpts::DONT_FILTER_PARTIAL_CHUNKS));
+        if partial_unfiltered && !len.is_multiple_of(chunk_elements) {
             return None;
         }
         let (mut shuffle, mut deflate) = (None, None);
-        for (at, filter) in ds.filters().iter().enumerate() {
+        // (a pipeline HDF5 cannot list is not read here)
+        for (at, filter) in dcpl.get_filters().ok()?.iter().enumerate() {
             match filter {
                 Filter::Shuffle if shuffle.is_none() && deflate.is_none() => shuffle = Some(at as u32),
                 Filter::Deflate(_) if deflate.is_none() => deflate = Some(at as u32),
@@ -100,9 +112,18 @@ impl DirectArray {
             }
         }
         let chunk_bytes = (chunk_elements as u64).checked_mul(width as u64).filter(|&b| b <= MOST_CHUNK_BYTES)?;
-        let most = if deflate.is_some() { chunk_bytes + DEFLATE_SLACK } else { chunk_bytes };
+        let most = if deflate.is_some() { chunk_bytes + chunk_bytes / 1024 + 64 } else { chunk_bytes };
+        // Every chunk takes some bytes of the file: a declared length the
+        // file cannot hold is HDF5's to refuse, not a list to build.
+        let n_chunks = len.div_ceil(chunk_elements);
+        if n_chunks as u64 > file_len / 8 {
+            return None;
+        }
         let mut found: Vec<(u64, StoredChunk)> = Vec::new();
         ds.chunks_visit(|c| {
+            if found.len() >= n_chunks {
+                return 1;
+            }
             found.push((
                 c.offset.first().copied().unwrap_or(u64::MAX),
                 StoredChunk { addr: c.addr, size: c.size, filter_mask: c.filter_mask },
@@ -112,7 +133,6 @@ impl DirectArray {
         .ok()?;
         found.sort_unstable_by_key(|f| f.0);
         // Every chunk written, in place, and inside the file.
-        let n_chunks = len.div_ceil(chunk_elements);
         let in_place = found.len() == n_chunks
             && found.iter().enumerate().all(|(k, (offset, c))| {
                 *offset == (k * chunk_elements) as u64
@@ -178,9 +198,13 @@ impl DirectArray {
         let expected = self.chunk_elements * self.width;
         let applied = |at: Option<u32>| at.is_some_and(|i| stored.filter_mask & (1 << i) == 0);
         let inflated = if applied(self.deflate) {
+            // The whole stream, its checksum included, and exactly a chunk.
             let mut out = Vec::with_capacity(expected);
-            let mut inflater = std::io::Read::take(flate2::read::ZlibDecoder::new(&raw[..]), expected as u64 + 1);
-            std::io::Read::read_to_end(&mut inflater, &mut out).ok()?;
+            let mut inflater = flate2::Decompress::new(true);
+            let status = inflater.decompress_vec(&raw, &mut out, flate2::FlushDecompress::Finish).ok()?;
+            if status != flate2::Status::StreamEnd {
+                return None;
+            }
             out
         } else {
             raw
@@ -196,7 +220,8 @@ impl DirectArray {
 /// for j in 0..width, back to each element's bytes side by side.
 fn unshuffle(shuffled: &[u8], width: usize) -> Vec<u8> {
     let n = shuffled.len() / width;
-    let mut out = vec![0u8; shuffled.len()];
+    // (bytes past the last whole element stay where they are)
+    let mut out = shuffled.to_vec();
     for (j, plane) in shuffled.chunks_exact(n.max(1)).take(width).enumerate() {
         for (i, &b) in plane.iter().enumerate() {
             out[i * width + j] = b;
@@ -219,6 +244,19 @@ mod tests {
     /// A CSR matrix of `n_rows` rows written with each array chunked by
     /// `chunk` elements through `filters`: its path, beside the others.
     fn write(dir: &std::path::Path, name: &str, n_rows: usize, chunk: usize, filters: &[Filter]) -> std::path::PathBuf {
+        write_with(dir, name, n_rows, chunk, filters, false)
+    }
+
+    /// As [`write`]; `edge_unfiltered`: partial edge chunks stored without
+    /// the filters.
+    fn write_with(
+        dir: &std::path::Path,
+        name: &str,
+        n_rows: usize,
+        chunk: usize,
+        filters: &[Filter],
+        edge_unfiltered: bool,
+    ) -> std::path::PathBuf {
         let path = dir.join(format!("{name}.h5ad"));
         let file = hdf5::File::create(&path).unwrap();
         let x = file.create_group("X").unwrap();
@@ -230,15 +268,38 @@ mod tests {
             }
             indptr.push(data.len() as i64);
         }
+        let opts = if edge_unfiltered {
+            hdf5::plist::dataset_create::ChunkOpts::DONT_FILTER_PARTIAL_CHUNKS
+        } else {
+            hdf5::plist::dataset_create::ChunkOpts::empty()
+        };
         for (part, ds) in [
-            ("data", x.new_dataset_builder().with_data(&data).chunk(chunk).set_filters(filters).create("data")),
+            (
+                "data",
+                x.new_dataset_builder()
+                    .with_data(&data)
+                    .chunk(chunk)
+                    .set_filters(filters)
+                    .chunk_opts(opts)
+                    .create("data"),
+            ),
             (
                 "indices",
-                x.new_dataset_builder().with_data(&indices).chunk(chunk).set_filters(filters).create("indices"),
+                x.new_dataset_builder()
+                    .with_data(&indices)
+                    .chunk(chunk)
+                    .set_filters(filters)
+                    .chunk_opts(opts)
+                    .create("indices"),
             ),
             (
                 "indptr",
-                x.new_dataset_builder().with_data(&indptr).chunk(chunk / 4).set_filters(filters).create("indptr"),
+                x.new_dataset_builder()
+                    .with_data(&indptr)
+                    .chunk(chunk / 4)
+                    .set_filters(filters)
+                    .chunk_opts(opts)
+                    .create("indptr"),
             ),
         ] {
             ds.unwrap_or_else(|e| panic!("{part}: {e}"));
@@ -278,6 +339,21 @@ mod tests {
                     "{name} {rows:?}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn unfiltered_edge_chunks_are_left_to_hdf5() {
+        let dir = tempfile::tempdir().unwrap();
+        for filters in [&[Filter::Shuffle][..], &[Filter::Deflate(4)]] {
+            let path = write_with(dir.path(), "edges", 700, 1_000, filters, true);
+            let file = H5adFile::open(&path).unwrap();
+            let read = file.matrix("X").unwrap();
+            // data and indices end in a partial chunk
+            assert!(read.direct[0].is_none() && read.direct[1].is_none(), "{filters:?}");
+            let mut through_hdf5 = file.matrix("X").unwrap();
+            through_hdf5.direct = vec![None, None, None];
+            assert_eq!(read.read_rows(0..700).unwrap(), through_hdf5.read_rows(0..700).unwrap());
         }
     }
 
