@@ -219,13 +219,7 @@ pub fn to_counts(raw: &RawRows, n_cols: u32, remap: Option<&[u32]>) -> Result<(C
             // A row whose columns come out of order (a gene order, or an
             // input's own order) is put in order through a bitmap of the
             // columns when the row is dense enough for its span, else sorted.
-            let words = (high / 64 - low / 64) as usize + 1;
-            let entries = out.indices.len() - start;
-            let merged = if high < n_cols && words <= entries.saturating_mul(BITMAP_WORDS_PER_ENTRY) {
-                bitmap.order(&mut out, start, low..high + 1)
-            } else {
-                None
-            };
+            let merged = if high < n_cols { bitmap.order(&mut out, start, low..high + 1) } else { None };
             cleaned.summed += match merged {
                 Some(summed) => summed,
                 None => sort_row(&mut out, start).map_err(|(c, sum)| BadValue {
@@ -298,11 +292,15 @@ struct ColumnBitmap {
 impl ColumnBitmap {
     /// Puts the row `out.indices[start..]` (every column in `span`) in
     /// column order, summing duplicates: how many were summed; None, the
-    /// row unchanged, when a sum passes the largest count (the sort then
-    /// names it as it always has).
+    /// row unchanged, when the row is too sparse for its span (it is then
+    /// sorted) or a sum passes the largest count (the sort then names it as
+    /// it always has).
     fn order(&mut self, out: &mut CsrMatrix, start: usize, span: Range<u32>) -> Option<u64> {
         let base = span.start / 64 * 64;
         let words = span.end.saturating_sub(base).div_ceil(64) as usize;
+        if words > (out.indices.len() - start).saturating_mul(BITMAP_WORDS_PER_ENTRY) {
+            return None;
+        }
         if self.bits.len() < words {
             self.bits.resize(words, 0);
             self.counts.resize(words * 64, 0);

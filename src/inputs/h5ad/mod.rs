@@ -581,9 +581,10 @@ impl MatrixReader {
         .map_err(|(at, message)| self.invalid(&format!("{object}[{at}]"), message))?;
         let data = &self.datasets[0];
         let failed = |e: hdf5::Error| self.read_failed(&self.object("data"), e);
-        let widened = |values: Vec<f32>| values.into_iter().map(f64::from).collect();
         let values: Vec<f64> = match stored_type(data) {
-            Some(TypeDescriptor::Float(FloatSize::U4)) => widened(self.slice::<f32>(0, a..b).map_err(failed)?),
+            Some(TypeDescriptor::Float(FloatSize::U4)) => {
+                self.slice::<f32>(0, a..b).map_err(failed)?.into_iter().map(f64::from).collect()
+            }
             Some(TypeDescriptor::Integer(IntSize::U4)) => {
                 self.slice::<i32>(0, a..b).map_err(failed)?.into_iter().map(f64::from).collect()
             }
