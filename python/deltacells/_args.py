@@ -42,10 +42,13 @@ def thread_count(name: str, value: Any) -> int | None:
 
 
 def location(name: str, value: Any) -> str:
-    """``value`` as a path or URL string (a ``str`` or an ``os.PathLike``)."""
+    """``value`` as a path or URL string (a ``str`` or an ``os.PathLike``);
+    no path or URL holds a NUL character."""
     if isinstance(value, (str, os.PathLike)):
         text = os.fspath(value)
         if isinstance(text, str):
+            if "\0" in text:
+                raise InvalidArgumentError(f"{name}={text!r}: a path or URL cannot hold a NUL character")
             return text
     raise ArgumentTypeError(f"{name} must be a path or a URL (a string), not {value!r}")
 

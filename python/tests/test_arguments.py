@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import deltacells
@@ -256,6 +256,7 @@ def test_obs_column_names_that_are_not_columns_are_refused_by_name(ds, names) ->
 @FUZZ
 @given(option=st.sampled_from(["threads", "cache_bytes", "anonymous", "endpoint", "obs_columns", "root"]),
        value=any_value)
+@example(option="root", value="\x00")  # (a NUL reached the file system's call once)
 def test_open_options_work_or_are_refused_by_name(samples, option, value) -> None:
     root, cache = samples
     arguments: dict[str, Any] = {"root": str(root), "cache_dir": str(cache), option: value}
