@@ -34,6 +34,8 @@ if [ -s "$skipped" ]; then
 fi
 # The reading core's own tests, without HDF5, clap or indicatif.
 cargo test --release --no-default-features --lib --quiet
+# The Python extension's own Rust tests (its allocator's settings).
+PYO3_PYTHON="$PWD/.venv/bin/python" cargo test --release -p deltacells-python --lib --quiet
 # The benchmarks are not run here (see docs/performance.md), only compiled,
 # in the same profile so that nothing is built twice.
 cargo test --release --features fault-injection --benches --no-run --quiet

@@ -30,6 +30,7 @@ use deltacells::storage::StoreOptions;
 use deltacells::writer::WriteOptions;
 use deltacells::Dataset;
 
+use crate::allocator::KeepFreedPages;
 use crate::errors::{detached, Failure, Kind};
 use crate::threads::Threads;
 
@@ -39,7 +40,10 @@ use crate::threads::Threads;
 /// into Python.
 #[pyfunction]
 pub(crate) fn run_command_line(py: Python<'_>, argv: Vec<String>) -> u8 {
-    let run = || std::panic::catch_unwind(|| deltacells::run_command_line(argv)).unwrap_or(2);
+    let run = || {
+        let _pages = KeepFreedPages::now();
+        std::panic::catch_unwind(|| deltacells::run_command_line(argv)).unwrap_or(2)
+    };
     py.detach(run)
 }
 
@@ -229,6 +233,7 @@ pub(crate) fn convert_files(
     let inputs: Vec<PathBuf> = inputs.into_iter().map(PathBuf::from).collect();
     let progress = PyProgress(progress);
     detached(py, || {
+        let _pages = KeepFreedPages::now();
         let (reach, _downloads) = reaching.inputs()?;
         let options = options.options(&reaching, reach)?;
         run_conversion(&inputs, &out, &options, &reaching, &progress)
@@ -249,6 +254,7 @@ pub(crate) fn convert_anndata(
     let source = AnnDataSource::new(py, source)?;
     let progress = PyProgress(progress);
     detached(py, || {
+        let _pages = KeepFreedPages::now();
         let (mut reach, _) = reaching.inputs()?;
         reach.provided.push(ProvidedInput { name: name.clone(), source: Arc::new(source) });
         let options = options.options(&reaching, reach)?;
@@ -293,6 +299,7 @@ pub(crate) fn append_files(
     let inputs: Vec<PathBuf> = inputs.into_iter().map(PathBuf::from).collect();
     let progress = PyProgress(progress);
     detached(py, || {
+        let _pages = KeepFreedPages::now();
         let (reach, _downloads) = reaching.inputs()?;
         let append_options = AppendOptions {
             matrix: options.matrix.clone(),
@@ -325,6 +332,7 @@ pub(crate) fn compact_dataset(
 ) -> PyResult<String> {
     let progress = PyProgress(progress);
     detached(py, || {
+        let _pages = KeepFreedPages::now();
         let (_, store) = convert::open_output(&dataset, &reaching.store(), "compact").map_err(failure)?;
         let summary = reaching.pool().install(|| convert::compact(store.clone(), level, &progress).map_err(failure))?;
         Ok(serde_json::to_string(&summary).unwrap_or_default())
@@ -643,6 +651,6 @@ impl AnnDataSource {
             .map_err(|(at, message)| self.invalid(format!("row pointer {at}: {message}")))?;
         let indices = checked_indices(&indices, 0, n_cols)
             .map_err(|(at, message)| self.invalid(format!("entry {at} of rows {rows:?}: {message}")))?;
-        Ok(RawRows { indptr, indices, values })
+        Ok(RawRows { indptr, indices, values: values.into() })
     }
 }

@@ -16,6 +16,7 @@ use pyo3::types::PyTuple;
 use deltacells::inputs::InputFormat;
 use deltacells::obs::localize;
 
+mod allocator;
 mod arrays;
 mod batches;
 mod collection;

@@ -95,7 +95,7 @@ impl StoredTail {
         let rows = RawRows {
             indptr: self.rows.indptr[range.start as usize..=range.end as usize].iter().map(|p| p - lo).collect(),
             indices: self.rows.indices[lo as usize..hi as usize].to_vec(),
-            values: self.rows.data[lo as usize..hi as usize].iter().map(|&c| f64::from(c)).collect(),
+            values: self.rows.data[lo as usize..hi as usize].to_vec().into(),
         };
         let obs = self.obs.as_ref().map(|b| b.slice(range.start as usize, (range.end - range.start) as usize));
         (rows, obs)
@@ -373,10 +373,21 @@ pub(crate) fn gene_totals(
 /// as they come: a sum of them above the largest count is refused by the
 /// tiles, which read every input.
 fn block_totals(raw: &RawRows, n_genes: u32, map: Option<&[u32]>) -> Result<Vec<u64>, BadValue> {
+    crate::inputs::with_values!(&raw.values, values => totals_of(raw, values, n_genes, map))
+}
+
+/// [`block_totals`] for values of one stored type.
+fn totals_of<T: crate::inputs::Value>(
+    raw: &RawRows,
+    values: &[T],
+    n_genes: u32,
+    map: Option<&[u32]>,
+) -> Result<Vec<u64>, BadValue> {
     let mut totals = vec![0u64; n_genes as usize];
     for (r, w) in raw.indptr.windows(2).enumerate() {
         let (first, end) = (w[0] as usize, w[1] as usize);
-        for (&source, &v) in raw.indices[first..end].iter().zip(&raw.values[first..end]) {
+        for (&source, &v) in raw.indices[first..end].iter().zip(&values[first..end]) {
+            let v = v.to_f64();
             let count = count_of(v).ok_or_else(|| BadValue::not_a_count(r as u64, source, v))?;
             let gene = map.map_or(source, |m| m[source as usize]);
             if count > 0 && gene != DROPPED_COLUMN {

@@ -582,11 +582,11 @@ fn spill_block(
 
 /// Rows `rows` (indices into `raw`) of a block, as a block of their own.
 fn select_rows(raw: &RawRows, rows: &[usize]) -> RawRows {
-    let mut out = RawRows { indptr: vec![0], indices: Vec::new(), values: Vec::new() };
+    let mut out = RawRows { indptr: vec![0], indices: Vec::new(), values: raw.values.slice(0..0) };
     for &r in rows {
         let (lo, hi) = (raw.indptr[r] as usize, raw.indptr[r + 1] as usize);
         out.indices.extend_from_slice(&raw.indices[lo..hi]);
-        out.values.extend_from_slice(&raw.values[lo..hi]);
+        out.values.extend_from(&raw.values, lo..hi);
         out.indptr.push(out.indices.len() as u64);
     }
     out

@@ -35,8 +35,10 @@ pub use format::InputFormat;
 use options::Shared;
 pub use options::{InputOptions, InputReading, ProvidedInput};
 use remote::is_url;
+pub(crate) use rows::with_values;
 pub use rows::{
-    checked_indices, checked_indptr, count_of, made_once, to_counts, BadValue, Cleaned, RawRows, DROPPED_COLUMN,
+    checked_indices, checked_indptr, count_of, made_once, to_counts, BadValue, Cleaned, RawRows, Value, Values,
+    DROPPED_COLUMN,
 };
 pub use source::{first_rows_are_counts, InputSource, COUNTS_PROBE_ROWS};
 pub use table::{Categories, FrameColumn, MemoryTable, Table};

@@ -1,19 +1,126 @@
-//! A matrix's rows as an input stores them ([`RawRows`]: CSR, values of any
-//! numeric type as f64, not yet checked), the checks every format makes of a
-//! sparse matrix's arrays, and the turning of stored values into counts
-//! ([`to_counts`]), which is the same for every format.
+//! A matrix's rows as an input stores them ([`RawRows`]: CSR, values in
+//! the number type the input stores, not yet checked), the checks every
+//! format makes of a sparse matrix's arrays, and the turning of stored
+//! values into counts ([`to_counts`]), which is the same for every format.
 
 use std::ops::Range;
 
 use crate::format::{CsrMatrix, MAX_COUNT};
 
 /// Rows of a matrix as stored, before they are checked as counts: CSR with
-/// indptr relative to the first row and values of any numeric type as f64.
+/// indptr relative to the first row.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RawRows {
     pub indptr: Vec<u64>,
     pub indices: Vec<u32>,
-    pub values: Vec<f64>,
+    pub values: Values,
+}
+
+/// A block's stored values in the number type the input stores them, so
+/// that they are not copied into a wider array before they are checked
+/// (each is widened to f64 as it is checked, which is exact for all four).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Values {
+    F64(Vec<f64>),
+    F32(Vec<f32>),
+    I32(Vec<i32>),
+    U32(Vec<u32>),
+}
+
+impl Default for Values {
+    fn default() -> Values {
+        Values::F64(Vec::new())
+    }
+}
+
+/// A number type [`Values`] holds.
+pub trait Value: Copy {
+    fn to_f64(self) -> f64;
+}
+
+macro_rules! values_of {
+    ($($t:ty => $variant:ident),*) => {
+        $(
+            impl Value for $t {
+                fn to_f64(self) -> f64 {
+                    f64::from(self)
+                }
+            }
+            impl From<Vec<$t>> for Values {
+                fn from(v: Vec<$t>) -> Values {
+                    Values::$variant(v)
+                }
+            }
+        )*
+    };
+}
+values_of!(f64 => F64, f32 => F32, i32 => I32, u32 => U32);
+
+/// Evaluates `$body` with `$v` bound to the values' slice in their stored
+/// type, so that the body is compiled once per type.
+macro_rules! with_values {
+    ($values:expr, $v:ident => $body:expr) => {
+        match $values {
+            $crate::inputs::Values::F64(all) => {
+                let $v: &[f64] = all;
+                $body
+            }
+            $crate::inputs::Values::F32(all) => {
+                let $v: &[f32] = all;
+                $body
+            }
+            $crate::inputs::Values::I32(all) => {
+                let $v: &[i32] = all;
+                $body
+            }
+            $crate::inputs::Values::U32(all) => {
+                let $v: &[u32] = all;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_values;
+
+impl Values {
+    pub fn len(&self) -> usize {
+        with_values!(self, v => v.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Value `k`, widened (exactly) to f64.
+    pub fn get(&self, k: usize) -> f64 {
+        with_values!(self, v => v[k].to_f64())
+    }
+
+    /// Values `range`, in the same type.
+    pub fn slice(&self, range: Range<usize>) -> Values {
+        match self {
+            Values::F64(v) => Values::F64(v[range].to_vec()),
+            Values::F32(v) => Values::F32(v[range].to_vec()),
+            Values::I32(v) => Values::I32(v[range].to_vec()),
+            Values::U32(v) => Values::U32(v[range].to_vec()),
+        }
+    }
+
+    /// Appends `other[range]`, widening both to f64 when their types differ.
+    pub fn extend_from(&mut self, other: &Values, range: Range<usize>) {
+        match (&mut *self, other) {
+            (Values::F64(a), Values::F64(b)) => a.extend_from_slice(&b[range]),
+            (Values::F32(a), Values::F32(b)) => a.extend_from_slice(&b[range]),
+            (Values::I32(a), Values::I32(b)) => a.extend_from_slice(&b[range]),
+            (Values::U32(a), Values::U32(b)) => a.extend_from_slice(&b[range]),
+            (mine, _) if mine.is_empty() => *mine = other.slice(range),
+            (mine, _) => {
+                let mut wide: Vec<f64> = (0..mine.len()).map(|k| mine.get(k)).collect();
+                wide.extend(range.map(|k| other.get(k)));
+                *mine = Values::F64(wide);
+            }
+        }
+    }
 }
 
 impl RawRows {
@@ -25,29 +132,29 @@ impl RawRows {
         RawRows {
             indptr: self.indptr[first..=last].iter().map(|&p| p - lo as u64).collect(),
             indices: self.indices[lo..hi].to_vec(),
-            values: self.values[lo..hi].to_vec(),
+            values: self.values.slice(lo..hi),
         }
     }
 
     /// The rows of a dense block, each an iterator of its values; zeros are
     /// left out.
     pub fn from_dense_rows<'a, R: IntoIterator<Item = &'a f64>>(rows: impl Iterator<Item = R>) -> RawRows {
-        let mut out = RawRows { indptr: vec![0], ..Default::default() };
+        let (mut indptr, mut indices, mut values) = (vec![0], Vec::new(), Vec::new());
         for row in rows {
             for (j, &v) in row.into_iter().enumerate() {
                 if v != 0.0 {
-                    out.indices.push(j as u32);
-                    out.values.push(v);
+                    indices.push(j as u32);
+                    values.push(v);
                 }
             }
-            out.indptr.push(out.indices.len() as u64);
+            indptr.push(indices.len() as u64);
         }
-        out
+        RawRows { indptr, indices, values: values.into() }
     }
 
     /// A matrix stored by column (CSC: `colptr` over the columns, each
     /// entry's row in `rows_of`, checked to be below `n_rows`) as rows.
-    pub fn from_columns(colptr: &[u64], rows_of: &[u32], values: &[f64], n_rows: u64) -> RawRows {
+    pub fn from_columns(colptr: &[u64], rows_of: &[u32], values: &Values, n_rows: u64) -> RawRows {
         let mut starts = vec![0u64; n_rows as usize + 1];
         for &r in rows_of {
             starts[r as usize + 1] += 1;
@@ -59,15 +166,16 @@ impl RawRows {
         let mut indices = vec![0u32; rows_of.len()];
         let mut out = vec![0f64; rows_of.len()];
         for (col, w) in colptr.windows(2).enumerate() {
-            for k in w[0] as usize..w[1] as usize {
-                let r = rows_of[k] as usize;
+            let (lo, hi) = (w[0] as usize, w[1] as usize);
+            for (k, &r) in (lo..hi).zip(&rows_of[lo..hi]) {
+                let r = r as usize;
                 let at = starts[r] as usize;
                 indices[at] = col as u32;
-                out[at] = values[k];
+                out[at] = values.get(k);
                 starts[r] += 1;
             }
         }
-        RawRows { indptr, indices, values: out }
+        RawRows { indptr, indices, values: out.into() }
     }
 }
 
@@ -144,6 +252,17 @@ pub fn checked_indices<T: Copy + Into<i64>>(raw: &[T], first: u64, minor: u64) -
     Ok(raw.iter().map(|&v| v.into() as u32).collect())
 }
 
+/// [`checked_indices`] of 32-bit indices, which become the result where
+/// they are, with no second array.
+pub fn checked_indices_i32(raw: Vec<i32>, first: u64, minor: u64) -> Result<Vec<u32>, (u64, String)> {
+    if let Some((k, &v)) = raw.iter().enumerate().find(|&(_, &v)| v < 0 || v as u64 >= minor) {
+        return Err((first + k as u64, format!("index {v} outside 0..{minor}")));
+    }
+    // (i32 and u32 have one size and alignment, so the cast cannot fail;
+    // were it to, the indices are copied)
+    Ok(bytemuck::allocation::try_cast_vec(raw).unwrap_or_else(|(_, raw)| raw.iter().map(|&v| v as u32).collect()))
+}
+
 /// A value that is not a count, found by [`to_counts`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct BadValue {
@@ -187,11 +306,21 @@ pub const DROPPED_COLUMN: u32 = u32::MAX;
 /// out (after their values were checked); the second value counts their
 /// nonzeros and the duplicates summed.
 pub fn to_counts(raw: &RawRows, n_cols: u32, remap: Option<&[u32]>) -> Result<(CsrMatrix, Cleaned), BadValue> {
+    with_values!(&raw.values, values => counts_of(raw, values, n_cols, remap))
+}
+
+/// [`to_counts`] for values of one stored type.
+fn counts_of<T: Value>(
+    raw: &RawRows,
+    values: &[T],
+    n_cols: u32,
+    remap: Option<&[u32]>,
+) -> Result<(CsrMatrix, Cleaned), BadValue> {
     let mut cleaned = Cleaned::default();
     let mut out = CsrMatrix::empty(n_cols);
     out.indptr.reserve(raw.indptr.len().saturating_sub(1));
     out.indices.reserve(raw.indices.len());
-    out.data.reserve(raw.values.len());
+    out.data.reserve(values.len());
     let mut bitmap = ColumnBitmap::default();
     for (r, w) in raw.indptr.windows(2).enumerate() {
         let (first, end) = (w[0] as usize, w[1] as usize);
@@ -199,7 +328,8 @@ pub fn to_counts(raw: &RawRows, n_cols: u32, remap: Option<&[u32]>) -> Result<(C
         let mut sorted = true;
         let mut previous: i64 = -1;
         let (mut low, mut high) = (u32::MAX, 0u32);
-        for (&source, &v) in raw.indices[first..end].iter().zip(&raw.values[first..end]) {
+        for (&source, &v) in raw.indices[first..end].iter().zip(&values[first..end]) {
+            let v = v.to_f64();
             let count = count_of(v).ok_or_else(|| BadValue::not_a_count(r as u64, source, v))?;
             if count == 0 {
                 continue;
@@ -355,15 +485,52 @@ mod tests {
     use super::*;
 
     fn raw(rows: &[&[(u32, f64)]]) -> RawRows {
-        let mut r = RawRows { indptr: vec![0], ..Default::default() };
+        let (mut r, mut values) = (RawRows { indptr: vec![0], ..Default::default() }, Vec::new());
         for row in rows {
             for &(i, v) in *row {
                 r.indices.push(i);
-                r.values.push(v);
+                values.push(v);
             }
             r.indptr.push(r.indices.len() as u64);
         }
+        r.values = values.into();
         r
+    }
+
+    #[test]
+    fn every_stored_type_gives_the_same_counts_and_errors() {
+        let indptr = vec![0, 3, 3, 5];
+        let indices = vec![4, 1, 4, 2, 0];
+        let stored: [Values; 4] = [
+            vec![2.0f64, 0.0, 3.0, 7.0, 1.0].into(),
+            vec![2.0f32, 0.0, 3.0, 7.0, 1.0].into(),
+            vec![2i32, 0, 3, 7, 1].into(),
+            vec![2u32, 0, 3, 7, 1].into(),
+        ];
+        let remap = [1, 0, 3, 2, DROPPED_COLUMN];
+        for values in stored {
+            let raw = RawRows { indptr: indptr.clone(), indices: indices.clone(), values };
+            let (m, cleaned) = to_counts(&raw, 5, None).unwrap();
+            assert_eq!((m.indptr, m.indices, m.data), (vec![0, 1, 1, 3], vec![4, 0, 2], vec![5, 1, 7]));
+            assert_eq!(cleaned, Cleaned { dropped: 0, summed: 1 });
+            let (m, cleaned) = to_counts(&raw, 4, Some(&remap)).unwrap();
+            assert_eq!((m.indices, m.data, cleaned.dropped), (vec![1, 3], vec![1, 7], 2));
+            // a slice keeps the type, and widening it is exact
+            assert_eq!(raw.values.slice(3..5).get(0), 7.0);
+        }
+        let not_whole = RawRows { indptr: vec![0, 2], indices: vec![0, 1], values: vec![1.0f32, 2.5].into() };
+        let as_f64 = RawRows { values: vec![1.0f64, 2.5].into(), ..not_whole.clone() };
+        let (a, b) = (to_counts(&not_whole, 2, None).unwrap_err(), to_counts(&as_f64, 2, None).unwrap_err());
+        assert_eq!((a.row, a.gene, &a.problem), (0, 1, &b.problem));
+        let negative = RawRows { indptr: vec![0, 1], indices: vec![1], values: vec![-3i32].into() };
+        assert_eq!(to_counts(&negative, 2, None).unwrap_err().problem, not_a_count(-3.0));
+    }
+
+    #[test]
+    fn indices_of_32_bits_are_checked_in_place() {
+        assert_eq!(checked_indices_i32(vec![0, 4, 2], 10, 5), Ok(vec![0, 4, 2]));
+        assert_eq!(checked_indices_i32(vec![0, 5], 10, 5), Err((11, "index 5 outside 0..5".to_string())));
+        assert_eq!(checked_indices_i32(vec![-1], 0, 5), checked_indices(&[-1i32], 0, 5));
     }
 
     #[test]
@@ -387,7 +554,7 @@ mod tests {
     fn columns_dense_rows_and_slices_give_the_same_rows() {
         // rows: [(0, 1), (2, 5)], [], [(1, 2)]
         let want = raw(&[&[(0, 1.0), (2, 5.0)], &[], &[(1, 2.0)]]);
-        let by_column = RawRows::from_columns(&[0, 1, 2, 3], &[0, 2, 0], &[1.0, 2.0, 5.0], 3);
+        let by_column = RawRows::from_columns(&[0, 1, 2, 3], &[0, 2, 0], &vec![1.0, 2.0, 5.0].into(), 3);
         assert_eq!(by_column, want);
         let dense = [1.0, 0.0, 5.0, 0.0, 0.0, 0.0, 0.0, 2.0, 0.0];
         assert_eq!(RawRows::from_dense_rows(dense.chunks(3)), want);

@@ -274,13 +274,14 @@ impl InputSource for TenxSource {
         let Some(keep) = &self.keep else { return Ok(raw) };
         // (indices were checked to be features of the file)
         let mut out = RawRows { indptr: Vec::with_capacity(raw.indptr.len()), ..Default::default() };
+        out.values = raw.values.slice(0..0);
         out.indptr.push(0);
         for w in raw.indptr.windows(2) {
             for k in w[0] as usize..w[1] as usize {
                 let column = keep[raw.indices[k] as usize];
                 if column != DROPPED_COLUMN {
                     out.indices.push(column);
-                    out.values.push(raw.values[k]);
+                    out.values.extend_from(&raw.values, k..k + 1);
                 }
             }
             out.indptr.push(out.indices.len() as u64);

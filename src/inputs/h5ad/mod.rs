@@ -24,7 +24,9 @@ use hdf5::types::{FloatSize, IntSize, TypeDescriptor};
 
 use super::remote;
 use crate::inputs::error::{Cause, FailedRead, Hdf5Error, InputError as H5adError};
-use crate::inputs::rows::{checked_indices, checked_indptr, made_once, shape_problem, unbacked, RawRows};
+use crate::inputs::rows::{
+    checked_indices, checked_indices_i32, checked_indptr, made_once, shape_problem, unbacked, RawRows, Values,
+};
 
 pub(crate) use strings::{read_string_attr, read_strings, read_strings_range};
 
@@ -561,7 +563,7 @@ impl MatrixReader {
             .map_err(|(at, message)| self.invalid(&format!("{object}[{at}]"), message))
     }
 
-    fn read_entries(&self, range: Range<u64>, minor: u64) -> Result<(Vec<u32>, Vec<f64>), H5adError> {
+    fn read_entries(&self, range: Range<u64>, minor: u64) -> Result<(Vec<u32>, Values), H5adError> {
         let (a, b) = (range.start as usize, range.end as usize);
         let object = self.object("indices");
         let failed = |e: hdf5::Error| self.read_failed(&object, e);
@@ -571,7 +573,7 @@ impl MatrixReader {
         let indices = match stored_type(&self.datasets[1]) {
             Some(TypeDescriptor::Integer(IntSize::U4)) => {
                 let raw = self.slice::<i32>(1, a..b).map_err(failed)?;
-                checked_indices(&raw, range.start, minor)
+                checked_indices_i32(raw, range.start, minor)
             }
             _ => {
                 let raw = self.slice::<i64>(1, a..b).map_err(failed)?;
@@ -581,18 +583,13 @@ impl MatrixReader {
         .map_err(|(at, message)| self.invalid(&format!("{object}[{at}]"), message))?;
         let data = &self.datasets[0];
         let failed = |e: hdf5::Error| self.read_failed(&self.object("data"), e);
-        let values: Vec<f64> = match stored_type(data) {
-            Some(TypeDescriptor::Float(FloatSize::U4)) => {
-                self.slice::<f32>(0, a..b).map_err(failed)?.into_iter().map(f64::from).collect()
-            }
-            Some(TypeDescriptor::Integer(IntSize::U4)) => {
-                self.slice::<i32>(0, a..b).map_err(failed)?.into_iter().map(f64::from).collect()
-            }
-            Some(TypeDescriptor::Unsigned(IntSize::U4)) => {
-                self.slice::<u32>(0, a..b).map_err(failed)?.into_iter().map(f64::from).collect()
-            }
-            Some(TypeDescriptor::Float(FloatSize::U8)) => self.slice::<f64>(0, a..b).map_err(failed)?,
-            _ => data.read_slice_1d::<f64, _>(a..b).map_err(failed).map(owned)?,
+        // (kept in their stored type: each is widened as it is checked)
+        let values: Values = match stored_type(data) {
+            Some(TypeDescriptor::Float(FloatSize::U4)) => self.slice::<f32>(0, a..b).map_err(failed)?.into(),
+            Some(TypeDescriptor::Integer(IntSize::U4)) => self.slice::<i32>(0, a..b).map_err(failed)?.into(),
+            Some(TypeDescriptor::Unsigned(IntSize::U4)) => self.slice::<u32>(0, a..b).map_err(failed)?.into(),
+            Some(TypeDescriptor::Float(FloatSize::U8)) => self.slice::<f64>(0, a..b).map_err(failed)?.into(),
+            _ => data.read_slice_1d::<f64, _>(a..b).map_err(failed).map(owned)?.into(),
         };
         Ok((indices, values))
     }

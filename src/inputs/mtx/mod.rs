@@ -337,7 +337,7 @@ impl InputSource for MtxSource {
         let mut out =
             RawRows { indptr: Vec::with_capacity((rows.end - rows.start) as usize + 1), ..Default::default() };
         out.indices.reserve((hi - lo) as usize);
-        out.values.reserve((hi - lo) as usize);
+        let mut values = Vec::with_capacity((hi - lo) as usize);
         out.indptr.push(0);
         let mut entries = bytes.chunks_exact(ENTRY_BYTES).map(Entry::from_bytes);
         for w in parsed.indptr[rows.start as usize..=rows.end as usize].windows(2) {
@@ -348,11 +348,12 @@ impl InputSource for MtxSource {
                 };
                 if column != DROPPED_COLUMN {
                     out.indices.push(column);
-                    out.values.push(e.value);
+                    values.push(e.value);
                 }
             }
             out.indptr.push(out.indices.len() as u64);
         }
+        out.values = values.into();
         Ok(out)
     }
 

@@ -23,7 +23,7 @@ use serde_json::Value;
 
 use crate::inputs::error::InputError;
 use crate::inputs::remote::{is_url, RemoteOptions};
-use crate::inputs::rows::{checked_indices, checked_indptr, made_once, shape_problem, RawRows};
+use crate::inputs::rows::{checked_indices, checked_indptr, made_once, shape_problem, RawRows, Values};
 use crate::inputs::source::{first_rows_are_counts, InputSource};
 use crate::inputs::table::Table;
 pub use store::{is_zarr, ZarrStore};
@@ -141,12 +141,12 @@ impl ZarrSource {
             .map_err(|(at, message)| self.store.invalid(&format!("{object}[{at}]"), message))
     }
 
-    fn read_entries(&self, range: Range<u64>, minor: u64) -> Result<(Vec<u32>, Vec<f64>), InputError> {
+    fn read_entries(&self, range: Range<u64>, minor: u64) -> Result<(Vec<u32>, Values), InputError> {
         let object = format!("{}/indices", self.matrix_name);
         let raw = self.arrays[1].read_i64(&self.store, range.clone())?;
         let indices = checked_indices(&raw, range.start, minor)
             .map_err(|(at, message)| self.store.invalid(&format!("{object}[{at}]"), message))?;
-        let values = self.arrays[0].read(&self.store, &[range])?.to_f64();
+        let values = self.arrays[0].read(&self.store, &[range])?.to_f64().into();
         Ok((indices, values))
     }
 
