@@ -42,30 +42,62 @@ impl Drop for KeepFreedPages {
 }
 
 /// Sets how many milliseconds freed pages stay before they are returned
-/// (-1: kept; 0: returned at once), for every arena and for those made
-/// later. A setting jemalloc refuses leaves the one before: only speed
+/// (-1: kept; 0: returned at once), for every arena there is and for those
+/// made later. A setting jemalloc refuses leaves the one before: only speed
 /// depends on it.
 #[cfg(target_os = "linux")]
 fn set_decay(ms: isize) {
-    for name in [
-        c"arenas.dirty_decay_ms",
-        c"arenas.muzzy_decay_ms",
-        // (4096 is MALLCTL_ARENAS_ALL: every arena there is)
-        c"arena.4096.dirty_decay_ms",
-        c"arena.4096.muzzy_decay_ms",
-    ] {
-        let mut value = ms;
-        // SAFETY: each name is a nul-terminated mallctl of type ssize_t, and
-        // `value` is one, valid for the call; nothing is read back.
-        unsafe {
-            tikv_jemalloc_sys::mallctl(
-                name.as_ptr(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                (&raw mut value).cast(),
-                std::mem::size_of::<isize>(),
-            );
+    for name in [c"arenas.dirty_decay_ms", c"arenas.muzzy_decay_ms"] {
+        write_ssize(name, ms);
+    }
+    // (each arena by its index: "arena.<i>.*_decay_ms" does not take
+    // MALLCTL_ARENAS_ALL; an index whose arena was never made is refused)
+    for i in 0..arena_count() {
+        for kind in ["dirty", "muzzy"] {
+            if let Ok(name) = std::ffi::CString::new(format!("arena.{i}.{kind}_decay_ms")) {
+                write_ssize(&name, ms);
+            }
         }
+    }
+}
+
+/// Writes the ssize_t mallctl `name`; a refusal is ignored.
+#[cfg(target_os = "linux")]
+fn write_ssize(name: &std::ffi::CStr, value: isize) {
+    let mut value = value;
+    // SAFETY: `name` is nul-terminated and names an ssize_t mallctl (the
+    // callers' names only), `value` is one, valid for the call; nothing is
+    // read back.
+    unsafe {
+        tikv_jemalloc_sys::mallctl(
+            name.as_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            (&raw mut value).cast(),
+            std::mem::size_of::<isize>(),
+        );
+    }
+}
+
+/// How many arena indexes there are (`arenas.narenas`), 0 if unknown.
+#[cfg(target_os = "linux")]
+fn arena_count() -> u32 {
+    let (mut count, mut len) = (0u32, std::mem::size_of::<u32>());
+    // SAFETY: "arenas.narenas" is an unsigned read into a value of that
+    // size, `len` saying so.
+    let status = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            c"arenas.narenas".as_ptr(),
+            (&raw mut count).cast(),
+            &raw mut len,
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    if status == 0 {
+        count
+    } else {
+        0
     }
 }
 
@@ -95,30 +127,33 @@ fn purge() {}
 mod tests {
     use super::*;
 
-    fn decay() -> isize {
+    fn decay(name: &std::ffi::CStr) -> isize {
         let (mut value, mut len) = (0isize, std::mem::size_of::<isize>());
         // SAFETY: a read of an ssize_t mallctl into a value of that size.
         let status = unsafe {
-            tikv_jemalloc_sys::mallctl(
-                c"arenas.dirty_decay_ms".as_ptr(),
-                (&raw mut value).cast(),
-                &raw mut len,
-                std::ptr::null_mut(),
-                0,
-            )
+            tikv_jemalloc_sys::mallctl(name.as_ptr(), (&raw mut value).cast(), &raw mut len, std::ptr::null_mut(), 0)
         };
-        assert_eq!(status, 0);
+        assert_eq!(status, 0, "{name:?}");
         value
     }
 
     #[test]
     fn pages_are_kept_while_any_conversion_runs() {
+        // (a thread of its own makes an arena besides the first)
+        std::thread::spawn(|| drop(vec![0u8; 1 << 20])).join().unwrap();
+        assert!(arena_count() >= 1);
+        let both =
+            [c"arenas.dirty_decay_ms", c"arenas.muzzy_decay_ms", c"arena.0.dirty_decay_ms", c"arena.0.muzzy_decay_ms"];
         let first = KeepFreedPages::now();
-        assert_eq!(decay(), -1);
+        for name in both {
+            assert_eq!(decay(name), -1, "{name:?}");
+        }
         let second = KeepFreedPages::now();
         drop(first);
-        assert_eq!(decay(), -1, "another conversion still runs");
+        assert_eq!(decay(c"arena.0.dirty_decay_ms"), -1, "another conversion still runs");
         drop(second);
-        assert_eq!(decay(), 0);
+        for name in both {
+            assert_eq!(decay(name), 0, "{name:?}");
+        }
     }
 }

@@ -353,7 +353,8 @@ pub(crate) enum TileCells {
 
 /// Tiles' blocks of counts kept for the next tiles to fill, so that each
 /// tile's parts are joined into memory already in use instead of into
-/// fresh pages (whose faults were a tenth of a conversion's CPU time).
+/// fresh pages (the faults of fresh pages were a sixth to a fifth of an
+/// uncompressed conversion's CPU samples, most of them here and in reading).
 struct BlockPool {
     kept: std::sync::Mutex<Vec<CsrMatrix>>,
     most: usize,
@@ -393,20 +394,24 @@ fn encode_tile(
     blocks: &BlockPool,
 ) -> Result<EncodedTile, TileFailure> {
     // Where each cell came from is looked up only when encoding fails.
-    let (block, origin, obs, dropped) = match cells {
+    // (only blocks taken from the pool go back to it: a shuffled tile's
+    // counts come made, and keeping them would only hold their memory)
+    let (block, origin, obs, dropped, pooled) = match cells {
         TileCells::Parts { parts, cells } => {
             let (block, origin, obs, dropped) = assemble(parts, blocks.take(n_genes))?;
             debug_assert_eq!(block.n_rows() as u64, cells);
-            (block, TileOrigin::Parts(origin), obs, dropped)
+            (block, TileOrigin::Parts(origin), obs, dropped, true)
         }
         TileCells::Counts { counts, origins, obs, remaps } => {
-            (counts, TileOrigin::Cells(origins, remaps), obs, Cleaned::default())
+            (counts, TileOrigin::Cells(origins, remaps), obs, Cleaned::default(), false)
         }
     };
     let cells = block.n_rows() as u64;
     let nnz = block.nnz() as u64;
     let encoded = encoder.encode(&block);
-    blocks.give_back(block);
+    if pooled {
+        blocks.give_back(block);
+    }
     match encoded {
         Ok(blob) => Ok(EncodedTile { blob, cells, nnz, cleaned: dropped, obs }),
         Err(e) => match e.cell_and_gene() {

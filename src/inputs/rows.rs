@@ -324,6 +324,22 @@ fn counts_of<T: Value>(
     let mut bitmap = ColumnBitmap::default();
     for (r, w) in raw.indptr.windows(2).enumerate() {
         let (first, end) = (w[0] as usize, w[1] as usize);
+        // A row whose columns are mapped (to a gene order, where they almost
+        // never come out sorted) goes straight into the bitmap when it is
+        // dense enough for all the columns; a row it cannot take (a sum past
+        // the largest count) goes the way below, which names the problem.
+        if let Some(m) = remap.filter(|_| ColumnBitmap::fits(end - first, n_cols)) {
+            let (indices, row_values) = (&raw.indices[first..end], &values[first..end]);
+            match bitmap.map_row(indices, row_values, m, n_cols, &mut out) {
+                Ok(Some(row)) => {
+                    cleaned += row;
+                    out.indptr.push(out.indices.len() as u64);
+                    continue;
+                }
+                Ok(None) => {}
+                Err((source, v)) => return Err(BadValue::not_a_count(r as u64, source, v)),
+            }
+        }
         let start = out.indices.len();
         let mut sorted = true;
         let mut previous: i64 = -1;
@@ -420,6 +436,111 @@ struct ColumnBitmap {
 }
 
 impl ColumnBitmap {
+    /// Whether a row of `entries` stored entries is dense enough to be put
+    /// in order through a bitmap of all `n_cols` columns.
+    fn fits(entries: usize, n_cols: u32) -> bool {
+        (n_cols.div_ceil(64) as usize) <= entries.saturating_mul(BITMAP_WORDS_PER_ENTRY)
+    }
+
+    /// Appends one stored row to `out` as counts in column order, each
+    /// column mapped through `remap`, zeros and dropped columns left out and
+    /// duplicates summed, with no copy of the row before its order: what was
+    /// dropped and summed; None, `out` and the bitmap unchanged, when a
+    /// mapped column is outside `n_cols` or a sum passes the largest count;
+    /// Err with the column and value of a value that is not a count.
+    fn map_row<T: Value>(
+        &mut self,
+        indices: &[u32],
+        values: &[T],
+        remap: &[u32],
+        n_cols: u32,
+        out: &mut CsrMatrix,
+    ) -> Result<Option<Cleaned>, (u32, f64)> {
+        let words = n_cols.div_ceil(64) as usize;
+        if self.bits.len() < words {
+            self.bits.resize(words, 0);
+            self.counts.resize(words * 64, 0);
+        }
+        let mut cleaned = Cleaned::default();
+        let (mut low, mut high) = (usize::MAX, 0usize);
+        let mut refused = false;
+        for (&source, &v) in indices.iter().zip(values) {
+            let v = v.to_f64();
+            let Some(count) = count_of(v) else {
+                self.clear(low, high);
+                return Err((source, v));
+            };
+            if count == 0 {
+                continue;
+            }
+            let column = remap[source as usize];
+            if column == DROPPED_COLUMN {
+                cleaned.dropped += 1;
+                continue;
+            }
+            if column >= n_cols {
+                refused = true;
+                break;
+            }
+            let at = column as usize;
+            (low, high) = (low.min(at / 64), high.max(at / 64));
+            match self.add(at, count) {
+                Some(summed) => cleaned.summed += u64::from(summed),
+                None => {
+                    refused = true;
+                    break;
+                }
+            }
+        }
+        if refused {
+            self.clear(low, high);
+            return Ok(None);
+        }
+        self.drain(low..high.saturating_add(1).min(words), 0, out);
+        Ok(Some(cleaned))
+    }
+
+    /// Puts `count` at position `at`, or sums it into the count there:
+    /// whether it was summed; None, nothing changed, when the sum passes
+    /// the largest count.
+    #[inline]
+    fn add(&mut self, at: usize, count: u32) -> Option<bool> {
+        let (word, bit) = (at / 64, 1u64 << (at % 64));
+        if self.bits[word] & bit == 0 {
+            self.bits[word] |= bit;
+            self.counts[at] = count;
+            return Some(false);
+        }
+        let sum = u64::from(self.counts[at]) + u64::from(count);
+        if sum > u64::from(MAX_COUNT) {
+            return None;
+        }
+        self.counts[at] = sum as u32;
+        Some(true)
+    }
+
+    /// Appends the columns set in `words` (column `base` at the first bit
+    /// of word 0) to `out` in order, with their counts, and empties them.
+    #[inline]
+    fn drain(&mut self, words: Range<usize>, base: u32, out: &mut CsrMatrix) {
+        for word in words {
+            let mut bits = std::mem::take(&mut self.bits[word]);
+            while bits != 0 {
+                let at = word * 64 + bits.trailing_zeros() as usize;
+                out.indices.push(base + at as u32);
+                out.data.push(self.counts[at]);
+                bits &= bits - 1;
+            }
+        }
+    }
+
+    /// Empties the words `low..=high` (none when `low` is past `high`).
+    fn clear(&mut self, low: usize, high: usize) {
+        if low <= high {
+            self.bits[low..=high].fill(0);
+        }
+    }
+
     /// Puts the row `out.indices[start..]` (every column in `span`) in
     /// column order, summing duplicates: how many were summed; None, the
     /// row unchanged, when the row is too sparse for its span (it is then
@@ -437,32 +558,17 @@ impl ColumnBitmap {
         }
         let mut summed = 0;
         for (&c, &v) in out.indices[start..].iter().zip(&out.data[start..]) {
-            let at = (c - base) as usize;
-            let (word, bit) = (at / 64, 1u64 << (at % 64));
-            if self.bits[word] & bit == 0 {
-                self.bits[word] |= bit;
-                self.counts[at] = v;
-                continue;
+            match self.add((c - base) as usize, v) {
+                Some(was_summed) => summed += u64::from(was_summed),
+                None => {
+                    self.bits[..words].fill(0);
+                    return None;
+                }
             }
-            let sum = u64::from(self.counts[at]) + u64::from(v);
-            if sum > u64::from(MAX_COUNT) {
-                self.bits[..words].fill(0);
-                return None;
-            }
-            self.counts[at] = sum as u32;
-            summed += 1;
         }
         out.indices.truncate(start);
         out.data.truncate(start);
-        for word in 0..words {
-            let mut bits = std::mem::take(&mut self.bits[word]);
-            while bits != 0 {
-                let at = word * 64 + bits.trailing_zeros() as usize;
-                out.indices.push(base + at as u32);
-                out.data.push(self.counts[at]);
-                bits &= bits - 1;
-            }
-        }
+        self.drain(0..words, base, out);
         Some(summed)
     }
 }
@@ -579,6 +685,21 @@ mod tests {
         assert!(to_counts(&raw(&[&[(0, 2147483647.0)]]), 5, None).is_ok());
         let e = to_counts(&raw(&[&[(1, 2147483647.0), (1, 1.0)]]), 5, None).unwrap_err();
         assert!(e.problem.contains("duplicate"), "{}", e.problem);
+        // the same through a gene order, rows dense enough to go straight
+        // into the bitmap: the stored column is named, not the mapped one
+        let reversed: Vec<u32> = (0..5).rev().collect();
+        let bad = |v: f64| to_counts(&raw(&[&[(3, 1.0)], &[(0, 1.0), (4, v)]]), 5, Some(&reversed)).unwrap_err();
+        let e = bad(2.5);
+        assert_eq!((e.row, e.gene), (1, 4));
+        assert!(e.problem.contains("2.5 is not an integer"), "{}", e.problem);
+        assert!(bad(f64::NAN).problem.contains("NaN"));
+        let e = to_counts(&raw(&[&[(1, 2147483647.0), (4, 1.0), (1, 1.0)]]), 5, Some(&reversed)).unwrap_err();
+        assert_eq!((e.row, e.gene), (0, 1));
+        assert!(e.problem.contains("duplicate entries sum to 2147483648"), "{}", e.problem);
+        let (m, cleaned) =
+            to_counts(&raw(&[&[(1, 2.0), (4, 1.0), (1, 3.0), (2, 0.0)], &[(0, 7.0)]]), 5, Some(&reversed)).unwrap();
+        assert_eq!((m.indptr, m.indices, m.data), (vec![0, 2, 3], vec![0, 3, 4], vec![1, 5, 7]));
+        assert_eq!(cleaned, Cleaned { dropped: 0, summed: 1 });
     }
 
     proptest::proptest! {
