@@ -2,7 +2,7 @@
 //! Matrix Market inputs share (both hold features of several types, and a
 //! conversion takes one).
 
-use super::rows::DROPPED_COLUMN;
+use super::counts::DROPPED_COLUMN;
 
 /// The feature type converted when none is named.
 pub const GENE_EXPRESSION: &str = "Gene Expression";

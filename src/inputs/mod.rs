@@ -14,6 +14,7 @@
 
 use std::path::{Path, PathBuf};
 
+mod counts;
 mod error;
 mod features;
 mod format;
@@ -29,6 +30,7 @@ mod table;
 pub mod tenx;
 pub mod zarr;
 
+pub use counts::{count_of, to_counts, BadValue, Cleaned, DROPPED_COLUMN};
 pub use error::{Advised, BadCount, Cause, Context, FailedRead, Hdf5Error, InputError, Whole};
 use format::format_by_name;
 pub use format::InputFormat;
@@ -36,10 +38,7 @@ use options::Shared;
 pub use options::{InputOptions, InputReading, ProvidedInput};
 use remote::is_url;
 pub(crate) use rows::with_values;
-pub use rows::{
-    checked_indices, checked_indptr, count_of, made_once, to_counts, BadValue, Cleaned, RawRows, Value, Values,
-    DROPPED_COLUMN,
-};
+pub use rows::{checked_indices, checked_indptr, made_once, RawRows, Value, Values};
 pub use source::{first_rows_are_counts, InputSource, COUNTS_PROBE_ROWS};
 pub use table::{Categories, FrameColumn, MemoryTable, Table};
 

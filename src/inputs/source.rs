@@ -8,8 +8,9 @@
 use std::ops::Range;
 use std::path::Path;
 
+use super::counts::to_counts;
 use super::error::InputError;
-use super::rows::{to_counts, RawRows};
+use super::rows::RawRows;
 use super::table::Table;
 
 /// One input file, opened for conversion. Reading is `&self`, so that the

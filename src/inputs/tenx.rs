@@ -18,11 +18,12 @@
 use std::ops::Range;
 use std::path::Path;
 
+use crate::inputs::counts::DROPPED_COLUMN;
 use crate::inputs::error::{Hdf5Error, InputError};
 pub use crate::inputs::features::GENE_EXPRESSION;
 use crate::inputs::features::{kept_columns, picked, tally};
 use crate::inputs::h5ad::{read_strings, read_strings_range, H5adFile, Layout, MatrixReader};
-use crate::inputs::rows::{shape_problem, RawRows, DROPPED_COLUMN};
+use crate::inputs::rows::{shape_problem, RawRows};
 use crate::inputs::source::InputSource;
 use crate::inputs::table::{FrameColumn, MemoryTable, Table};
 

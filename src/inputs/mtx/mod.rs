@@ -32,10 +32,11 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use crate::inputs::counts::DROPPED_COLUMN;
 use crate::inputs::error::InputError;
 use crate::inputs::features::{kept_columns, picked, tally, GENE_EXPRESSION};
 use crate::inputs::remote::{is_url, RemoteOptions};
-use crate::inputs::rows::{RawRows, DROPPED_COLUMN};
+use crate::inputs::rows::RawRows;
 use crate::inputs::source::InputSource;
 use crate::inputs::table::{FrameColumn, MemoryTable, Table};
 pub use entries::RUN_ENTRIES;
