@@ -13,6 +13,12 @@ pub trait Reusable: Default {
     fn worth_keeping(&self) -> bool {
         true
     }
+
+    /// The memory it holds, in bytes, for a pool kept within a budget of
+    /// bytes (0 where no pool of it has one).
+    fn held_bytes(&self) -> u64 {
+        0
+    }
 }
 
 impl Reusable for Vec<u32> {
@@ -27,13 +33,26 @@ impl Reusable for Vec<f32> {
     }
 }
 
-impl Reusable for ChunkPlanes {}
+impl Reusable for ChunkPlanes {
+    fn held_bytes(&self) -> u64 {
+        self.heap_bytes()
+    }
+}
 
-/// A pool of values kept for reuse, at most `keep` of them.
+/// A pool of values kept for reuse, at most `keep` of them (and, if it
+/// has a budget, at most that many bytes of them).
 #[derive(Debug)]
 pub struct Pool<T> {
-    free: Mutex<Vec<T>>,
+    free: Mutex<Free<T>>,
     keep: usize,
+    budget: u64,
+}
+
+/// The values a [`Pool`] holds, and their bytes.
+#[derive(Debug)]
+struct Free<T> {
+    values: Vec<T>,
+    bytes: u64,
 }
 
 /// A pool of `u32` buffers (the indices and counts of decoded matrices).
@@ -45,7 +64,13 @@ pub type FloatPool = Pool<Vec<f32>>;
 impl<T: Reusable> Pool<T> {
     /// A pool that keeps at most `keep` values.
     pub fn new(keep: usize) -> Pool<T> {
-        Pool { free: Mutex::new(Vec::new()), keep }
+        Pool::within(keep, u64::MAX)
+    }
+
+    /// A pool that keeps at most `keep` values, holding at most `budget`
+    /// bytes between them (by [`Reusable::held_bytes`]).
+    pub fn within(keep: usize, budget: u64) -> Pool<T> {
+        Pool { free: Mutex::new(Free { values: Vec::new(), bytes: 0 }), keep, budget }
     }
 
     /// Values kept at most.
@@ -57,17 +82,23 @@ impl<T: Reusable> Pool<T> {
     /// decoder overwrites them (resizing only writes past the old length),
     /// and whoever appends clears it first.
     pub fn take(&self) -> T {
-        self.free.lock().map(|mut f| f.pop()).ok().flatten().unwrap_or_default()
+        let Ok(mut free) = self.free.lock() else { return T::default() };
+        let Some(value) = free.values.pop() else { return T::default() };
+        free.bytes = free.bytes.saturating_sub(value.held_bytes());
+        value
     }
 
-    /// Gives `value` back, unless the pool is full or it is not worth keeping.
+    /// Gives `value` back, unless the pool is full (in values or bytes) or
+    /// it is not worth keeping.
     pub fn give(&self, value: T) {
         if !value.worth_keeping() {
             return;
         }
+        let bytes = value.held_bytes();
         if let Ok(mut free) = self.free.lock() {
-            if free.len() < self.keep {
-                free.push(value);
+            if free.values.len() < self.keep && free.bytes.saturating_add(bytes) <= self.budget {
+                free.bytes += bytes;
+                free.values.push(value);
             }
         }
     }
@@ -100,5 +131,29 @@ mod tests {
         }
         let kept: Vec<usize> = (0..3).map(|_| pool.take().capacity()).collect();
         assert!(kept[0] >= 20 && kept[1] >= 10 && kept[2] == 0, "{kept:?}");
+    }
+
+    /// A value of `bytes` bytes, for a pool with a budget.
+    #[derive(Default)]
+    struct Sized(u64);
+
+    impl Reusable for Sized {
+        fn held_bytes(&self) -> u64 {
+            self.0
+        }
+    }
+
+    #[test]
+    fn a_budget_bounds_the_bytes_kept_and_frees_room_as_values_are_taken() {
+        let pool = Pool::within(10, 100);
+        for bytes in [60, 50, 40] {
+            pool.give(Sized(bytes));
+        }
+        // 60 + 50 is over the budget: the 50 was dropped, the 40 kept.
+        assert_eq!(pool.take().0, 40);
+        assert_eq!(pool.take().0, 60);
+        assert_eq!(pool.take().0, 0, "nothing more was kept");
+        pool.give(Sized(100));
+        assert_eq!(pool.take().0, 100, "taking gave the budget back");
     }
 }

@@ -132,7 +132,7 @@ impl Dataset {
             limits,
             buffers: BufferPool::new(2 * KEPT_TILES),
             cache: cache::GatherCache::new(options),
-            planes: crate::buffers::Pool::new(gather::KEPT_PLANES),
+            planes: crate::buffers::Pool::within(gather::KEPT_PLANES, gather::KEPT_PLANE_BYTES),
             recent: std::sync::Mutex::new(Recent::default()),
             current,
             writer_wait: options.writer_wait,

@@ -39,7 +39,7 @@ const ROWS_PER_TASK: usize = 128;
 pub(super) fn cut_batches(
     plan: &EpochPlan,
     mut writer: CellWriter<'_>,
-    chunks: Receiver<Result<OpenChunk, LoaderError>>,
+    chunks: Receiver<Result<Vec<OpenChunk>, LoaderError>>,
     pool_of_planes: &PlanesPool,
     (buffers, floats): (&BufferPool, &FloatPool),
     pool: Option<&rayon::ThreadPool>,
@@ -84,10 +84,18 @@ pub(super) fn cut_batches(
     // the decoding keeps up, instead of the batcher waiting for `mix` new
     // chunks together.
     let (mut drawn, mut stagger) = (0usize, 0usize);
+    // Chunks come in groups: those of the last group not open yet.
+    let mut arrived = std::collections::VecDeque::new();
+    let mut next_chunk = || {
+        if arrived.is_empty() {
+            arrived.extend(chunks.recv()?.map_or_else(|e| vec![Err(e)], |g| g.into_iter().map(Ok).collect()));
+        }
+        arrived.pop_front().ok_or(std::sync::mpsc::RecvError)
+    };
     loop {
         let allowed = drawn.checked_div(stagger).map_or(1, |d| mix.min(1 + d));
         while open.len() < allowed && !exhausted {
-            match chunks.recv() {
+            match next_chunk() {
                 Ok(Ok(chunk)) => {
                     if stagger == 0 {
                         stagger = (chunk.rows.len() / mix).max(1);

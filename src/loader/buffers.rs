@@ -32,7 +32,7 @@ impl LoaderBuffers {
         LoaderBuffers {
             // (pools keep at most this many; none is reserved ahead, and
             // the options' extremes do not overflow)
-            planes: Arc::new(PlanesPool::new(options.mix_chunks.saturating_add(2 * MAX_DECODE_GROUP))),
+            planes: Arc::new(PlanesPool::new(options.mix_chunks.saturating_add(2 * MAX_SMALL_GROUP))),
             batches: Arc::new(BufferPool::new(options.prefetch.saturating_add(4).saturating_mul(2))),
             values: Arc::new(FloatPool::new(options.prefetch.saturating_add(4))),
         }
@@ -64,3 +64,9 @@ pub struct LoaderBatch {
 /// The most chunks decompressed together, in parallel, ahead of the batcher
 /// (here because it sizes the pool of planes; the decoding stage uses it).
 pub(super) const MAX_DECODE_GROUP: usize = 8;
+
+/// The most chunks in a group of small ones (see the decoding stage's
+/// `SMALL_GROUP_NNZ`): a dataset written for random access has chunks of a
+/// few cells, and handing them to the threads eight at a time made its
+/// epoch wait on the handing, not the decoding.
+pub(super) const MAX_SMALL_GROUP: usize = 64;

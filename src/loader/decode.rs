@@ -1,7 +1,7 @@
 //! The decoding stage: a window of units whose chunks are chosen one at a
 //! time at random among all of the window's, each decompressed into its
 //! byte planes (checked) and handed on as an [`OpenChunk`] with the rows the
-//! share reads from it. It fetches nothing and writes no batch: the stages
+//! share reads from it, a group of them at a time. It fetches nothing and writes no batch: the stages
 //! before and after it do.
 
 use std::sync::mpsc::{Receiver, SyncSender};
@@ -12,7 +12,7 @@ use rand::RngExt;
 use rand_pcg::Pcg64Mcg;
 use rayon::prelude::*;
 
-use super::buffers::{PlanesPool, MAX_DECODE_GROUP};
+use super::buffers::{PlanesPool, MAX_DECODE_GROUP, MAX_SMALL_GROUP};
 use super::fetch::Fetched;
 use super::options::LoaderError;
 use super::plan::{rng_for, EpochPlan, Unit};
@@ -38,7 +38,7 @@ pub(super) fn decode_group(pool: Option<&rayon::ThreadPool>) -> usize {
 }
 
 /// A group of chunks decompressed together grows past one a thread, up to
-/// [`MAX_DECODE_GROUP`], while it holds fewer nonzeros than this: small
+/// [`MAX_SMALL_GROUP`], while it holds fewer nonzeros than this: small
 /// chunks (a dataset written for random access) are then handed to the
 /// threads several at a time, not two by two.
 const SMALL_GROUP_NNZ: u64 = 256 << 10;
@@ -155,8 +155,8 @@ impl Window {
 /// compressed), chooses the next chunk at random among all of theirs, and
 /// lets the next unit in as soon as one has had its last chunk chosen. The
 /// chosen chunks are decompressed `group` at a time (more, when they are
-/// small: [`SMALL_GROUP_NNZ`]), in parallel, and handed on in the order
-/// chosen. The choices depend only on the plan and the seed,
+/// small: [`SMALL_GROUP_NNZ`]), in parallel, and handed on together, in
+/// the order chosen. The choices depend only on the plan and the seed,
 /// never on the threads or the timing.
 pub(super) fn decode_chunks(
     plan: &EpochPlan,
@@ -164,7 +164,7 @@ pub(super) fn decode_chunks(
     group: usize,
     pool_of_planes: &PlanesPool,
     tiles: Receiver<Result<Fetched, LoaderError>>,
-    out: &SyncSender<Result<OpenChunk, LoaderError>>,
+    out: &SyncSender<Result<Vec<OpenChunk>, LoaderError>>,
 ) {
     let options = &plan.options;
     let units = &plan.units;
@@ -183,12 +183,12 @@ pub(super) fn decode_chunks(
     };
     let result = (|| -> Result<(), LoaderError> {
         loop {
-            let mut chosen: Vec<Piece> = Vec::with_capacity(MAX_DECODE_GROUP);
+            let mut chosen: Vec<Piece> = Vec::new();
             let mut nnz = 0u64;
             // (A tile that fails to come in ends the epoch after the chunks
             // chosen before it.)
             let mut failed = None;
-            while chosen.len() < group || (chosen.len() < MAX_DECODE_GROUP && nnz < SMALL_GROUP_NNZ) {
+            while chosen.len() < group || (chosen.len() < MAX_SMALL_GROUP && nnz < SMALL_GROUP_NNZ) {
                 match window.admit(size, units, &tiles) {
                     Ok(true) => {}
                     Ok(false) => return Ok(()),
@@ -229,6 +229,7 @@ pub(super) fn decode_chunks(
                 .iter()
                 .map(|p| window.blobs[p.unit].as_ref().and_then(|(f, _)| f.member.genes.clone()))
                 .collect();
+            let mut group_out = Vec::with_capacity(chosen.len());
             for ((piece, planes), genes) in chosen.into_iter().zip(decoded).zip(maps) {
                 if window.unchosen[piece.unit] == 0 {
                     window.blobs[piece.unit] = None;
@@ -240,9 +241,12 @@ pub(super) fn decode_chunks(
                     rows.reverse(); // popped from the end
                 }
                 let start = units[piece.unit].start;
-                if out.send(Ok(OpenChunk { planes, start, rows, genes })).is_err() {
-                    return Ok(());
-                }
+                group_out.push(OpenChunk { planes, start, rows, genes });
+            }
+            // (One message a group: small chunks sent one by one woke the
+            // batcher for each.)
+            if out.send(Ok(group_out)).is_err() {
+                return Ok(());
             }
             if let Some(e) = failed {
                 return Err(e);

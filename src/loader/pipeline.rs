@@ -73,7 +73,9 @@ impl Batches {
         let group = decode_group(pool.as_deref());
         let (batch_tx, receiver) = sync_channel(plan.options.prefetch);
         let (tile_tx, tile_rx) = sync_channel::<Result<Fetched, LoaderError>>(TILES_WAITING);
-        let (chunk_tx, chunk_rx) = sync_channel::<Result<OpenChunk, LoaderError>>(group);
+        // (Handed over when the batcher needs it, the next group decompressed
+        // meanwhile: as many chunks in flight as two waiting one by one.)
+        let (chunk_tx, chunk_rx) = sync_channel::<Result<Vec<OpenChunk>, LoaderError>>(0);
         let (planes, batches, values) = (buffers.planes.clone(), buffers.batches.clone(), buffers.values.clone());
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
