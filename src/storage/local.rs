@@ -1,8 +1,9 @@
 use std::fs::File;
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
@@ -14,12 +15,66 @@ use super::{IoStats, Spool, Storage, StorageError};
 pub struct LocalStorage {
     root: PathBuf,
     stats: IoStats,
+    buffers: Arc<FileBuffers>,
+}
+
+/// Buffers of whole files read ([`Storage::get`]), each given back when the
+/// last [`Bytes`] of it is dropped and used for the next file: a loader
+/// reads one tile after another, and reading each into fresh memory cost
+/// page faults for it and the pages given back after (under perf, 6% of a
+/// warm epoch's time on 100,000 atlas cells). On 1,000,000 cells, 7 runs
+/// alternated: the epoch 1.10x as fast (median of 14 epochs), its peak
+/// memory 7% higher (303-316 MiB against 282-295).
+#[derive(Debug, Default)]
+struct FileBuffers {
+    free: Mutex<Vec<Vec<u8>>>,
+}
+
+/// Buffers kept at most: about as many as a loader fetches at once.
+const KEPT_FILE_BUFFERS: usize = 4;
+
+/// Buffers kept are of files at least this large (smaller ones cost little
+/// to allocate) and at most that large (a larger one goes back to the system).
+const KEPT_FILE_SIZES: std::ops::RangeInclusive<usize> = (256 << 10)..=(64 << 20);
+
+/// A buffer of [`FileBuffers`], lent to a [`Bytes`].
+struct Lent {
+    buf: Vec<u8>,
+    home: std::sync::Weak<FileBuffers>,
+}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        let Some(home) = self.home.upgrade() else { return };
+        if !KEPT_FILE_SIZES.contains(&self.buf.capacity()) {
+            return;
+        }
+        let Ok(mut free) = home.free.lock() else { return };
+        if free.len() < KEPT_FILE_BUFFERS {
+            free.push(std::mem::take(&mut self.buf));
+        }
+    }
+}
+
+impl FileBuffers {
+    /// A kept buffer, emptied, or a new one.
+    fn take(&self) -> Vec<u8> {
+        let mut buf = self.free.lock().ok().and_then(|mut f| f.pop()).unwrap_or_default();
+        buf.clear();
+        buf
+    }
 }
 
 impl LocalStorage {
     /// The dataset in folder `root` (which need not exist yet, for writing).
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        LocalStorage { root: root.into(), stats: IoStats::default() }
+        LocalStorage { root: root.into(), stats: IoStats::default(), buffers: Arc::default() }
     }
 
     /// The folder.
@@ -152,11 +207,13 @@ impl Storage for LocalStorage {
     }
 
     fn get(&self, key: &str) -> Result<Option<Bytes>, StorageError> {
-        let data = missing_is_none(std::fs::read(self.path(key))).map_err(|e| self.io_err(key, e))?;
-        if let Some(d) = &data {
-            self.stats.record(d.len() as u64);
-        }
-        Ok(data.map(Bytes::from))
+        let Some(mut file) = missing_is_none(File::open(self.path(key))).map_err(|e| self.io_err(key, e))? else {
+            return Ok(None);
+        };
+        let mut buf = self.buffers.take();
+        file.read_to_end(&mut buf).map_err(|e| self.io_err(key, e))?;
+        self.stats.record(buf.len() as u64);
+        Ok(Some(Bytes::from_owner(Lent { buf, home: Arc::downgrade(&self.buffers) })))
     }
 
     fn version(&self, key: &str) -> Result<Option<super::Version>, StorageError> {

@@ -18,6 +18,38 @@ fn local_storage_conformance() {
 }
 
 #[test]
+fn whole_files_read_into_kept_buffers_are_each_exactly_their_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = LocalStorage::new(dir.path());
+    // Large enough for their buffers to be kept and lent again, the larger
+    // first: a buffer lent again must hold nothing of the file before.
+    let files: Vec<(String, Vec<u8>)> = [(1 << 20, 0xAA), (300 << 10, 0xBB), (2 << 20, 0xCC), (1 << 20, 0xDD)]
+        .iter()
+        .enumerate()
+        .map(|(i, &(n, byte))| (format!("f{i}.bin"), (0..n).map(|k| byte ^ (k % 7) as u8).collect()))
+        .collect();
+    for (key, data) in &files {
+        store.put(key, Bytes::from(data.clone())).unwrap();
+    }
+    for round in 0..3 {
+        // held at once, then all given back: each read after takes one
+        let held: Vec<Bytes> = files.iter().map(|(key, _)| store.get(key).unwrap().unwrap()).collect();
+        for ((key, data), got) in files.iter().zip(&held) {
+            assert!(got[..] == data[..], "{key}, round {round}");
+        }
+        drop(held);
+        for (key, data) in files.iter().rev() {
+            let got = store.get(key).unwrap().unwrap();
+            assert!(got[..] == data[..], "{key} read alone, round {round}");
+        }
+    }
+    // a slice of a lent buffer outlives the store and the other reads
+    let part = store.get("f2.bin").unwrap().unwrap().slice(10..20);
+    drop(store);
+    assert_eq!(&part[..], &files[2].1[10..20]);
+}
+
+#[test]
 fn locations_are_parsed_by_scheme() {
     let parse = |s: &str| Location::parse(s).unwrap();
     assert_eq!(parse("out/ds"), Location::Local("out/ds".into()));
