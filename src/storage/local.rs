@@ -18,8 +18,9 @@ pub struct LocalStorage {
     buffers: Arc<FileBuffers>,
 }
 
-/// Buffers of whole files read ([`Storage::get`]), each given back when the
-/// last [`Bytes`] of it is dropped and used for the next file: a loader
+/// Buffers of files read (whole, by [`Storage::get`], or in ranges), each
+/// given back when the last [`Bytes`] of it is dropped and used for the
+/// next read: a loader
 /// reads one tile after another, and reading each into fresh memory cost
 /// page faults for it and the pages given back after (under perf, 6% of a
 /// warm epoch's time on 100,000 atlas cells). On 1,000,000 cells, 7 runs
@@ -56,16 +57,24 @@ impl Drop for Lent {
             return;
         }
         let Ok(mut free) = home.free.lock() else { return };
-        if free.len() < KEPT_FILE_BUFFERS {
-            free.push(std::mem::take(&mut self.buf));
+        // (the longest kept makes room: the sizes read lately are kept)
+        if free.len() >= KEPT_FILE_BUFFERS {
+            free.remove(0);
         }
+        free.push(std::mem::take(&mut self.buf));
     }
 }
 
 impl FileBuffers {
-    /// A kept buffer, emptied, or a new one.
-    fn take(&self) -> Vec<u8> {
-        let mut buf = self.free.lock().ok().and_then(|mut f| f.pop()).unwrap_or_default();
+    /// An empty buffer for `want` bytes: a kept one that holds them and is
+    /// at most twice as large (so that a small read, which its reader may
+    /// keep, does not hold a large buffer), or a new one.
+    fn take(&self, want: usize) -> Vec<u8> {
+        let kept = self.free.lock().ok().and_then(|mut free| {
+            let at = free.iter().position(|b| (want..=want.saturating_mul(2)).contains(&b.capacity()))?;
+            Some(free.swap_remove(at))
+        });
+        let mut buf = kept.unwrap_or_default();
         buf.clear();
         buf
     }
@@ -141,11 +150,13 @@ impl LocalStorage {
         if let Some(r) = ranges.iter().find(|r| r.start > r.end || r.end > size) {
             return Err(StorageError::Range { location: self.location(key), start: r.start, end: r.end, size });
         }
-        // One buffer for all the ranges (each answer a slice of it): a
-        // gather reads hundreds of small ranges of a tile, and a buffer
-        // each cost more in allocations and page faults than the reads.
+        // One buffer for all the ranges (each answer a slice of it), a kept
+        // one where it is large: a gather reads hundreds of small ranges of
+        // a tile, or a whole tile for its CRC, and fresh memory for each
+        // cost more in allocations and page faults than the reads.
         let total: u64 = ranges.iter().map(|r| r.end - r.start).sum();
-        let mut buf = vec![0u8; total as usize];
+        let mut buf = self.buffers.take(total as usize);
+        buf.resize(total as usize, 0);
         let mut at = 0usize;
         for r in ranges {
             let n = (r.end - r.start) as usize;
@@ -153,7 +164,7 @@ impl LocalStorage {
             self.stats.record(n as u64);
             at += n;
         }
-        let buf = Bytes::from(buf);
+        let buf = Bytes::from_owner(Lent { buf, home: Arc::downgrade(&self.buffers) });
         let mut at = 0usize;
         let out = ranges
             .iter()
@@ -210,7 +221,8 @@ impl Storage for LocalStorage {
         let Some(mut file) = missing_is_none(File::open(self.path(key))).map_err(|e| self.io_err(key, e))? else {
             return Ok(None);
         };
-        let mut buf = self.buffers.take();
+        let size = file.metadata().map_err(|e| self.io_err(key, e))?.len();
+        let mut buf = self.buffers.take(usize::try_from(size).unwrap_or(usize::MAX));
         file.read_to_end(&mut buf).map_err(|e| self.io_err(key, e))?;
         self.stats.record(buf.len() as u64);
         Ok(Some(Bytes::from_owner(Lent { buf, home: Arc::downgrade(&self.buffers) })))

@@ -18,7 +18,7 @@ fn local_storage_conformance() {
 }
 
 #[test]
-fn whole_files_read_into_kept_buffers_are_each_exactly_their_bytes() {
+fn files_read_into_kept_buffers_are_each_exactly_their_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let store = LocalStorage::new(dir.path());
     // Large enough for their buffers to be kept and lent again, the larger
@@ -41,6 +41,20 @@ fn whole_files_read_into_kept_buffers_are_each_exactly_their_bytes() {
         for (key, data) in files.iter().rev() {
             let got = store.get(key).unwrap().unwrap();
             assert!(got[..] == data[..], "{key} read alone, round {round}");
+        }
+    }
+    // ranges read into kept buffers too, each range exactly its bytes
+    for round in 0..3 {
+        for (key, data) in &files {
+            let n = data.len() as u64;
+            // (the whole file as one range takes a buffer a whole read gave back)
+            let whole: Vec<std::ops::Range<u64>> = std::iter::once(0..n).collect();
+            for ranges in [vec![0..10, n / 3..n / 2, n - 5..n], whole] {
+                let got = store.get_ranges(key, &ranges).unwrap().unwrap();
+                for (r, part) in ranges.iter().zip(&got) {
+                    assert!(part[..] == data[r.start as usize..r.end as usize], "{key} {r:?}, round {round}");
+                }
+            }
         }
     }
     // a slice of a lent buffer outlives the store and the other reads
