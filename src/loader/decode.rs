@@ -1,8 +1,8 @@
 //! The decoding stage: a window of units whose chunks are chosen one at a
 //! time at random among all of the window's, each decompressed into its
 //! byte planes (checked) and handed on as an [`OpenChunk`] with the rows the
-//! share reads from it, a group of them at a time. It fetches nothing and writes no batch: the stages
-//! before and after it do.
+//! share reads from it, a group of them at a time. It fetches nothing and
+//! writes no batch: the stages before and after it do.
 
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::Arc;

@@ -20,10 +20,9 @@ pub struct LocalStorage {
 
 /// Buffers of files read (whole, by [`Storage::get`], or in ranges), each
 /// given back when the last [`Bytes`] of it is dropped and used for the
-/// next read: a loader
-/// reads one tile after another, and reading each into fresh memory cost
-/// page faults for it and the pages given back after (under perf, 6% of a
-/// warm epoch's time on 100,000 atlas cells). On 1,000,000 cells, 7 runs
+/// next read: a loader reads one tile after another, and reading each into
+/// fresh memory cost page faults for it and the pages given back after
+/// (under perf, 6% of a warm epoch's time on 100,000 atlas cells). On 1,000,000 cells, 7 runs
 /// alternated: the epoch 1.10x as fast (median of 14 epochs), its peak
 /// memory 7% higher (303-316 MiB against 282-295).
 #[derive(Debug, Default)]
