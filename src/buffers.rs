@@ -53,6 +53,8 @@ pub struct Pool<T> {
 struct Free<T> {
     values: Vec<T>,
     bytes: u64,
+    /// Values [`Pool::take`] made new, having none to give.
+    made: usize,
 }
 
 /// A pool of `u32` buffers (the indices and counts of decoded matrices).
@@ -70,7 +72,7 @@ impl<T: Reusable> Pool<T> {
     /// A pool that keeps at most `keep` values, holding at most `budget`
     /// bytes between them (by [`Reusable::held_bytes`]).
     pub fn within(keep: usize, budget: u64) -> Pool<T> {
-        Pool { free: Mutex::new(Free { values: Vec::new(), bytes: 0 }), keep, budget }
+        Pool { free: Mutex::new(Free { values: Vec::new(), bytes: 0, made: 0 }), keep, budget }
     }
 
     /// Values kept at most.
@@ -78,12 +80,22 @@ impl<T: Reusable> Pool<T> {
         self.keep
     }
 
+    /// How many values it holds, and how many [`Pool::take`] has made new:
+    /// when nothing taken is still out, the two are equal unless some were
+    /// not given back (or not kept).
+    pub fn counts(&self) -> (usize, usize) {
+        self.free.lock().map_or((0, 0), |free| (free.values.len(), free.made))
+    }
+
     /// A value from the pool, or a new one. It may hold old contents: a
     /// decoder overwrites them (resizing only writes past the old length),
     /// and whoever appends clears it first.
     pub fn take(&self) -> T {
         let Ok(mut free) = self.free.lock() else { return T::default() };
-        let Some(value) = free.values.pop() else { return T::default() };
+        let Some(value) = free.values.pop() else {
+            free.made += 1;
+            return T::default();
+        };
         free.bytes = free.bytes.saturating_sub(value.held_bytes());
         value
     }

@@ -6,7 +6,7 @@ use std::sync::mpsc::{Receiver, SyncSender};
 
 use rand::RngExt;
 
-use super::buffers::{LoaderBatch, PlanesPool};
+use super::buffers::LoaderBatch;
 use super::decode::{on, OpenChunk};
 use super::options::LoaderError;
 use super::plan::{rng_for, EpochPlan};
@@ -40,7 +40,6 @@ pub(super) fn cut_batches(
     plan: &EpochPlan,
     mut writer: CellWriter<'_>,
     chunks: Receiver<Result<Vec<OpenChunk>, LoaderError>>,
-    pool_of_planes: &PlanesPool,
     (buffers, floats): (&BufferPool, &FloatPool),
     pool: Option<&rayon::ThreadPool>,
     out: &SyncSender<Result<LoaderBatch, LoaderError>>,
@@ -131,9 +130,8 @@ pub(super) fn cut_batches(
             let (cells, batch) = write_batch(&mut writer, &held, &drawn_cells, batch, pool);
             drawn_cells.clear();
             for slot in spent.drain(..) {
-                if let Some(chunk) = held[slot].take() {
-                    pool_of_planes.give(chunk.planes);
-                }
+                // (its planes go back to their pool)
+                held[slot] = None;
                 free.push(slot);
             }
             sent += 1;

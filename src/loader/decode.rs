@@ -21,13 +21,25 @@ use crate::vocabulary::GeneMap;
 
 /// A chunk decompressed for the batcher: its planes, the global index of its
 /// tile's first cell, and the rows of it this share reads, in the order they
-/// are to be written (the batcher pops them from the end).
+/// are to be written (the batcher pops them from the end). Its planes go
+/// back to their pool when it is dropped, wherever that is: spent in the
+/// batcher, or still open, queued or in flight when an epoch ends.
 pub(super) struct OpenChunk {
     pub(super) planes: ChunkPlanes,
     pub(super) start: u64,
     pub(super) rows: Vec<u64>,
     /// The map of its dataset's columns onto the batches'.
     pub(super) genes: Option<Arc<GeneMap>>,
+    home: Arc<PlanesPool>,
+}
+
+impl Drop for OpenChunk {
+    // (Only the spent chunks went back before: the 16-24 open or queued at
+    // an epoch's end were freed, and a dataset of a few tiles faulted in
+    // most of its planes again every epoch.)
+    fn drop(&mut self) {
+        self.home.give(std::mem::take(&mut self.planes));
+    }
 }
 
 /// Chunks decompressed together, in parallel, ahead of the batcher (one per
@@ -162,7 +174,7 @@ pub(super) fn decode_chunks(
     plan: &EpochPlan,
     pool: Option<&rayon::ThreadPool>,
     group: usize,
-    pool_of_planes: &PlanesPool,
+    pool_of_planes: &Arc<PlanesPool>,
     tiles: Receiver<Result<Fetched, LoaderError>>,
     out: &SyncSender<Result<Vec<OpenChunk>, LoaderError>>,
 ) {
@@ -241,7 +253,7 @@ pub(super) fn decode_chunks(
                     rows.reverse(); // popped from the end
                 }
                 let start = units[piece.unit].start;
-                group_out.push(OpenChunk { planes, start, rows, genes });
+                group_out.push(OpenChunk { planes, start, rows, genes, home: pool_of_planes.clone() });
             }
             // (One message a group: small chunks sent one by one woke the
             // batcher for each.)

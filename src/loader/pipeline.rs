@@ -98,7 +98,6 @@ impl Batches {
         }
         {
             let (plan, pool) = (plan.clone(), pool.clone());
-            let planes = planes.clone();
             spawn(
                 "deltacells-decode",
                 Box::new(move || {
@@ -113,7 +112,7 @@ impl Batches {
                 Box::new(move || {
                     guarded(batch_tx, |out| {
                         let writer = CellWriter::with_columns(&output, n_cols, mapped);
-                        cut_batches(&plan, writer, chunk_rx, &planes, (&batches, &values), pool.as_deref(), out)
+                        cut_batches(&plan, writer, chunk_rx, (&batches, &values), pool.as_deref(), out)
                     })
                 }),
             )?;

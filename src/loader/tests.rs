@@ -226,6 +226,36 @@ fn dropping_the_batches_stops_the_threads() {
     assert_eq!(held(), 3, "loader threads still running");
 }
 
+/// Waits (at most 10 s) until every value `pool` made is back in it: the
+/// loader's threads give theirs back as they stop, after the last batch.
+fn all_back<T: crate::buffers::Reusable>(pool: &crate::buffers::Pool<T>) -> (usize, usize) {
+    let start = std::time::Instant::now();
+    loop {
+        let (held, made) = pool.counts();
+        if held == made || start.elapsed() > std::time::Duration::from_secs(10) {
+            return (held, made);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn every_chunk_decompressed_gives_its_planes_back_when_an_epoch_ends() {
+    // 40 chunks, more than the 16 open at once: at the end some are open in
+    // the batcher, some queued or being decompressed, and all come back.
+    let (_dir, ds, _) = dataset(2000, 200);
+    let options = LoaderOptions { batch_size: 64, ..LoaderOptions::default() };
+    let buffers = LoaderBuffers::new(&options);
+    for stop_after in [usize::MAX, 3] {
+        let plan = EpochPlan::new(&ds, None, &options).unwrap();
+        let batches = Batches::start(ds.clone(), plan, None, &buffers).unwrap();
+        assert!(batches.take(stop_after).all(|b| b.is_ok()));
+        let (held, made) = all_back(&buffers.planes);
+        assert!(made > options.mix_chunks, "{made} planes made");
+        assert_eq!(held, made, "planes lost (stopping after {stop_after} batches)");
+    }
+}
+
 #[test]
 fn reused_buffers_of_any_length_give_the_same_batches() {
     let (_dir, ds, m) = dataset(1003, 97);

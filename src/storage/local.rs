@@ -25,13 +25,32 @@ pub struct LocalStorage {
 /// (under perf, 6% of a warm epoch's time on 100,000 atlas cells). On 1,000,000 cells, 7 runs
 /// alternated: the epoch 1.10x as fast (median of 14 epochs), its peak
 /// memory 7% higher (303-316 MiB against 282-295).
+///
+/// It keeps as many buffers as its readers have held at once (at least
+/// [`KEPT_FILE_BUFFERS`], at most [`MOST_KEPT_FILE_BUFFERS`]): a loader's
+/// window holds 8 tiles and its fetcher reads ahead, and a dataset of a few
+/// tiles, read epoch after epoch, read most of them into fresh memory each
+/// epoch while only 4 were kept. What it keeps is then never more than its
+/// readers held at their peak.
 #[derive(Debug, Default)]
 struct FileBuffers {
-    free: Mutex<Vec<Vec<u8>>>,
+    state: Mutex<Kept>,
 }
 
-/// Buffers kept at most: about as many as a loader fetches at once.
+/// The buffers a [`FileBuffers`] keeps, and how many it has lent.
+#[derive(Debug, Default)]
+struct Kept {
+    free: Vec<Vec<u8>>,
+    /// Buffers lent and not yet given back, and the most at once.
+    lent: usize,
+    most_lent: usize,
+}
+
+/// Buffers kept at least (when readers have held fewer at once).
 const KEPT_FILE_BUFFERS: usize = 4;
+
+/// Buffers kept at most, however many readers have held at once.
+const MOST_KEPT_FILE_BUFFERS: usize = 16;
 
 /// Buffers kept are of files at least this large (smaller ones cost little
 /// to allocate) and at most that large (a larger one goes back to the system).
@@ -52,15 +71,16 @@ impl AsRef<[u8]> for Lent {
 impl Drop for Lent {
     fn drop(&mut self) {
         let Some(home) = self.home.upgrade() else { return };
+        let Ok(mut kept) = home.state.lock() else { return };
+        kept.lent = kept.lent.saturating_sub(1);
         if !KEPT_FILE_SIZES.contains(&self.buf.capacity()) {
             return;
         }
-        let Ok(mut free) = home.free.lock() else { return };
         // (the longest kept makes room: the sizes read lately are kept)
-        if free.len() >= KEPT_FILE_BUFFERS {
-            free.remove(0);
+        if kept.free.len() >= kept.most_lent.clamp(KEPT_FILE_BUFFERS, MOST_KEPT_FILE_BUFFERS) {
+            kept.free.remove(0);
         }
-        free.push(std::mem::take(&mut self.buf));
+        kept.free.push(std::mem::take(&mut self.buf));
     }
 }
 
@@ -69,13 +89,23 @@ impl FileBuffers {
     /// at most twice as large (so that a small read, which its reader may
     /// keep, does not hold a large buffer), or a new one.
     fn take(&self, want: usize) -> Vec<u8> {
-        let kept = self.free.lock().ok().and_then(|mut free| {
-            let at = free.iter().position(|b| (want..=want.saturating_mul(2)).contains(&b.capacity()))?;
-            Some(free.swap_remove(at))
+        let kept = self.state.lock().ok().and_then(|mut kept| {
+            let at = kept.free.iter().position(|b| (want..=want.saturating_mul(2)).contains(&b.capacity()))?;
+            Some(kept.free.swap_remove(at))
         });
         let mut buf = kept.unwrap_or_default();
         buf.clear();
         buf
+    }
+
+    /// `buf`, filled, lent to the [`Bytes`] returned; it comes back here
+    /// when they are dropped.
+    fn lend(self: &Arc<Self>, buf: Vec<u8>) -> Bytes {
+        if let Ok(mut kept) = self.state.lock() {
+            kept.lent += 1;
+            kept.most_lent = kept.most_lent.max(kept.lent);
+        }
+        Bytes::from_owner(Lent { buf, home: Arc::downgrade(self) })
     }
 }
 
@@ -163,7 +193,7 @@ impl LocalStorage {
             self.stats.record(n as u64);
             at += n;
         }
-        let buf = Bytes::from_owner(Lent { buf, home: Arc::downgrade(&self.buffers) });
+        let buf = self.buffers.lend(buf);
         let mut at = 0usize;
         let out = ranges
             .iter()
@@ -224,7 +254,7 @@ impl Storage for LocalStorage {
         let mut buf = self.buffers.take(usize::try_from(size).unwrap_or(usize::MAX));
         file.read_to_end(&mut buf).map_err(|e| self.io_err(key, e))?;
         self.stats.record(buf.len() as u64);
-        Ok(Some(Bytes::from_owner(Lent { buf, home: Arc::downgrade(&self.buffers) })))
+        Ok(Some(self.buffers.lend(buf)))
     }
 
     fn version(&self, key: &str) -> Result<Option<super::Version>, StorageError> {
@@ -349,5 +379,33 @@ impl Storage for LocalStorage {
 
     fn stats(&self) -> &IoStats {
         &self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How many buffers `buffers` keeps after its readers held `n` at once.
+    fn kept_after_holding(buffers: &Arc<FileBuffers>, n: usize) -> usize {
+        let held: Vec<Bytes> = (0..n).map(|_| buffers.lend(vec![7u8; 300 << 10])).collect();
+        drop(held);
+        buffers.state.lock().unwrap().free.len()
+    }
+
+    #[test]
+    fn as_many_buffers_are_kept_as_readers_held_at_once_within_bounds() {
+        let buffers = Arc::new(FileBuffers::default());
+        assert_eq!(kept_after_holding(&buffers, 2), 2);
+        assert_eq!(kept_after_holding(&buffers, 10), 10, "a loader's window and read-ahead");
+        assert_eq!(kept_after_holding(&buffers, 3), 10, "kept from the peak, not the last");
+        assert_eq!(kept_after_holding(&buffers, 40), MOST_KEPT_FILE_BUFFERS);
+        let state = buffers.state.lock().unwrap();
+        assert_eq!((state.lent, state.most_lent), (0, 40));
+        // a small file's buffer is not kept
+        drop(state);
+        let small = Arc::new(FileBuffers::default());
+        drop(small.lend(vec![0u8; 1000]));
+        assert_eq!(small.state.lock().unwrap().free.len(), 0);
     }
 }
