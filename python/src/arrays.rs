@@ -41,8 +41,10 @@ pub(crate) fn weight_vec(weights: &PyReadonlyArray1<'_, f64>) -> Vec<f64> {
 
 pub(crate) type CsrArrays<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>);
 
-pub(crate) fn csr_arrays(py: Python<'_>, m: CsrMatrix) -> CsrArrays<'_> {
-    (as_i64(m.indptr).into_pyarray(py), as_i32(m.indices).into_pyarray(py), as_i32(m.data).into_pyarray(py))
+/// A matrix as CSR arrays (no copy), its indices and counts going back to
+/// `pool` when NumPy lets them go.
+pub(crate) fn pooled_csr<'py>(py: Python<'py>, m: CsrMatrix, pool: &Arc<BufferPool>) -> PyResult<CsrArrays<'py>> {
+    Ok((as_i64(m.indptr).into_pyarray(py), pooled_array(py, m.indices, pool)?, pooled_array(py, m.data, pool)?))
 }
 
 /// Buffers kept for whole tiles: two per tile (indices and data), for a loop

@@ -11,13 +11,11 @@ use pyo3::types::PyBytes;
 use deltacells::batch::BatchOutput;
 use deltacells::batch::CellWriter;
 use deltacells::format::{self, CsrMatrix};
-use deltacells::loader::{self, BufferPool, EpochPlan};
+use deltacells::loader::{self, BufferPool, EpochPlan, FloatPool};
 use deltacells::storage::{self, StoreOptions};
 use deltacells::{Dataset, ReadOptions};
 
-use crate::arrays::{
-    as_i64, cell_vec, csr_arrays, formed_arrays, pooled_array, weight_vec, CsrArrays, FormedArrays, POOLED_BUFFERS,
-};
+use crate::arrays::{as_i64, cell_vec, formed_arrays, pooled_csr, weight_vec, CsrArrays, FormedArrays, POOLED_BUFFERS};
 use crate::batches::{LoaderArgs, RawBatches, RawPlan};
 use crate::errors::{detached, Failure, Kind};
 use crate::threads::{KeptBuffers, Threads};
@@ -29,10 +27,13 @@ use deltacells::Selection;
 pub(crate) struct RawDataset {
     dataset: Arc<Dataset>,
     threads: Threads,
-    /// Output buffers for whole tiles: taken back when NumPy frees the arrays
-    /// made over them, so that a loop over tiles decodes into memory that is
-    /// already mapped instead of faulting in fresh pages for every tile.
+    /// Output buffers for whole tiles and gathers: taken back when NumPy
+    /// frees the arrays made over them, so that a loop over tiles or
+    /// batches decodes into memory that is already mapped instead of
+    /// faulting in fresh pages each time.
     buffers: Arc<BufferPool>,
+    /// Scaled values of gathers in a batch's form, likewise.
+    floats: Arc<FloatPool>,
     /// The loader's buffers, kept from one epoch to the next.
     loader_buffers: KeptBuffers,
 }
@@ -49,6 +50,7 @@ impl RawDataset {
             dataset,
             threads,
             buffers: Arc::new(BufferPool::new(POOLED_BUFFERS)),
+            floats: Arc::new(FloatPool::new(POOLED_BUFFERS / 2)),
             loader_buffers: KeptBuffers::default(),
         }
     }
@@ -101,9 +103,16 @@ impl RawDataset {
     }
 
     /// The listed cells (checked).
+    /// The listed cells, decoded into pooled buffers (see `buffers`): a
+    /// loop of gathers whose results NumPy frees writes into memory already
+    /// mapped.
     fn listed_cells(&self, cells: &[i64]) -> Result<CsrMatrix, Failure> {
         let cells = self.check_cells(cells)?;
-        self.install(|| Ok(self.dataset.read(Selection::List(&cells))?))
+        self.install(|| {
+            let mut out = self.buffers.take_matrix();
+            self.dataset.read_into(Selection::List(&cells), &mut out)?;
+            Ok(out)
+        })
     }
 
     fn check_cells(&self, cells: &[i64]) -> Result<Vec<u64>, Failure> {
@@ -227,7 +236,7 @@ impl RawDataset {
         let cells = cell_vec(&cells);
         let output = self.genes_only(genes.as_deref()).map_err(|f| f.into_pyerr(py))?;
         let m = detached(py, || Ok(self.in_genes(self.listed_cells(&cells)?, output.as_ref())))?;
-        Ok(csr_arrays(py, m))
+        pooled_csr(py, m, &self.buffers)
     }
 
     /// Cells `start..end` as CSR arrays (consecutive ranges of one tile
@@ -252,8 +261,7 @@ impl RawDataset {
             })?;
             Ok(self.in_genes(m, output.as_ref()))
         })?;
-        let indptr = as_i64(m.indptr).into_pyarray(py);
-        Ok((indptr, pooled_array(py, m.indices, &self.buffers)?, pooled_array(py, m.data, &self.buffers)?))
+        pooled_csr(py, m, &self.buffers)
     }
 
     /// The listed cells in a batch's form (see `deltacells::batch`): its gene
@@ -280,7 +288,7 @@ impl RawDataset {
             let m = self.listed_cells(&cells)?;
             Ok(CellWriter::new(&output, self.dataset.n_genes()).form(m))
         })?;
-        formed_arrays(py, formed, &output, None)
+        formed_arrays(py, formed, &output, Some((&self.buffers, &self.floats)))
     }
 
     /// Gathers planned ahead: `lists` of cells read in order, each in the
@@ -333,8 +341,7 @@ impl RawDataset {
             self.install(|| Ok(self.dataset.read_into(Selection::Tile(tile), &mut out)?))?;
             Ok(out)
         })?;
-        let indptr = as_i64(m.indptr).into_pyarray(py);
-        Ok((indptr, pooled_array(py, m.indices, &self.buffers)?, pooled_array(py, m.data, &self.buffers)?))
+        pooled_csr(py, m, &self.buffers)
     }
 
     /// Reads and decodes every tile in order, on this dataset's threads, into

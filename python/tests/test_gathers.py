@@ -88,6 +88,25 @@ def test_collection_gathers_mix_datasets(small: str, other: str) -> None:
         same(batch.X, first.get_batch(back))
 
 
+def test_batches_held_stay_whole_while_their_buffers_are_reused(small: str) -> None:
+    # get_batch and the map-style form write into buffers that come back when
+    # NumPy frees the arrays: one held must never be written over by the next.
+    ds = deltacells.open_dataset(small, cache_bytes=0)
+    rng = np.random.default_rng(5)
+    lists = [rng.integers(0, 1000, size=int(rng.integers(1, 300))) for _ in range(12)]
+    expected = [ds.get_batch(cells).to_scipy().toarray() for cells in lists]
+    held = []
+    for round_ in range(3):
+        for i, cells in enumerate(lists):
+            got = ds.get_batch(cells)
+            if (i + round_) % 3 == 0:
+                held.append((i, got, got.to_scipy()))
+        for i, batch, matrix in held:
+            assert np.array_equal(batch.to_scipy().toarray(), expected[i])
+            assert np.array_equal(matrix.toarray(), expected[i])
+        held = held[len(held) // 2:]
+
+
 def test_an_abandoned_iteration_stops_and_can_start_again(small: str) -> None:
     ds = deltacells.open_dataset(small)
     gathers = ds.gathers([[i, 999 - i] for i in range(500)], ahead=3)
