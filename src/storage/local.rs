@@ -26,35 +26,43 @@ pub struct LocalStorage {
 /// alternated: the epoch 1.10x as fast (median of 14 epochs), its peak
 /// memory 7% higher (303-316 MiB against 282-295).
 ///
-/// It keeps as many buffers as its readers have held at once (at least
-/// [`KEPT_FILE_BUFFERS`], at most [`MOST_KEPT_FILE_BUFFERS`]): a loader's
-/// window holds 8 tiles and its fetcher reads ahead, and a dataset of a few
-/// tiles, read epoch after epoch, read most of them into fresh memory each
-/// epoch while only 4 were kept. What it keeps is then never more than its
-/// readers held at their peak.
+/// It keeps as many buffers, and as many bytes of them, as its readers have
+/// held at once (within [`KEPT_FILE_BUFFERS`] and [`KEPT_FILE_BYTES`]), so
+/// that what it keeps is never more than its readers held at their peak:
+/// a loader's window holds 8 tiles and its fetcher reads ahead, and a
+/// gather holds the ranges of every tile it touches (a hundred at a
+/// million cells); keeping 4 buffers of at least 256 KiB, as before, left
+/// a dataset of a few tiles faulting in most of them again every epoch,
+/// and every gather's ranges fresh.
 #[derive(Debug, Default)]
 struct FileBuffers {
     state: Mutex<Kept>,
 }
 
-/// The buffers a [`FileBuffers`] keeps, and how many it has lent.
+/// The buffers a [`FileBuffers`] keeps, and what it has lent.
 #[derive(Debug, Default)]
 struct Kept {
+    /// Oldest given back first.
     free: Vec<Vec<u8>>,
-    /// Buffers lent and not yet given back, and the most at once.
+    free_bytes: usize,
+    /// Buffers lent and not yet given back, and their bytes; the most of
+    /// each at once.
     lent: usize,
+    lent_bytes: usize,
     most_lent: usize,
+    most_lent_bytes: usize,
 }
 
-/// Buffers kept at least (when readers have held fewer at once).
-const KEPT_FILE_BUFFERS: usize = 4;
+/// Buffers kept at least (when readers have held fewer at once) and at most.
+const KEPT_FILE_BUFFERS: std::ops::RangeInclusive<usize> = 4..=256;
 
-/// Buffers kept at most, however many readers have held at once.
-const MOST_KEPT_FILE_BUFFERS: usize = 16;
+/// Bytes of buffers kept at most, however many readers have held at once.
+const KEPT_FILE_BYTES: usize = 256 << 20;
 
-/// Buffers kept are of files at least this large (smaller ones cost little
-/// to allocate) and at most that large (a larger one goes back to the system).
-const KEPT_FILE_SIZES: std::ops::RangeInclusive<usize> = (256 << 10)..=(64 << 20);
+/// Buffers kept are of at least this many bytes (jemalloc serves smaller
+/// ones from pages it keeps anyway) and at most that many (a larger one goes
+/// back to the system).
+const KEPT_FILE_SIZES: std::ops::RangeInclusive<usize> = (16 << 10)..=(64 << 20);
 
 /// A buffer of [`FileBuffers`], lent to a [`Bytes`].
 struct Lent {
@@ -72,26 +80,36 @@ impl Drop for Lent {
     fn drop(&mut self) {
         let Some(home) = self.home.upgrade() else { return };
         let Ok(mut kept) = home.state.lock() else { return };
+        let bytes = self.buf.capacity();
         kept.lent = kept.lent.saturating_sub(1);
-        if !KEPT_FILE_SIZES.contains(&self.buf.capacity()) {
+        kept.lent_bytes = kept.lent_bytes.saturating_sub(bytes);
+        if !KEPT_FILE_SIZES.contains(&bytes) {
             return;
         }
-        // (the longest kept makes room: the sizes read lately are kept)
-        if kept.free.len() >= kept.most_lent.clamp(KEPT_FILE_BUFFERS, MOST_KEPT_FILE_BUFFERS) {
-            kept.free.remove(0);
-        }
         kept.free.push(std::mem::take(&mut self.buf));
+        kept.free_bytes += bytes;
+        // (the longest kept make room: the sizes read lately are kept)
+        let most = kept.most_lent.clamp(*KEPT_FILE_BUFFERS.start(), *KEPT_FILE_BUFFERS.end());
+        let most_bytes = kept.most_lent_bytes.min(KEPT_FILE_BYTES);
+        let mut evicted = 0;
+        while kept.free.len() - evicted > most || kept.free_bytes > most_bytes {
+            kept.free_bytes -= kept.free[evicted].capacity();
+            evicted += 1;
+        }
+        kept.free.drain(..evicted);
     }
 }
 
 impl FileBuffers {
-    /// An empty buffer for `want` bytes: a kept one that holds them and is
-    /// at most twice as large (so that a small read, which its reader may
-    /// keep, does not hold a large buffer), or a new one.
+    /// An empty buffer for `want` bytes: the last kept one that holds them
+    /// and is at most twice as large (so that a small read, which its reader
+    /// may keep, does not hold a large buffer), or a new one.
     fn take(&self, want: usize) -> Vec<u8> {
         let kept = self.state.lock().ok().and_then(|mut kept| {
-            let at = kept.free.iter().position(|b| (want..=want.saturating_mul(2)).contains(&b.capacity()))?;
-            Some(kept.free.swap_remove(at))
+            let at = kept.free.iter().rposition(|b| (want..=want.saturating_mul(2)).contains(&b.capacity()))?;
+            let buf = kept.free.remove(at);
+            kept.free_bytes -= buf.capacity();
+            Some(buf)
         });
         let mut buf = kept.unwrap_or_default();
         buf.clear();
@@ -103,7 +121,9 @@ impl FileBuffers {
     fn lend(self: &Arc<Self>, buf: Vec<u8>) -> Bytes {
         if let Ok(mut kept) = self.state.lock() {
             kept.lent += 1;
+            kept.lent_bytes += buf.capacity();
             kept.most_lent = kept.most_lent.max(kept.lent);
+            kept.most_lent_bytes = kept.most_lent_bytes.max(kept.lent_bytes);
         }
         Bytes::from_owner(Lent { buf, home: Arc::downgrade(self) })
     }
@@ -386,26 +406,36 @@ impl Storage for LocalStorage {
 mod tests {
     use super::*;
 
-    /// How many buffers `buffers` keeps after its readers held `n` at once.
-    fn kept_after_holding(buffers: &Arc<FileBuffers>, n: usize) -> usize {
-        let held: Vec<Bytes> = (0..n).map(|_| buffers.lend(vec![7u8; 300 << 10])).collect();
+    /// How many buffers, and bytes of them, `buffers` keeps after its
+    /// readers held `n` of `size` bytes at once.
+    fn kept_after_holding(buffers: &Arc<FileBuffers>, n: usize, size: usize) -> (usize, usize) {
+        let held: Vec<Bytes> = (0..n).map(|_| buffers.lend(vec![7u8; size])).collect();
         drop(held);
-        buffers.state.lock().unwrap().free.len()
+        let state = buffers.state.lock().unwrap();
+        assert_eq!(state.free.iter().map(Vec::capacity).sum::<usize>(), state.free_bytes);
+        (state.free.len(), state.free_bytes)
     }
 
     #[test]
     fn as_many_buffers_are_kept_as_readers_held_at_once_within_bounds() {
         let buffers = Arc::new(FileBuffers::default());
-        assert_eq!(kept_after_holding(&buffers, 2), 2);
-        assert_eq!(kept_after_holding(&buffers, 10), 10, "a loader's window and read-ahead");
-        assert_eq!(kept_after_holding(&buffers, 3), 10, "kept from the peak, not the last");
-        assert_eq!(kept_after_holding(&buffers, 40), MOST_KEPT_FILE_BUFFERS);
+        let kb = 100 << 10;
+        assert_eq!(kept_after_holding(&buffers, 2, kb), (2, 2 * kb));
+        assert_eq!(kept_after_holding(&buffers, 10, kb).0, 10, "a loader's window and read-ahead");
+        assert_eq!(kept_after_holding(&buffers, 3, kb).0, 10, "kept from the peak, not the last");
+        assert_eq!(kept_after_holding(&buffers, 400, kb).0, *KEPT_FILE_BUFFERS.end());
         let state = buffers.state.lock().unwrap();
-        assert_eq!((state.lent, state.most_lent), (0, 40));
-        // a small file's buffer is not kept
+        assert_eq!((state.lent, state.lent_bytes, state.most_lent), (0, 0, 400));
         drop(state);
-        let small = Arc::new(FileBuffers::default());
-        drop(small.lend(vec![0u8; 1000]));
-        assert_eq!(small.state.lock().unwrap().free.len(), 0);
+        // bytes: never more than were lent at once, nor KEPT_FILE_BYTES
+        let big = Arc::new(FileBuffers::default());
+        assert_eq!(kept_after_holding(&big, 1, 8 << 20), (1, 8 << 20));
+        assert_eq!(kept_after_holding(&big, 1, 20 << 20), (1, 20 << 20), "20 MiB held at most, not 28");
+        assert_eq!(kept_after_holding(&big, 2, 20 << 20), (2, 40 << 20));
+        assert_eq!(kept_after_holding(&big, 20, 60 << 20).1, 4 * (60 << 20), "{KEPT_FILE_BYTES}");
+        // a small file's buffer is not kept, nor one larger than 64 MiB
+        let other = Arc::new(FileBuffers::default());
+        assert_eq!(kept_after_holding(&other, 3, 1000), (0, 0));
+        assert_eq!(kept_after_holding(&other, 1, 65 << 20), (0, 0));
     }
 }
