@@ -68,8 +68,8 @@ impl ParsedTile<'_> {
         planes
             .offsets
             .extend(layout.indptr[chunk.cell_lo as usize..=chunk.cell_hi as usize].iter().map(|&p| p - chunk.nnz_lo));
-        planes.gaps.resize(2 * n, 0);
-        planes.vals.resize(2 * n, 0);
+        grow_to(&mut planes.gaps, 2 * n);
+        grow_to(&mut planes.vals, 2 * n);
         decompress_exact(layout.stream(chunk.gaps), &mut planes.gaps, cu, Stream::Gaps)?;
         decompress_exact(layout.stream(chunk.vals), &mut planes.vals, cu, Stream::Vals)?;
         planes.vexc = if chunk.vexc.len > 0 { read_exceptions(layout, cu, chunk, Stream::Vexc)? } else { Vec::new() };
@@ -77,6 +77,17 @@ impl ParsedTile<'_> {
         planes.cells = chunk.cell_lo..chunk.cell_hi;
         Ok(())
     }
+}
+
+/// Resizes `v` to `n` bytes (only the new room is zeroed), growing it to an
+/// eighth more than `n` when it must grow: planes taken from a pool for
+/// chunks of about the same size then rarely grow again, and never double
+/// (a pool kept within a budget of bytes holds fewer of them doubled).
+fn grow_to(v: &mut Vec<u8>, n: usize) {
+    if v.capacity() < n {
+        v.reserve_exact((n + n / 8).saturating_sub(v.len()));
+    }
+    v.resize(n, 0);
 }
 
 impl ParsedTile<'_> {
