@@ -11,7 +11,7 @@ use deltacells::batch::{BatchOutput, FormedBatch};
 use deltacells::loader::{self, BufferPool, FloatPool, LoaderBatch, LoaderOptions};
 use deltacells::planned::PlannedGathers;
 
-use crate::arrays::{as_i64, formed_arrays, POOLED_BUFFERS};
+use crate::arrays::{as_i64, formed_arrays};
 use crate::errors::{detached, Failure, Kind};
 
 /// The Rust loader's default options, as the dict `RawDataset.batches`
@@ -158,12 +158,17 @@ impl RawBatches {
         lists: Vec<Vec<u64>>,
         ahead: usize,
         output: BatchOutput,
-        read: impl FnMut(&[u64]) -> Result<FormedBatch, Failure> + Send + 'static,
+        mut read: impl FnMut(&[u64], &BufferPool) -> Result<FormedBatch, Failure> + Send + 'static,
     ) -> Result<RawBatches, Failure> {
         let (n_cells, n_batches) = (lists.iter().map(|l| l.len() as u64).sum(), lists.len() as u64);
-        let planned = PlannedGathers::start(lists, ahead, read)
+        // Buffers for the lists read ahead, the one the consumer holds and
+        // the one being read (two each), given back when NumPy frees them
+        // and read into again by `read`.
+        let keep = ahead.clamp(1, 16) + 2;
+        let pools = (Arc::new(BufferPool::new(2 * keep)), Arc::new(FloatPool::new(keep)));
+        let buffers = pools.0.clone();
+        let planned = PlannedGathers::start(lists, ahead, move |cells| read(cells, &buffers))
             .map_err(|e| Failure { kind: Kind::Other, message: format!("cannot start a thread: {e}") })?;
-        let pools = (Arc::new(BufferPool::new(POOLED_BUFFERS)), Arc::new(FloatPool::new(POOLED_BUFFERS)));
         Ok(RawBatches::new(Box::new(planned), pools, n_cells, n_batches, output))
     }
 }

@@ -253,7 +253,7 @@ impl RawCollection {
         detached(py, || {
             let lists = lists.iter().map(|l| self.checked(l)).collect::<Result<Vec<_>, _>>()?;
             let (collection, pool, form) = (self.collection.clone(), self.threads.pool()?, output.clone());
-            RawBatches::planned(lists, ahead, output, move |cells| {
+            RawBatches::planned(lists, ahead, output, move |cells, _| {
                 pool.install(|| collection.read_cells_formed(cells, &form)).map_err(Failure::from)
             })
         })

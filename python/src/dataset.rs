@@ -315,8 +315,14 @@ impl RawDataset {
                 output.check_rows(l.len() as u64, n_cols)?;
             }
             let (dataset, pool, form) = (self.dataset.clone(), self.threads.pool()?, output.clone());
-            RawBatches::planned(lists, ahead, output, move |cells| {
-                pool.install(|| dataset.read_formed(Selection::List(cells), &form)).map_err(Failure::from)
+            RawBatches::planned(lists, ahead, output, move |cells, buffers| {
+                // (into buffers NumPy gives back, as get_batch)
+                let read = || -> Result<_, deltacells::DatasetError> {
+                    let mut m = buffers.take_matrix();
+                    dataset.read_into(Selection::List(cells), &mut m)?;
+                    Ok(CellWriter::new(&form, dataset.n_genes()).form(m))
+                };
+                pool.install(read).map_err(Failure::from)
             })
         })
     }
