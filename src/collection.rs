@@ -449,6 +449,19 @@ impl Collection {
     /// vocabulary is the batches' columns). Each dataset's cells are read
     /// together, its tiles decoded once, on the calling thread's rayon pool.
     pub fn read_cells_formed(&self, cells: &[u64], output: &BatchOutput) -> Result<FormedBatch, CollectionError> {
+        self.read_cells_formed_in(cells, output, &crate::buffers::BufferPool::new(0))
+    }
+
+    /// [`Collection::read_cells_formed`], its buffers (the batch's and each
+    /// dataset's rows) taken from `buffers`, and each dataset's given back
+    /// there: a loop of gathers whose batches come back to `buffers` writes
+    /// into memory already mapped.
+    pub fn read_cells_formed_in(
+        &self,
+        cells: &[u64],
+        output: &BatchOutput,
+        buffers: &crate::buffers::BufferPool,
+    ) -> Result<FormedBatch, CollectionError> {
         let n_cols = self.vocabulary.len() as u32;
         check_output(output, n_cols)?;
         output.check_rows(cells.len() as u64, n_cols).map_err(|e| CollectionError::Argument(e.to_string()))?;
@@ -466,9 +479,9 @@ impl Collection {
             .map(|&m| {
                 let open = self.open_member(m)?;
                 let name = &self.members[m].summary.name;
-                let matrix = open
-                    .dataset
-                    .read(crate::dataset::Selection::List(&rows_of[m]))
+                let mut matrix = buffers.take_matrix();
+                open.dataset
+                    .read_into(crate::dataset::Selection::List(&rows_of[m]), &mut matrix)
                     .map_err(|source| CollectionError::Member { name: name.clone(), source })?;
                 Ok((open, matrix))
             })
@@ -480,7 +493,11 @@ impl Collection {
         let mut next = vec![0usize; needed.len()];
         let nnz: usize = read.iter().map(|(_, m)| m.nnz()).sum();
         let mut writer = CellWriter::with_columns(output, n_cols, self.maps_any());
-        let x = CsrMatrix { n_cols, indptr: Vec::new(), indices: vec![0; nnz], data: vec![0; nnz] };
+        // (every entry is written below: old values of a kept buffer go)
+        let mut x = buffers.take_matrix();
+        x.n_cols = n_cols;
+        x.indices.resize(nnz, 0);
+        x.data.resize(nnz, 0);
         let mut batch = writer.start(x, cells.len());
         for &(m, _) in &located {
             let i = slot[m];
@@ -494,6 +511,9 @@ impl Collection {
             writer.finish_cell_in(&mut batch, n, open.genes.as_deref());
         }
         writer.finish(&mut batch);
+        for (_, matrix) in read {
+            buffers.give_matrix(matrix);
+        }
         Ok(batch)
     }
 

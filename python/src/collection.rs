@@ -9,10 +9,10 @@ use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
 use pyo3::prelude::*;
 
 use deltacells::collection::{Collection, CollectionError, CollectionFile, CollectionState, GeneChoice};
-use deltacells::loader::{self, EpochPlan, TileSource};
+use deltacells::loader::{self, BufferPool, EpochPlan, FloatPool, TileSource};
 use deltacells::storage::StoreOptions;
 
-use crate::arrays::{cell_vec, formed_arrays, weight_vec, FormedArrays};
+use crate::arrays::{cell_vec, formed_arrays, weight_vec, FormedArrays, POOLED_BUFFERS};
 use crate::batches::{LoaderArgs, RawBatches, RawPlan};
 use crate::dataset::RawDataset;
 use crate::errors::{detached, Failure, Kind};
@@ -62,6 +62,10 @@ pub(crate) struct RawCollection {
     genes: GeneChoice,
     threads: Threads,
     loader_buffers: KeptBuffers,
+    /// Buffers of gathers, taken back when NumPy frees the arrays made
+    /// over them (as `RawDataset`'s).
+    buffers: Arc<BufferPool>,
+    floats: Arc<FloatPool>,
 }
 
 impl RawCollection {
@@ -71,6 +75,8 @@ impl RawCollection {
             genes,
             threads: Threads::new(threads),
             loader_buffers: KeptBuffers::default(),
+            buffers: Arc::new(BufferPool::new(POOLED_BUFFERS)),
+            floats: Arc::new(FloatPool::new(POOLED_BUFFERS / 2)),
         }
     }
 
@@ -233,9 +239,9 @@ impl RawCollection {
         let output = form.output(None).map_err(|f| f.into_pyerr(py))?;
         let formed = detached(py, || {
             let cells = self.checked(&cells)?;
-            self.threads.install(|| Ok(self.collection.read_cells_formed(&cells, &output)?))
+            self.threads.install(|| Ok(self.collection.read_cells_formed_in(&cells, &output, &self.buffers)?))
         })?;
-        formed_arrays(py, formed, &output, None)
+        formed_arrays(py, formed, &output, Some((&self.buffers, &self.floats)))
     }
 
     /// Gathers planned ahead, in the collection's vocabulary (as
@@ -253,8 +259,8 @@ impl RawCollection {
         detached(py, || {
             let lists = lists.iter().map(|l| self.checked(l)).collect::<Result<Vec<_>, _>>()?;
             let (collection, pool, form) = (self.collection.clone(), self.threads.pool()?, output.clone());
-            RawBatches::planned(lists, ahead, output, move |cells, _| {
-                pool.install(|| collection.read_cells_formed(cells, &form)).map_err(Failure::from)
+            RawBatches::planned(lists, ahead, output, move |cells, buffers| {
+                pool.install(|| collection.read_cells_formed_in(cells, &form, buffers)).map_err(Failure::from)
             })
         })
     }

@@ -155,6 +155,33 @@ fn read_cells_formed_maps_each_dataset_onto_the_list() {
 }
 
 #[test]
+fn reads_into_buffers_given_back_are_the_reads_into_fresh_ones() {
+    // As NumPy gives a batch's buffers back: each read then writes over the
+    // last one's values, which must never show.
+    let t = three();
+    let wanted: Vec<String> = ["g45", "nope", "g5", "g60", "g30"].iter().map(|s| s.to_string()).collect();
+    let c = Collection::open(&pairs(&t), &GeneChoice::List(wanted), None, &StoreOptions::default()).unwrap();
+    let pool = crate::buffers::BufferPool::new(64);
+    let lists: [&[u64]; 4] = [&[877, 0, 301, 5, 301, 460], &[3], &[460, 459, 2, 100, 700, 701, 1], &[]];
+    // (a buffer left empty is not kept, so the first two rounds may make some)
+    let mut made_in_second_round = 0;
+    for round in 0..4 {
+        for cells in lists {
+            let fresh = c.read_cells_formed(cells, &BatchOutput::default()).unwrap();
+            let pooled = c.read_cells_formed_in(cells, &BatchOutput::default(), &pool).unwrap();
+            assert_eq!(pooled.x, fresh.x, "{cells:?}, round {round}");
+            pool.give_matrix(pooled.x);
+        }
+        if round == 1 {
+            made_in_second_round = pool.counts().1;
+        }
+    }
+    let (held, made) = pool.counts();
+    assert!(held > 0, "buffers are given back");
+    assert_eq!(made, made_in_second_round, "the last round read into buffers given back");
+}
+
+#[test]
 fn a_state_opens_datasets_lazily_and_names_one_that_changed() {
     let t = three();
     let c = Collection::open(&pairs(&t), &GeneChoice::Union, None, &StoreOptions::default()).unwrap();
