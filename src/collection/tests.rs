@@ -8,6 +8,7 @@ use super::*;
 use crate::loader::{Batches, EpochPlan, LoaderBatch, LoaderBuffers};
 use crate::storage::LocalStorage;
 use crate::writer::{write_named_matrix, WriteOptions};
+use crate::CsrMatrix;
 
 /// A dataset of `n` cells over the genes `names` (a few counts per cell,
 /// seeded by `seed`) in tiles of `tile_size`, in a temporary folder; with its
