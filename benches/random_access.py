@@ -1,14 +1,16 @@
 """Random batches through get_batch: what the chunking of a tile costs and
 buys, against anndata's backed mode on the same cells, in one run.
 
-    .venv/bin/python benches/random_access.py SOURCE.h5ad [--chunks 8,32,64,128] [--batches 40]
+    .venv/bin/python benches/random_access.py SOURCE.h5ad [--chunks 8,32,64,128,1024@1024] [--batches 40]
                                               [--work DIR] [--baseline OTHER.h5ad] [--reuse]
                                               [--cellstream] [--annbatch] [--scdl]
 
 SOURCE is converted once per chunk count (`deltacells convert --chunks N`:
 target/release/deltacells, or the installed package's command where that is
 not built; the other settings at their defaults: 10,000-cell tiles, zstd
-level 1; with --reuse, stores already converted are read again). Each is read as
+level 1; `N@T` also sets the tile size to T cells, `--tile-size T`, so that
+1024@1024 stores one cell a chunk; with --reuse, stores already converted
+are read again). Each is read as
 `open_dataset` opens it (a cache of 512 MiB of decompressed chunks) and
 with `cache_bytes=0` (every batch reads and decompresses what it needs).
 Each store is then read, each reading in a process of its own:
@@ -215,7 +217,8 @@ def size_of(path: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source", nargs="?")
-    parser.add_argument("--chunks", default="8,32,64,128", help="chunks per tile, one store each")
+    parser.add_argument("--chunks", default="8,32,64,128",
+                        help="chunks per tile, one store each; N@T: N chunks in tiles of T cells")
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--work", default=str(REPO / "target" / "bench-random"))
     parser.add_argument("--baseline", help="the same cells as an .h5ad anndata wrote: the x-anndata columns' base")
@@ -236,21 +239,22 @@ def main() -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     rows = {}
-    for chunks in [int(c) for c in args.chunks.split(",")]:
-        store = work / f"{source.stem}-chunks{chunks}"
+    for setting in args.chunks.split(","):
+        chunks, _, tile = setting.partition("@")
+        store = work / (f"{source.stem}-chunks{chunks}" + (f"-tile{tile}" if tile else ""))
+        flags = ["--chunks", chunks, *(["--tile-size", tile] if tile else [])]
         seconds = None
         if not (args.reuse and (store / "manifest.json").is_file()):
             shutil.rmtree(store, ignore_errors=True)
             started = time.perf_counter()
-            subprocess.run([str(BINARY), "convert", "-q", "--chunks", str(chunks), str(source), str(store)],
-                           check=True, env=ENV)
+            subprocess.run([str(BINARY), "convert", "-q", *flags, str(source), str(store)], check=True, env=ENV)
             seconds = time.perf_counter() - started
         for label, how in (("", ""), (", no cache", "#nocache")):
-            rows[f"deltacells --chunks {chunks}{label}"] = {
+            rows[f"deltacells {' '.join(flags)}{label}"] = {
                 "convert_seconds": seconds, "bytes": size_of(store),
                 "warm": child(str(store) + how, args.batches, False),
                 "cold": child(str(store) + how, args.batches, True)}
-        print(f"# --chunks {chunks}: converted in {seconds or 0:.1f} s (0: reused), read", file=sys.stderr)
+        print(f"# {' '.join(flags)}: converted in {seconds or 0:.1f} s (0: reused), read", file=sys.stderr)
     rows["anndata backed (.h5ad as given)"] = {"bytes": size_of(source),
                                                "warm": child(str(source), args.batches, False),
                                                "cold": child(str(source), args.batches, True)}
