@@ -31,8 +31,15 @@ impl LoaderBuffers {
     pub fn new(options: &LoaderOptions) -> LoaderBuffers {
         LoaderBuffers {
             // (pools keep at most this many; none is reserved ahead, and
-            // the options' extremes do not overflow)
-            planes: Arc::new(PlanesPool::new(options.mix_chunks.saturating_add(2 * MAX_SMALL_GROUP))),
+            // the options' extremes do not overflow). Planes: the chunks
+            // open, those decompressed ahead, and those spent but held
+            // until the batch with their last cells is written, up to a
+            // batch's cells: with chunks of one cell, a pool of the first
+            // two alone let most of a batch's planes be freed and made
+            // again, a seventh of the epoch's time.
+            planes: Arc::new(PlanesPool::new(
+                options.mix_chunks.saturating_add(2 * MAX_SMALL_GROUP).saturating_add(options.batch_size),
+            )),
             batches: Arc::new(BufferPool::new(options.prefetch.saturating_add(4).saturating_mul(2))),
             values: Arc::new(FloatPool::new(options.prefetch.saturating_add(4))),
         }

@@ -257,6 +257,23 @@ fn every_chunk_decompressed_gives_its_planes_back_when_an_epoch_ends() {
 }
 
 #[test]
+fn chunks_of_one_cell_are_decompressed_into_kept_planes_from_the_second_epoch_on() {
+    // Tiles of 4 cells in 4 chunks: a batch holds 256 spent chunks until it
+    // is written, more than the chunks open and decompressed ahead.
+    let (_dir, ds, _) = dataset(2000, 4);
+    let options = LoaderOptions { batch_size: 256, ..LoaderOptions::default() };
+    let buffers = LoaderBuffers::new(&options);
+    let mut made = Vec::new();
+    for epoch in 0..2 {
+        let plan = EpochPlan::new(&ds, None, &LoaderOptions { epoch, ..options.clone() }).unwrap();
+        assert!(Batches::start(ds.clone(), plan, None, &buffers).unwrap().all(|b| b.is_ok()));
+        made.push(all_back(&buffers.planes).1);
+    }
+    assert!(made[0] > options.batch_size, "{made:?}");
+    assert_eq!(made[1], made[0], "planes made again in the second epoch");
+}
+
+#[test]
 fn reused_buffers_of_any_length_give_the_same_batches() {
     let (_dir, ds, m) = dataset(1003, 97);
     for batch_size in [50, 400] {
