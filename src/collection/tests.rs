@@ -136,6 +136,31 @@ fn every_cell_once_per_epoch_across_shares_each_row_its_own_datasets() {
 }
 
 #[test]
+fn an_epoch_over_a_list_of_genes_gives_each_row_mapped_in_column_order() {
+    // Batches larger than a task's rows: rows are mapped in parallel, and
+    // moved up over the genes the list leaves out.
+    let t = three();
+    let wanted: Vec<String> = ["g45", "g5", "nope", "g60", "g30", "g21", "g0"].iter().map(|s| s.to_string()).collect();
+    let c = Collection::open(&pairs(&t), &GeneChoice::List(wanted.clone()), None, &StoreOptions::default()).unwrap();
+    let c = Arc::new(c);
+    let options = LoaderOptions { batch_size: 300, ..Default::default() };
+    let plan = EpochPlan::over(c.as_ref(), None, &options).unwrap();
+    let source: Arc<dyn TileSource> = c.clone();
+    let mut seen = 0;
+    for b in Batches::start_over(source, plan, None, &LoaderBuffers::new(&options), BatchOutput::default()).unwrap() {
+        let b = b.unwrap();
+        assert_eq!(b.x.indptr.len(), b.cells.len() + 1);
+        for (r, &cell) in b.cells.iter().enumerate() {
+            let (m, row) = c.locate(cell).unwrap();
+            assert!(b.x.row(r).0.windows(2).all(|w| w[0] < w[1]), "cell {cell}: columns out of order");
+            assert_eq!(batch_row(&b.x, &wanted, r), named_row(&t.matrices[m], &t.genes[m], row as usize, &wanted));
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, c.n_cells());
+}
+
+#[test]
 fn read_cells_formed_maps_each_dataset_onto_the_list() {
     let t = three();
     let wanted: Vec<String> = ["g45", "nope", "g5", "g60", "g30"].iter().map(|s| s.to_string()).collect();

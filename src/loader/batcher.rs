@@ -13,6 +13,8 @@ use super::plan::{rng_for, EpochPlan};
 use crate::batch::{CellWriter, FormedBatch};
 use crate::buffers::{BufferPool, FloatPool};
 use crate::format::tile::finish_rows;
+use crate::vocabulary::RowScratch;
+use rayon::prelude::*;
 
 /// A cell drawn for the batch being made: the chunk it is in (its slot in
 /// the batcher's `held` chunks), its row and its nonzeros.
@@ -177,16 +179,37 @@ fn write_batch(
             buffer.resize(to, 0);
         }
     };
-    if !writer.rewrites() && drawn.iter().all(|d| chunk(d).genes.is_none()) {
-        // Counts in stored columns: every row at its place, known from the
-        // nonzeros of the rows before it, so the rows are written at once.
+    let output = writer.output();
+    let unmapped = drawn.iter().all(|d| chunk(d).genes.is_none());
+    if (!writer.rewrites() && unmapped) || (!output.scaled() && !output.dense && output.top_k.is_none()) {
+        // Counts: every row at its place, known from the nonzeros of the
+        // rows before it, so the rows are written at once; rows of a
+        // member whose columns map onto the batch's are then mapped in
+        // place, at once too, and moved up over what their maps left out.
+        // (Mapped one after another, a collection of datasets with genes
+        // in orders of their own read its epoch on one core.)
         let total: usize = drawn.iter().map(|d| d.nnz).sum();
         grow(&mut batch.x.indices, total);
         grow(&mut batch.x.data, total);
         let (indices, data) = (&mut batch.x.indices[..total], &mut batch.x.data[..total]);
         on(pool, || write_rows(held, drawn, indices, data));
-        for d in drawn {
-            writer.finish_cell_in(&mut batch, d.nnz, None);
+        if unmapped {
+            for d in drawn {
+                writer.finish_cell_in(&mut batch, d.nnz, None);
+            }
+            return (cells, batch);
+        }
+        let unsorted = output.unsorted;
+        let kept = on(pool, || map_rows(held, drawn, indices, data, unsorted));
+        let (mut from, mut to) = (0usize, 0usize);
+        for (d, &n) in drawn.iter().zip(&kept) {
+            batch.x.indices.copy_within(from..from + n, to);
+            batch.x.data.copy_within(from..from + n, to);
+            from += d.nnz;
+            to += n;
+        }
+        for n in kept {
+            writer.finish_cell_in(&mut batch, n, None);
         }
         return (cells, batch);
     }
@@ -201,6 +224,36 @@ fn write_batch(
         writer.finish_cell_in(&mut batch, d.nnz, chunk.genes.as_deref());
     }
     (cells, batch)
+}
+
+/// Maps each row of `drawn`, written one after another in `indices` and
+/// `data`, onto the batch's columns by its chunk's map (in output column
+/// order unless `unsorted`), in place and in parallel; returns how many
+/// entries of each it kept, at the front of its place.
+fn map_rows(
+    held: &[Option<OpenChunk>],
+    drawn: &[Drawn],
+    indices: &mut [u32],
+    data: &mut [u32],
+    unsorted: bool,
+) -> Vec<usize> {
+    let mut rows = Vec::with_capacity(drawn.len());
+    let (mut rest_i, mut rest_d) = (indices, data);
+    for d in drawn {
+        let (i, ri) = std::mem::take(&mut rest_i).split_at_mut(d.nnz);
+        let (v, rv) = std::mem::take(&mut rest_d).split_at_mut(d.nnz);
+        (rest_i, rest_d) = (ri, rv);
+        let genes = held[d.chunk].as_ref().and_then(|c| c.genes.as_deref());
+        rows.push((genes, i, v));
+    }
+    rows.into_par_iter()
+        .with_min_len(ROWS_PER_TASK)
+        .map_init(RowScratch::default, |scratch, (genes, i, v)| match genes {
+            Some(map) if unsorted && !map.merges() => map.map_row_unordered(i, v),
+            Some(map) => map.map_row(i, v, scratch),
+            None => i.len(),
+        })
+        .collect()
 }
 
 /// Writes the rows `drawn` one after another into `indices` and `data`
