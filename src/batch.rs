@@ -244,8 +244,7 @@ impl<'a> CellWriter<'a> {
         let kept = match genes {
             // A dense row is scattered: its entries need no order (unless
             // names stored twice must be added first); nor do unsorted ones.
-            Some(map) if (out.dense || out.unsorted) && !map.merges() => map.map_row_unordered(indices, data),
-            Some(map) => map.map_row(indices, data, &mut self.scratch),
+            Some(map) => map.map_row_in(indices, data, &mut self.scratch, out.dense || out.unsorted),
             None => indices.len(),
         };
         let (indices, data) = (&batch.x.indices[filled..filled + kept], &batch.x.data[filled..filled + kept]);

@@ -312,6 +312,23 @@ impl GeneMap {
         }
     }
 
+    /// [`GeneMap::map_row_unordered`] when `any_order` and the map merges no
+    /// columns, else [`GeneMap::map_row`]: what a caller that does not need
+    /// the entries in column order (a dense row, an unsorted batch) calls.
+    pub fn map_row_in(
+        &self,
+        indices: &mut [u32],
+        data: &mut [u32],
+        scratch: &mut RowScratch,
+        any_order: bool,
+    ) -> usize {
+        if any_order && !self.merges {
+            self.map_row_unordered(indices, data)
+        } else {
+            self.map_row(indices, data, scratch)
+        }
+    }
+
     /// Rewrites one cell, given as stored columns (increasing) and counts, in
     /// the output's columns: the kept entries move to the front, in output
     /// column order; returns how many there are. `scratch` is reused

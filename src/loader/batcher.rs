@@ -180,8 +180,7 @@ fn write_batch(
         }
     };
     let output = writer.output();
-    let unmapped = drawn.iter().all(|d| chunk(d).genes.is_none());
-    if (!writer.rewrites() && unmapped) || (!output.scaled() && !output.dense && output.top_k.is_none()) {
+    if !output.scaled() && !output.dense && output.top_k.is_none() {
         // Counts: every row at its place, known from the nonzeros of the
         // rows before it, so the rows are written at once; rows of a
         // member whose columns map onto the batch's are then mapped in
@@ -193,7 +192,7 @@ fn write_batch(
         grow(&mut batch.x.data, total);
         let (indices, data) = (&mut batch.x.indices[..total], &mut batch.x.data[..total]);
         on(pool, || write_rows(held, drawn, indices, data));
-        if unmapped {
+        if drawn.iter().all(|d| chunk(d).genes.is_none()) {
             for d in drawn {
                 writer.finish_cell_in(&mut batch, d.nnz, None);
             }
@@ -249,8 +248,7 @@ fn map_rows(
     rows.into_par_iter()
         .with_min_len(ROWS_PER_TASK)
         .map_init(RowScratch::default, |scratch, (genes, i, v)| match genes {
-            Some(map) if unsorted && !map.merges() => map.map_row_unordered(i, v),
-            Some(map) => map.map_row(i, v, scratch),
+            Some(map) => map.map_row_in(i, v, scratch, unsorted),
             None => i.len(),
         })
         .collect()
