@@ -379,7 +379,12 @@ fn index_error(reason: String) -> format::TileError {
 fn write_rows(mut jobs: Vec<(&ChunkPlanes, u64, &mut [u32], &mut [u32])>) {
     let group = (jobs.len() / (4 * rayon::current_num_threads().max(1))).max(16);
     jobs.par_chunks_mut(group).for_each(|g| {
-        for (planes, row, i, d) in g.iter_mut() {
+        for k in 0..g.len() {
+            // The next cell's planes come from memory while this one is written.
+            if let Some((planes, row, _, _)) = g.get(k + 1) {
+                planes.prefetch_row(*row);
+            }
+            let (planes, row, i, d) = &mut g[k];
             planes.write_row_with(*row, i, d, false);
         }
     });

@@ -212,7 +212,10 @@ fn write_batch(
         }
         return (cells, batch);
     }
-    for d in drawn {
+    for (k, d) in drawn.iter().enumerate() {
+        if let Some(next) = drawn.get(k + 1) {
+            chunk(next).planes.prefetch_row(next.row);
+        }
         let chunk = chunk(d);
         let filled = *batch.x.indptr.last().expect("indptr starts at 0") as usize;
         grow(&mut batch.x.indices, filled + d.nnz);
@@ -268,10 +271,15 @@ fn write_rows(held: &[Option<OpenChunk>], drawn: &[Drawn], indices: &mut [u32], 
             at += d.nnz;
         }
         places.sort_unstable();
-        for (chunk, row, at, n) in places {
-            let planes = &held[chunk].as_ref().expect("a drawn cell's chunk is held").planes;
+        let planes = |chunk: usize| &held[chunk].as_ref().expect("a drawn cell's chunk is held").planes;
+        for (k, &(chunk, row, at, n)) in places.iter().enumerate() {
+            // The next row's planes are fetched from memory while this one
+            // is written (their chunks were decompressed a while ago).
+            if let Some(&(next_chunk, next_row, _, _)) = places.get(k + 1) {
+                planes(next_chunk).prefetch_row(next_row);
+            }
             // (Streaming stores: the batch goes straight out.)
-            planes.write_row_with(row, &mut indices[at..at + n], &mut data[at..at + n], true);
+            planes(chunk).write_row_with(row, &mut indices[at..at + n], &mut data[at..at + n], true);
         }
         return;
     }

@@ -14,7 +14,7 @@ use std::ops::Range;
 use super::super::error::{Stream, TileError};
 use super::decode::{decode_chunk, read_exceptions, DecodedChunk, ParsedTile, MAX_UNCHECKED_CELL};
 use super::frames::decompress_exact;
-use super::kernels::{recombine_counts, recombine_counts_cached, select_gaps_kernel, store_fence};
+use super::kernels::{prefetch, recombine_counts, recombine_counts_cached, select_gaps_kernel, store_fence};
 use super::STREAM_MAX;
 use crate::format::{CsrFill, MAX_COUNT};
 
@@ -132,6 +132,21 @@ impl ChunkPlanes {
     pub fn row_nnz(&self, row: u64) -> usize {
         let cell = (row - self.cells.start) as usize;
         (self.offsets[cell + 1] - self.offsets[cell]) as usize
+    }
+
+    /// Starts bringing tile row `row`'s part of the planes into the
+    /// processor's caches, for a [`ChunkPlanes::write_row`] of it soon after
+    /// (a hint: nothing waits for it).
+    ///
+    /// # Panics
+    /// If `row` is not in [`ChunkPlanes::cells`].
+    pub fn prefetch_row(&self, row: u64) {
+        let cell = (row - self.cells.start) as usize;
+        let (s, e) = (self.offsets[cell] as usize, self.offsets[cell + 1] as usize);
+        let n = self.gaps.len() / 2;
+        for plane in [&self.gaps[..n], &self.gaps[n..], &self.vals[..n], &self.vals[n..]] {
+            prefetch(&plane[s..e]);
+        }
     }
 
     /// Writes tile row `row`'s gene indices and counts into `indices` and

@@ -314,7 +314,8 @@ fn frame_rules_of_decision_4() {
 }
 
 /// The tile decoded through its chunks' planes, every row written out one by
-/// one (as the loader does).
+/// one (as the loader does), each row's planes prefetched first (a hint that
+/// must stay inside them whatever the row: empty, last, past an exception).
 fn via_planes(blob: &[u8]) -> Result<CsrMatrix, TileError> {
     let tile = ParsedTile::parse(blob, None)?;
     let mut out = CsrMatrix::empty(u32_at(blob, 32));
@@ -326,6 +327,7 @@ fn via_planes(blob: &[u8]) -> Result<CsrMatrix, TileError> {
             let at = out.indices.len();
             out.indices.resize(at + n, u32::MAX);
             out.data.resize(at + n, u32::MAX);
+            planes.prefetch_row(row);
             planes.write_row(row, &mut out.indices[at..], &mut out.data[at..]);
             out.indptr.push(out.indices.len() as u64);
         }
