@@ -123,6 +123,13 @@ fn summary_of_manifest(
     }
 }
 
+/// Whether `key` is a temporary file of ours (`.deltacells-*.tmp`), left by
+/// a writer killed before it renamed it into place.
+fn is_temporary(key: &str) -> bool {
+    let name = key.rsplit('/').next().unwrap_or(key);
+    name.starts_with(".deltacells-") && name.ends_with(".tmp")
+}
+
 /// Finalize's checks and manifest, in `out` (which holds the plan and the
 /// shards' results), with `base` the dataset an append extends (else `out`).
 /// Returns the manifest written.
@@ -145,6 +152,11 @@ pub(crate) fn finalize_in(out: &dyn Storage, base: &dyn Storage) -> Result<(Conv
     // as another split) is counted once.
     let mut dropped: BTreeMap<usize, (u64, u64)> = BTreeMap::new();
     for key in out.list(RESULTS_PREFIX)? {
+        // A shard killed while it wrote its result leaves its temporary
+        // file (deleted with the plan below); its re-run wrote the result.
+        if is_temporary(&key) {
+            continue;
+        }
         let Some((k, n)) = parse_result_key(&key).filter(|(k, n)| k < n) else {
             return Err(ConvertError::invalid(out.location(&key), "not a shard result name (shard-K-of-N.json)"));
         };

@@ -205,11 +205,20 @@ fn finalize_refuses_missing_corrupt_and_inconsistent_results() {
     assert!(run.stderr().contains("tile_000004.dct") && run.stderr().contains("shard 2/3"), "{}", run.stderr());
     assert!(!t.join("out/manifest.json").exists());
 
-    // re-running the shard mends it; what a killed run left behind goes
+    // a file among the results that no shard wrote
+    std::fs::write(t.join("out/.plan/results/notes.json"), b"{}").unwrap();
+    let run = finalize(&t).expect_code(2);
+    assert!(run.stderr().contains("notes.json: not a shard result name"), "{}", run.stderr());
+    std::fs::remove_file(t.join("out/.plan/results/notes.json")).unwrap();
+
+    // re-running the shard mends it; what killed runs left behind goes (a
+    // tile's temporary file, and a result's, killed before its rename)
     wait_ok(shard(&t, "out", &["-q", "--shard", "2/3"]).spawn().unwrap(), "shard 2/3 again");
     std::fs::write(t.join("out/tiles/.deltacells-killed.tmp"), b"half a tile").unwrap();
+    std::fs::write(t.join("out/.plan/results/.deltacells-killed.tmp"), b"half a result").unwrap();
     finalize(&t).expect_code(0);
     assert!(!t.join("out/tiles/.deltacells-killed.tmp").exists());
+    assert!(!t.join("out/.plan").exists());
     t.run(&["verify", "-q", "out"]).expect_code(0);
     let run = t.run(&["finalize", "out"]).expect_code(2);
     assert!(run.stderr().contains("complete"), "{}", run.stderr());
