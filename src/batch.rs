@@ -154,9 +154,6 @@ pub struct FormedBatch {
 pub struct CellWriter<'a> {
     output: &'a BatchOutput,
     n_cols: u32,
-    /// Cells are mapped onto the output's columns (by the output's map, or
-    /// each by its own).
-    mapped: bool,
     scratch: RowScratch,
     ranked: Vec<u64>,
     scaled_row: Vec<f32>,
@@ -166,33 +163,19 @@ impl<'a> CellWriter<'a> {
     /// A writer for batches of a dataset of `n_genes` stored genes (the
     /// output checked with [`BatchOutput::check`]).
     pub fn new(output: &'a BatchOutput, n_genes: u32) -> CellWriter<'a> {
-        CellWriter::with_columns(output, output.n_cols(n_genes), output.genes.is_some())
+        CellWriter::with_columns(output, output.n_cols(n_genes))
     }
 
     /// A writer for batches of `n_cols` columns, whose cells may each come
-    /// with their own map onto them ([`CellWriter::finish_cell_in`]; `mapped`
-    /// says whether they do): the cells of a collection's datasets.
-    pub fn with_columns(output: &'a BatchOutput, n_cols: u32, mapped: bool) -> CellWriter<'a> {
-        CellWriter {
-            output,
-            n_cols,
-            mapped,
-            scratch: RowScratch::default(),
-            ranked: Vec::new(),
-            scaled_row: Vec::new(),
-        }
+    /// with their own map onto them ([`CellWriter::finish_cell_in`]): the
+    /// cells of a collection's datasets.
+    pub fn with_columns(output: &'a BatchOutput, n_cols: u32) -> CellWriter<'a> {
+        CellWriter { output, n_cols, scratch: RowScratch::default(), ranked: Vec::new(), scaled_row: Vec::new() }
     }
 
     /// The form this writer writes.
     pub fn output(&self) -> &BatchOutput {
         self.output
-    }
-
-    /// Whether a cell written into the batch is read again (mapped, scaled,
-    /// ranked or spread out dense) rather than left as written.
-    pub fn rewrites(&self) -> bool {
-        let o = self.output;
-        self.mapped || o.scaled() || o.dense || o.top_k.is_some()
     }
 
     /// An empty batch to write up to `rows` cells into, reusing `x`'s buffers.

@@ -434,11 +434,6 @@ impl Collection {
         Ok(opened)
     }
 
-    /// Whether the cells of some dataset are mapped onto the vocabulary.
-    fn maps_any(&self) -> bool {
-        self.members.iter().any(|m| !m.summary.in_vocabulary)
-    }
-
     /// Whether dataset `member` is open in this process.
     pub fn is_open(&self, member: usize) -> bool {
         self.members.get(member).is_some_and(|m| m.open.lock().map(|o| o.is_some()).unwrap_or(false))
@@ -614,10 +609,6 @@ impl TileSource for Collection {
         let n_cols = self.vocabulary.len() as u32;
         check_output(output, n_cols)?;
         Ok(n_cols)
-    }
-
-    fn maps_cells(&self, _: &BatchOutput) -> bool {
-        self.maps_any()
     }
 }
 

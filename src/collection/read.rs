@@ -56,7 +56,7 @@ impl Collection {
         }
         let mut next = vec![0usize; needed.len()];
         let nnz: usize = read.iter().map(|(_, m)| m.nnz()).sum();
-        let mut writer = CellWriter::with_columns(output, n_cols, self.maps_any());
+        let mut writer = CellWriter::with_columns(output, n_cols);
         // (every entry is written below: old values of a kept buffer go)
         let mut x = buffers.take_matrix();
         x.n_cols = n_cols;

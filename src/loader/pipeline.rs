@@ -69,7 +69,6 @@ impl Batches {
         let plan: Arc<EpochPlan> = plan.into();
         let n_cols = source.check_output(&output)?;
         output.check_rows((plan.options.batch_size as u64).min(plan.n_cells()), n_cols)?;
-        let mapped = source.maps_cells(&output);
         let group = decode_group(pool.as_deref());
         let (batch_tx, receiver) = sync_channel(plan.options.prefetch);
         let (tile_tx, tile_rx) = sync_channel::<Result<Fetched, LoaderError>>(TILES_WAITING);
@@ -111,7 +110,7 @@ impl Batches {
                 "deltacells-batch",
                 Box::new(move || {
                     guarded(batch_tx, |out| {
-                        let writer = CellWriter::with_columns(&output, n_cols, mapped);
+                        let writer = CellWriter::with_columns(&output, n_cols);
                         cut_batches(&plan, writer, chunk_rx, (&batches, &values), pool.as_deref(), out)
                     })
                 }),

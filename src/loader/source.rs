@@ -27,8 +27,6 @@ pub trait TileSource: Send + Sync {
     fn open_member(&self, member: usize) -> Result<OpenMember, LoaderError>;
     /// Checks `output` against the source; the columns of its batches.
     fn check_output(&self, output: &BatchOutput) -> Result<u32, LoaderError>;
-    /// Whether cells are mapped onto the batches' columns.
-    fn maps_cells(&self, output: &BatchOutput) -> bool;
 }
 
 /// A dataset of a [`TileSource`], open, with its map onto the batches' columns.
@@ -65,9 +63,5 @@ impl TileSource for OneDataset {
         let n_genes = self.dataset.n_genes();
         output.check(n_genes)?;
         Ok(output.n_cols(n_genes))
-    }
-
-    fn maps_cells(&self, output: &BatchOutput) -> bool {
-        output.genes.is_some()
     }
 }
