@@ -27,7 +27,10 @@ fincore), "warm" that every file was read once just before:
 - a full shuffled epoch of `ds.batches` (batches of 1,024, one obs
   column), one process, cold: cells/s and peak memory;
 - 20 random `get_batch` batches of 1,024 cells, cold and warm, from the
-  default and the random-access dataset;
+  default and the random-access dataset, each by the first process on the
+  machine to gather from the store (every tile it touches read whole for
+  its CRC) and by a later one (those tiles' checks remembered in the cache
+  folder);
 - open_collection over the members so far (cold; seconds, memory added)
   and a full shuffled epoch of it (cold);
 - the loader reading S3_CELLS cells of a shuffled epoch from moto's S3
@@ -39,8 +42,8 @@ Prints a table of every figure at each size with the growth per decade
 (per cell for times, as is for memory), and the raw results as JSON on
 stderr. Disk: one block's inputs (6.3 GB a million cells) plus the three
 stores (about 1.3 GB a million cells each) plus, during the S3 rows, a copy
-of the largest store in the server's temporary files. Deleted at the end
-unless --keep. Not run by the tests.
+of the largest store in the server's temporary files. Every cache is kept
+under WORK/cache. Deleted at the end unless --keep. Not run by the tests.
 """
 
 from __future__ import annotations
@@ -114,6 +117,8 @@ def measure(kind: str, args: list[str]) -> dict:
         ds = deltacells.open_collection(json.loads(args[0]))
     elif kind == "s3":
         ds = deltacells.open_dataset(args[0], endpoint=args[1])
+    elif kind == "gathers":  # (args: store, seed, the cache folder with its record of checked tiles)
+        ds = deltacells.open_dataset(args[0], cache_dir=args[2])
     else:
         ds = deltacells.open_dataset(args[0], obs_columns=["cell_type"] if kind == "epoch" else None,
                                      cache_dir=args[1] if kind == "epoch" else None)
@@ -197,9 +202,19 @@ def reads(cells: int, ds: Path, random: Path, members: list[Path], work: Path, s
     rows["loader epoch"] = python_row("epoch", str(ds), str(cache), cold=[ds])
     shutil.rmtree(cache, ignore_errors=True)
     for name, store in (("default", ds), ("random-access", random)):
-        rows[f"gathers, {name}, cold"] = python_row("gathers", str(store), "1", cold=[store])
+        # The first process on the machine to gather from these tiles (an
+        # empty record of checked tiles: each tile touched is read whole for
+        # its CRC), then a later one (the tiles it touches were checked)
+        checked = work / f"checked-{name}"
+        shutil.rmtree(checked, ignore_errors=True)
+        rows[f"gathers, {name}, cold"] = python_row("gathers", str(store), "1", str(checked), cold=[store])
+        rows[f"gathers, {name}, cold, checked before"] = python_row("gathers", str(store), "3", str(checked),
+                                                                    cold=[store])
+        shutil.rmtree(checked, ignore_errors=True)
         warm(store)
-        rows[f"gathers, {name}, warm"] = python_row("gathers", str(store), "2")
+        rows[f"gathers, {name}, warm"] = python_row("gathers", str(store), "2", str(checked))
+        rows[f"gathers, {name}, warm, checked before"] = python_row("gathers", str(store), "4", str(checked))
+        shutil.rmtree(checked, ignore_errors=True)
     listing = json.dumps([str(m) for m in members])
     rows["collection epoch"] = python_row("collection", listing, str(cache), cold=members)
     rows["open_collection"] = python_row("collection-open", listing, cold=members)
@@ -333,9 +348,10 @@ def report(results: dict) -> None:
          "{:,.0f}")
     line("loader epoch: peak MiB", get("loader epoch", "rss", mib), False, "{:,.0f}")
     for store in ("default", "random-access"):
-        for temp in ("cold", "warm"):
+        for temp in ("cold", "warm", "cold, checked before", "warm, checked before"):
             row = f"gathers, {store}, {temp}"
-            line(f"{row}: cells/s", lambda r, row=row: r[row]["cells"] / r[row]["seconds"], False, "{:,.0f}")
+            line(f"{row}: cells/s", lambda r, row=row: r[row]["cells"] / r[row]["seconds"] if row in r else None,
+                 False, "{:,.0f}")
         line(f"gathers, {store}: peak MiB", get(f"gathers, {store}, cold", "rss", mib), False, "{:,.0f}")
     line("open_collection, cold: ms", get("open_collection", "open_seconds", 1e3), False, "{:.0f}")
     line("open_collection: memory added, MiB", get("open_collection", "open_rss", mib), False, "{:.1f}")
@@ -382,12 +398,14 @@ def main() -> None:
         parser.error("--block must be a multiple of --member, and --cells of --block")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    # every cache (obs columns, records of checked tiles) under WORK
+    ENV["DELTACELLS_CACHE"] = str(work / "cache")
     try:
         results = build(args, work)
     finally:
         shutil.rmtree(work / "inputs", ignore_errors=True)
         if not args.keep:
-            for name in ("default", "random-access", "members", "obs-cache"):
+            for name in ("default", "random-access", "members", "obs-cache", "cache"):
                 shutil.rmtree(work / name, ignore_errors=True)
     recorded = work / f"results-{args.cells}.json"
     recorded.write_text(json.dumps(results))

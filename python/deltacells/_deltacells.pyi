@@ -65,6 +65,7 @@ class RawDataset:
         endpoint: str | None = None,
         cache_bytes: int = ...,
         version: bytes | None = None,
+        cache_dir: str | None = None,
     ) -> Self: ...
     @property
     def n_cells(self) -> int: ...

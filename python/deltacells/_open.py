@@ -45,7 +45,12 @@ def open_dataset(
         so that nothing is fetched during training.
     cache_dir
         The cache folder; default ``$DELTACELLS_CACHE``, else
-        ``$XDG_CACHE_HOME/deltacells``, else ``~/.cache/deltacells``.
+        ``$XDG_CACHE_HOME/deltacells``, else ``~/.cache/deltacells``. It holds
+        the localized obs columns and, for a local dataset, the record of
+        the tiles whose CRC was checked: a gather reads a tile whole, for its
+        CRC, only the first time any process on this machine touches that
+        version of the tile's file (an epoch of the loader, which reads
+        every tile whole, records them too).
     threads
         Threads that decode (and, for buckets, fetch); default all cores.
     anonymous
@@ -69,10 +74,12 @@ def open_dataset(
     keywords("open_dataset", store, StoreArgs.__annotations__)
     root = location("root", root)
     columns = None if obs_columns is None else column_names("obs_columns", obs_columns)
+    cache_dir = None if cache_dir is None else location("cache_dir", cache_dir)
     options: dict[str, Any] = dict(
         threads=thread_count("threads", threads),
         **store_options(store),
         cache_bytes=integer("cache_bytes", cache_bytes, 0, MAX_BYTES),
+        cache_dir=cache_dir,
     )
     raw = _deltacells.RawDataset(root, **options)
     ds = Dataset(root, options, cache_dir, raw)

@@ -123,7 +123,8 @@ impl RawDataset {
 #[pymethods]
 impl RawDataset {
     #[new]
-    #[pyo3(signature = (root, threads=None, anonymous=false, endpoint=None, cache_bytes=deltacells::dataset::DEFAULT_CACHE_BYTES, version=None))]
+    #[pyo3(signature = (root, threads=None, anonymous=false, endpoint=None, cache_bytes=deltacells::dataset::DEFAULT_CACHE_BYTES, version=None, cache_dir=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         root: String,
@@ -132,11 +133,12 @@ impl RawDataset {
         endpoint: Option<String>,
         cache_bytes: u64,
         version: Option<Vec<u8>>,
+        cache_dir: Option<std::path::PathBuf>,
     ) -> PyResult<Self> {
         let dataset = detached(py, move || {
             let options = StoreOptions { anonymous, endpoint };
             let store = storage::open_with(&root, &options)?;
-            let read = ReadOptions { cache_bytes, ..ReadOptions::default() };
+            let read = ReadOptions { cache_bytes, cache_dir, ..ReadOptions::default() };
             Ok(match version {
                 Some(version) => Dataset::from_storage_as(store, &read, &version)?,
                 None => Dataset::from_storage_with(store, &read)?,

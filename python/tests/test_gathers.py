@@ -6,6 +6,7 @@ cells the repository ships, so these run in a user's clone."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +131,30 @@ def test_cells_drawn_again_are_served_from_the_cache(small: str) -> None:
     before = none.io_stats()["requests"]
     same(none.get_batch(cells), first)
     assert none.io_stats()["requests"] > before
+
+
+def test_a_tiles_crc_check_is_remembered_in_the_cache_folder(small: str, tmp_path: Path) -> None:
+    """The first gather from a tile reads it whole for its CRC; a dataset
+    opened later with the same cache folder (another process, a DataLoader
+    worker) reads only the chunks, and so after a loader's epoch."""
+    tile_bytes = min(json.loads((Path(small) / "manifest.json").read_text())["tile_bytes"])
+    cells = [5, 310, 620, 905]  # one in each tile
+
+    def fetched(ds: deltacells.Dataset) -> int:
+        before = ds.io_stats()["bytes"]
+        same(ds.get_batch(cells), deltacells.open_dataset(small, cache_bytes=0).get_batch(cells))
+        return ds.io_stats()["bytes"] - before
+
+    first = tmp_path / "first"
+    assert fetched(deltacells.open_dataset(small, cache_dir=first)) >= 4 * tile_bytes
+    (record,) = (first / "checked-tiles").iterdir()
+    assert sorted(int(line.split()[0]) for line in record.read_text().splitlines()) == [0, 1, 2, 3]
+    assert fetched(deltacells.open_dataset(small, cache_dir=first)) < tile_bytes
+    # an epoch of the loader checks every tile it reads
+    after_epoch = tmp_path / "epoch"
+    for _ in deltacells.open_dataset(small, cache_dir=after_epoch).batches(256):
+        pass
+    assert fetched(deltacells.open_dataset(small, cache_dir=after_epoch)) < tile_bytes
 
 
 def test_bad_arguments_are_refused_by_name(small: str) -> None:

@@ -24,6 +24,16 @@ pub struct ReadOptions {
     /// of the dataset (its manifest.json removed, not yet written again)
     /// before it fails saying the dataset is incomplete.
     pub writer_wait: std::time::Duration,
+    /// The cache folder, where the record of a local dataset's tiles whose
+    /// CRC was checked is kept; `None`: the default one
+    /// ($DELTACELLS_CACHE, else $XDG_CACHE_HOME/deltacells, else
+    /// ~/.cache/deltacells).
+    pub cache_dir: Option<std::path::PathBuf>,
+    /// Whether a local tile's CRC, checked when a gather first touches it
+    /// (the tile read whole), is remembered on this machine, so that later
+    /// processes read only the chunks they need of that version of its
+    /// file; `false` checks each tile once per open dataset, every process.
+    pub remember_checks: bool,
 }
 
 /// The default [`ReadOptions::writer_wait`]: 2 minutes, the time a store's
@@ -43,7 +53,12 @@ const INDEX_BUDGET: u64 = 256 << 20;
 
 impl Default for ReadOptions {
     fn default() -> Self {
-        ReadOptions { cache_bytes: DEFAULT_CACHE_BYTES, writer_wait: DEFAULT_WRITER_WAIT }
+        ReadOptions {
+            cache_bytes: DEFAULT_CACHE_BYTES,
+            writer_wait: DEFAULT_WRITER_WAIT,
+            cache_dir: None,
+            remember_checks: true,
+        }
     }
 }
 

@@ -196,7 +196,7 @@ impl Dataset {
         }
         // (a store that tells no versions apart: its size stands for one)
         let identity = version.etag.clone().unwrap_or_else(|| format!("{} bytes", version.size));
-        if self.cache.crc_checked(tile, &identity) {
+        if self.cache.crc_checked(tile, &identity) || self.checked.contains(tile, &identity) {
             return Ok(self.indexes_from_prefixes(current, &[tile], &[version.etag])?.remove(0));
         }
         let request = PinnedRequest { key, ranges: std::iter::once(0..want).collect(), etag: version.etag };
@@ -205,6 +205,9 @@ impl Dataset {
         let blob = parts.pop().unwrap_or_default();
         let parsed = format::ParsedTile::parse(&blob, Some(&current.expectation(tile)))
             .map_err(|source| self.tile_error(tile, source))?;
+        if let Some(checked) = &etag {
+            self.checked.add(tile, checked);
+        }
         self.cache.set_crc_checked(tile, identity);
         Ok(Arc::new(PinnedIndex { index: parsed.index().clone(), etag }))
     }

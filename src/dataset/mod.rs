@@ -7,6 +7,7 @@
 //! It knows nothing of the loader, which streams whole tiles.
 
 mod cache;
+mod checked;
 mod error;
 mod files;
 mod follow;
@@ -67,6 +68,8 @@ pub struct Dataset {
     buffers: BufferPool,
     /// What gathers keep: tiles' indexes and decompressed chunks.
     cache: cache::GatherCache,
+    /// The tiles whose CRC a process on this machine checked.
+    checked: checked::CheckedRecord,
     /// Chunks' planes the cache did not keep, for the next gather (their
     /// buffers written over, not zeroed and faulted in again).
     planes: crate::buffers::Pool<format::tile::ChunkPlanes>,
@@ -124,6 +127,7 @@ impl Dataset {
         let limits = cumulative(&manifest.tile_cells);
         let manifest_sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes));
         let current = RwLock::new(Arc::new(Current::new(manifest.clone(), manifest_sha256.clone())));
+        let checked = checked::CheckedRecord::new(storage.as_ref(), options);
         Dataset {
             storage,
             manifest,
@@ -132,6 +136,7 @@ impl Dataset {
             limits,
             buffers: BufferPool::new(2 * KEPT_TILES),
             cache: cache::GatherCache::new(options),
+            checked,
             planes: crate::buffers::Pool::within(gather::KEPT_PLANES, gather::KEPT_PLANE_BYTES),
             recent: std::sync::Mutex::new(Recent::default()),
             current,
@@ -271,11 +276,25 @@ impl Dataset {
     pub fn fetch_checked_tile(&self, tile: usize) -> Result<(bytes::Bytes, TileExpectation), DatasetError> {
         self.check_tile(tile)?;
         self.on_current(|current| {
+            let before = self.remembered_version(tile);
             let blob = self.tile_blob(current, tile)?.1;
             let expect = current.expectation(tile);
             format::ParsedTile::parse(&blob, Some(&expect)).map_err(|source| self.tile_error(tile, source))?;
+            // the version read is the one seen before and after the read
+            if let Some(version) = before.filter(|v| self.remembered_version(tile).as_ref() == Some(v)) {
+                self.checked.add(tile, &version);
+            }
             Ok((blob, expect))
         })
+    }
+
+    /// The version of tile `tile`'s file now, where this open dataset
+    /// remembers the tiles whose CRC it checked (a local one).
+    fn remembered_version(&self, tile: usize) -> Option<String> {
+        if !self.checked.is_kept() {
+            return None;
+        }
+        self.storage.version(&format::tile_key(tile)).ok().flatten().and_then(|v| v.etag)
     }
 
     /// Checks tile `tile`'s bytes (header, CRC, chunk table, against the

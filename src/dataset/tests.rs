@@ -244,3 +244,69 @@ fn an_endless_writer_wait_and_an_unlisted_tile_do_not_panic() {
     let e = ds.read(Selection::Range(100..200)).unwrap_err().to_string();
     assert!(e.contains("no dataset") || e.contains("incomplete") || e.contains("manifest"), "{e}");
 }
+
+/// A tile whose CRC one open dataset checked (reading it whole) is not read
+/// whole again by a later one (another process) while its file is the same
+/// version; a file changed since is checked again, and its damage found.
+#[test]
+fn a_tiles_checked_crc_is_remembered_for_that_version_of_its_file() {
+    let (dir, _, m) = written(300, 97);
+    let cache = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let open =
+        |options: &ReadOptions| Dataset::from_storage_with(crate::storage::open(root).unwrap(), options).unwrap();
+    let remembered = ReadOptions { cache_dir: Some(cache.path().to_path_buf()), ..ReadOptions::default() };
+    let bytes_read = |ds: &Dataset, cell: u64| {
+        assert_eq!(ds.read(Selection::List(&[cell])).unwrap().row(0), m.row(cell as usize));
+        ds.storage().stats().snapshot().1
+    };
+    let tile = dir.path().join(format::tile_key(1));
+    let tile_bytes = std::fs::metadata(&tile).unwrap().len();
+    let cell = 97 + 5;
+    assert!(bytes_read(&open(&remembered), cell) >= tile_bytes, "the first read is of the whole tile");
+    assert!(bytes_read(&open(&remembered), cell) < tile_bytes, "the next open reads the index and a chunk only");
+    // Not remembered: every open dataset reads the tile whole once, and
+    // nothing is written to its cache folder.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let forget =
+        ReadOptions { cache_dir: Some(elsewhere.path().to_path_buf()), remember_checks: false, ..remembered.clone() };
+    assert!(bytes_read(&open(&forget), cell) >= tile_bytes);
+    assert!(bytes_read(&open(&forget), cell) >= tile_bytes);
+    assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
+    // Damage another chunk of the tile in place (the same file, later
+    // times): the record no longer holds, the CRC is checked and fails.
+    let bytes = std::fs::read(&tile).unwrap();
+    let crate::format::tile::IndexParse::Ready(index) =
+        crate::format::tile::TileIndex::parse_prefix(&bytes, bytes.len() as u64, None).unwrap()
+    else {
+        panic!("the writer's layout has its index first");
+    };
+    assert!(!index.chunk_rows(2).contains(&5));
+    let span = index.chunk_span(2).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20)); // past the file system's clock tick
+    {
+        use std::io::{Seek, Write};
+        let mut file = std::fs::OpenOptions::new().write(true).open(&tile).unwrap();
+        file.seek(std::io::SeekFrom::Start(span.end - 1)).unwrap();
+        file.write_all(&[bytes[span.end as usize - 1] ^ 0x40]).unwrap();
+    }
+    let e = open(&remembered).read(Selection::List(&[cell])).unwrap_err();
+    let text = crate::error_chain(&e);
+    assert!(text.contains("tile 1") && text.contains("crc32"), "{text}");
+}
+
+/// A tile read whole for the loader, every check made, is remembered as a
+/// gather's first read of it is.
+#[test]
+fn a_tile_the_loader_checked_is_not_read_whole_by_a_later_gather() {
+    let (dir, _, m) = written(300, 97);
+    let cache = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let options = ReadOptions { cache_dir: Some(cache.path().to_path_buf()), ..ReadOptions::default() };
+    let open = || Dataset::from_storage_with(crate::storage::open(root).unwrap(), &options).unwrap();
+    let tile_bytes = std::fs::metadata(dir.path().join(format::tile_key(2))).unwrap().len();
+    open().fetch_checked_tile(2).unwrap();
+    let later = open();
+    assert_eq!(later.read(Selection::List(&[200])).unwrap().row(0), m.row(200));
+    assert!(later.storage().stats().snapshot().1 < tile_bytes);
+}

@@ -61,7 +61,7 @@ fn open(root: &str, endpoint: Option<&str>, cached: bool) -> Arc<Opened> {
         None => deltacells::storage::open(root).unwrap(),
     };
     let cache_bytes = if cached { ReadOptions::default().cache_bytes } else { 0 };
-    let read = ReadOptions { writer_wait: Duration::from_secs(90), cache_bytes };
+    let read = ReadOptions { writer_wait: Duration::from_secs(90), cache_bytes, ..ReadOptions::default() };
     let dataset = Arc::new(Dataset::from_storage_with(store, &read).unwrap());
     let rows = dataset.read(Selection::Range(0..dataset.n_cells())).unwrap();
     Arc::new(Opened { dataset, rows })

@@ -1,0 +1,108 @@
+//! The tiles of a local dataset whose CRC some process on this machine has
+//! checked, each with the version of its file that was checked (its
+//! identity: device, inode, size, modification and change times), kept in
+//! the cache folder so that the check is paid once per version of a tile
+//! on a machine rather than once per process.
+//!
+//! A gather reads only the chunks its cells are in, which cannot show
+//! whether the rest of the tile, and so its CRC, is intact; a local tile is
+//! therefore read whole, CRC checked, the first time a gather touches it.
+//! A random batch of a large dataset touches nearly every tile, so each
+//! new process paid a read of the whole store before its gathers ran at
+//! their speed. A file changed on disk by any write has a new change time
+//! (which no program can set), so its version is not the one recorded and
+//! it is checked again.
+//!
+//! The record is a cache: one line per checked version, `tile etag`,
+//! appended by every process that checks a tile; a line it cannot read is
+//! skipped, a record it cannot read or write is as good as none, and no
+//! read ever fails because of it.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use super::ReadOptions;
+use crate::obs::localize::cache_root;
+use crate::storage::Storage;
+
+/// A record larger than this is not read (it is a cache: the tiles are
+/// checked again) and not added to.
+const MAX_RECORD_BYTES: u64 = 64 << 20;
+
+/// The record of one open dataset's checked tiles (nothing, for a dataset
+/// that is not in a local folder or when remembering is turned off).
+pub(super) struct CheckedRecord {
+    file: Option<PathBuf>,
+    /// The record's lines, read the first time they are asked for.
+    known: Mutex<Option<HashSet<String>>>,
+}
+
+impl CheckedRecord {
+    /// The record of the dataset in `storage`, in the cache folder
+    /// `options` name (none when they do not remember checks).
+    pub(super) fn new(storage: &dyn Storage, options: &ReadOptions) -> Self {
+        let cache_root = options.remember_checks.then(|| cache_root(options.cache_dir.as_deref()));
+        let file = cache_root.filter(|_| storage.is_local()).and_then(|root| {
+            let manifest = PathBuf::from(storage.location(crate::format::MANIFEST_KEY));
+            let folder = manifest.parent()?.canonicalize().ok()?;
+            let digest = <sha2::Sha256 as sha2::Digest>::digest(folder.as_os_str().as_encoded_bytes());
+            Some(root.join("checked-tiles").join(format!("{}.txt", &hex::encode(digest)[..24])))
+        });
+        CheckedRecord { file, known: Mutex::new(None) }
+    }
+
+    /// Whether checks are remembered (a local dataset, remembering on).
+    pub(super) fn is_kept(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// Whether tile `tile`'s file, in the version `etag` names, was checked.
+    pub(super) fn contains(&self, tile: usize, etag: &str) -> bool {
+        self.with_known(|known| known.contains(&line(tile, etag)))
+    }
+
+    /// Records that tile `tile`'s file, in the version `etag` names, was
+    /// checked.
+    pub(super) fn add(&self, tile: usize, etag: &str) {
+        let Some(file) = &self.file else { return };
+        let entry = line(tile, etag);
+        let new = self.with_known(|known| known.insert(entry.clone()));
+        if !new || file.metadata().is_ok_and(|m| m.len() > MAX_RECORD_BYTES) {
+            return;
+        }
+        let append = || -> std::io::Result<()> {
+            if let Some(folder) = file.parent() {
+                std::fs::create_dir_all(folder)?;
+            }
+            // one write of a whole line: processes that append at once do
+            // not mix their lines
+            let mut out = std::fs::OpenOptions::new().create(true).append(true).open(file)?;
+            out.write_all(format!("{entry}\n").as_bytes())
+        };
+        let _ = append();
+    }
+
+    fn with_known<T>(&self, f: impl FnOnce(&mut HashSet<String>) -> T) -> T {
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        f(known.get_or_insert_with(|| self.read()))
+    }
+
+    fn read(&self) -> HashSet<String> {
+        let Some(file) = &self.file else { return HashSet::new() };
+        let small = file.metadata().is_ok_and(|m| m.len() <= MAX_RECORD_BYTES);
+        let text = if small { std::fs::read(file).unwrap_or_default() } else { Vec::new() };
+        String::from_utf8_lossy(&text)
+            .lines()
+            .filter(|l| l.split(' ').count() == 2 && l.split(' ').next().is_some_and(|t| t.parse::<usize>().is_ok()))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+fn line(tile: usize, etag: &str) -> String {
+    // an identity has no spaces or line ends; one that had could not be
+    // told from another line
+    format!("{tile} {}", etag.replace([' ', '\n', '\r'], "_"))
+}
