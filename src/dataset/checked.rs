@@ -93,11 +93,10 @@ impl CheckedRecord {
         let Some(file) = &self.file else { return HashSet::new() };
         let small = file.metadata().is_ok_and(|m| m.len() <= MAX_RECORD_BYTES);
         let text = if small { std::fs::read(file).unwrap_or_default() } else { Vec::new() };
-        String::from_utf8_lossy(&text)
-            .lines()
-            .filter(|l| l.split(' ').count() == 2 && l.split(' ').next().is_some_and(|t| t.parse::<usize>().is_ok()))
-            .map(str::to_string)
-            .collect()
+        let well_formed = |l: &&str| {
+            l.split_once(' ').is_some_and(|(tile, etag)| tile.parse::<usize>().is_ok() && !etag.contains(' '))
+        };
+        String::from_utf8_lossy(&text).lines().filter(well_formed).map(str::to_string).collect()
     }
 }
 
