@@ -312,7 +312,10 @@ pub(crate) struct VerifyArgs {
     /// Also check the obs columns in the local cache against the shards.
     #[arg(long)]
     pub cache: bool,
-    /// The cache root (see `obs localize --help`).
+    /// The cache root (see `obs localize --help`). verify also records
+    /// there each local tile it found sound, so that later random reads
+    /// of that version of the tile's file need not read it whole for its
+    /// CRC.
     #[arg(long)]
     pub cache_dir: Option<String>,
 }

@@ -8,7 +8,7 @@ use arrow_array::Array;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::dataset::{parse_var_names, DatasetError};
+use crate::dataset::{parse_var_names, CheckedRecord, DatasetError, ReadOptions};
 use crate::format::{self, fingerprint, npy, obs_schema::ObsSchema, Manifest, TileExpectation};
 use crate::obs;
 use crate::storage::{Storage, StorageError};
@@ -69,6 +69,18 @@ impl VerifyProgress for NoProgress {}
 /// Checks the dataset in `storage`. An `Err` means verify could not run: no
 /// manifest (an incomplete dataset) or storage that cannot be read.
 pub fn verify(storage: &dyn Storage, progress: &dyn VerifyProgress) -> Result<VerifyReport, DatasetError> {
+    verify_with(storage, progress, &ReadOptions::default())
+}
+
+/// [`verify`], recording each local tile found whole and sound as
+/// [`ReadOptions`] say (in the record of checked tiles of their cache
+/// folder, so that later gathers read its chunks alone).
+pub fn verify_with(
+    storage: &dyn Storage,
+    progress: &dyn VerifyProgress,
+    options: &ReadOptions,
+) -> Result<VerifyReport, DatasetError> {
+    let record = CheckedRecord::new(storage, options);
     let mut report = VerifyReport { dataset: storage.location(""), ..Default::default() };
     let mut problems = Problems(Vec::new());
     let bytes = storage.get(format::MANIFEST_KEY)?.ok_or_else(|| crate::dataset::no_manifest(storage))?;
@@ -86,7 +98,7 @@ pub fn verify(storage: &dyn Storage, progress: &dyn VerifyProgress) -> Result<Ve
     let n = manifest.tile_cells.len();
     if manifest.tile_nnz.len() == n && manifest.tile_bytes.len() == n && manifest.n_genes <= format::MAX_GENES {
         progress.start(n as u64, manifest.tile_bytes.iter().sum());
-        check_tiles(storage, &manifest, progress, &mut report, &mut problems)?;
+        check_tiles(storage, &manifest, progress, &record, &mut report, &mut problems)?;
     }
     check_var(storage, &manifest, &mut problems)?;
     check_obs(storage, &manifest, &mut problems)?;
@@ -103,6 +115,7 @@ fn check_tiles(
     storage: &dyn Storage,
     manifest: &Manifest,
     progress: &dyn VerifyProgress,
+    record: &CheckedRecord,
     report: &mut VerifyReport,
     problems: &mut Problems,
 ) -> Result<(), StorageError> {
@@ -114,6 +127,7 @@ fn check_tiles(
             let mut add = |rule: &str, message: String| {
                 found.push(Problem { file: key.clone(), tile: Some(t), rule: rule.into(), message })
             };
+            let before = record.version(storage, t);
             let Some(blob) = storage.get(&key)? else {
                 add("tile-missing", format!("tile {t} is missing"));
                 return Ok((found, 0));
@@ -139,6 +153,11 @@ fn check_tiles(
             let decoded = OUT.with(|out| format::decode_tile_into(&blob, Some(&expect), &mut out.borrow_mut()));
             if let Err(e) = decoded {
                 add(e.rule(), format!("tile {t}: {e}"));
+            }
+            // (the version read is the one seen before and after the read)
+            if let Some(version) = before.filter(|v| found.is_empty() && record.version(storage, t).as_ref() == Some(v))
+            {
+                record.add(t, &version);
             }
             Ok((found, blob.len() as u64))
         })

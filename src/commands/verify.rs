@@ -32,7 +32,11 @@ pub(crate) fn run(args: &VerifyArgs) -> anyhow::Result<u8> {
     } else {
         ProgressBar::hidden()
     };
-    let mut report = verify::verify(store.as_ref(), &Bar(bar.clone())).context("verify")?;
+    let read = crate::dataset::ReadOptions {
+        cache_dir: args.cache_dir.as_ref().map(std::path::PathBuf::from),
+        ..Default::default()
+    };
+    let mut report = verify::verify_with(store.as_ref(), &Bar(bar.clone()), &read).context("verify")?;
     bar.finish_and_clear();
     if args.cache {
         let root = crate::obs::localize::cache_root(args.cache_dir.as_deref().map(std::path::Path::new));

@@ -33,7 +33,7 @@ const MAX_RECORD_BYTES: u64 = 64 << 20;
 
 /// The record of one open dataset's checked tiles (nothing, for a dataset
 /// that is not in a local folder or when remembering is turned off).
-pub(super) struct CheckedRecord {
+pub(crate) struct CheckedRecord {
     file: Option<PathBuf>,
     /// The record's lines, read the first time they are asked for.
     known: Mutex<Option<HashSet<String>>>,
@@ -42,7 +42,7 @@ pub(super) struct CheckedRecord {
 impl CheckedRecord {
     /// The record of the dataset in `storage`, in the cache folder
     /// `options` name (none when they do not remember checks).
-    pub(super) fn new(storage: &dyn Storage, options: &ReadOptions) -> Self {
+    pub(crate) fn new(storage: &dyn Storage, options: &ReadOptions) -> Self {
         let cache_root = options.remember_checks.then(|| cache_root(options.cache_dir.as_deref()));
         let file = cache_root.filter(|_| storage.is_local()).and_then(|root| {
             let manifest = PathBuf::from(storage.location(crate::format::MANIFEST_KEY));
@@ -53,9 +53,13 @@ impl CheckedRecord {
         CheckedRecord { file, known: Mutex::new(None) }
     }
 
-    /// Whether checks are remembered (a local dataset, remembering on).
-    pub(super) fn is_kept(&self) -> bool {
-        self.file.is_some()
+    /// The version of tile `tile`'s file in `storage` now, where checks
+    /// are remembered (a local dataset, remembering on): taken before and
+    /// after a tile is read and checked, the same version both times is
+    /// the one the check was of.
+    pub(crate) fn version(&self, storage: &dyn Storage, tile: usize) -> Option<String> {
+        self.file.as_ref()?;
+        storage.version(&crate::format::tile_key(tile)).ok().flatten().and_then(|v| v.etag)
     }
 
     /// Whether tile `tile`'s file, in the version `etag` names, was checked.
@@ -65,7 +69,7 @@ impl CheckedRecord {
 
     /// Records that tile `tile`'s file, in the version `etag` names, was
     /// checked.
-    pub(super) fn add(&self, tile: usize, etag: &str) {
+    pub(crate) fn add(&self, tile: usize, etag: &str) {
         let Some(file) = &self.file else { return };
         let entry = line(tile, etag);
         let new = self.with_known(|known| known.insert(entry.clone()));

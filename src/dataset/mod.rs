@@ -28,6 +28,7 @@ use crate::format::{self, CsrMatrix, Manifest, TileError, TileExpectation};
 use crate::storage::{self, Storage};
 
 pub use cache::{ReadOptions, DEFAULT_CACHE_BYTES, DEFAULT_WRITER_WAIT};
+pub(crate) use checked::CheckedRecord;
 pub use error::DatasetError;
 use files::read_manifest_bytes;
 pub(crate) use files::{cumulative, no_manifest, parse_var_names};
@@ -276,25 +277,17 @@ impl Dataset {
     pub fn fetch_checked_tile(&self, tile: usize) -> Result<(bytes::Bytes, TileExpectation), DatasetError> {
         self.check_tile(tile)?;
         self.on_current(|current| {
-            let before = self.remembered_version(tile);
+            let before = self.checked.version(self.storage.as_ref(), tile);
             let blob = self.tile_blob(current, tile)?.1;
             let expect = current.expectation(tile);
             format::ParsedTile::parse(&blob, Some(&expect)).map_err(|source| self.tile_error(tile, source))?;
-            // the version read is the one seen before and after the read
-            if let Some(version) = before.filter(|v| self.remembered_version(tile).as_ref() == Some(v)) {
+            if let Some(version) =
+                before.filter(|v| self.checked.version(self.storage.as_ref(), tile).as_ref() == Some(v))
+            {
                 self.checked.add(tile, &version);
             }
             Ok((blob, expect))
         })
-    }
-
-    /// The version of tile `tile`'s file now, where this open dataset
-    /// remembers the tiles whose CRC it checked (a local one).
-    fn remembered_version(&self, tile: usize) -> Option<String> {
-        if !self.checked.is_kept() {
-            return None;
-        }
-        self.storage.version(&format::tile_key(tile)).ok().flatten().and_then(|v| v.etag)
     }
 
     /// Checks tile `tile`'s bytes (header, CRC, chunk table, against the

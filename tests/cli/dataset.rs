@@ -67,6 +67,29 @@ fn verify_and_info_on_a_written_dataset() {
     assert!(text.contains("cells        120"), "{text}");
 }
 
+/// verify records each sound tile in its cache folder's record of checked
+/// tiles, so that a later gather reads only that tile's chunks; a damaged
+/// tile is not recorded, and a gather still refuses it by its CRC.
+#[test]
+fn verify_records_the_sound_tiles_for_later_gathers() {
+    let dir = TestDir::new();
+    let m = synthetic_matrix(120, 500, 4);
+    let path = write(&dir, "ds", &m, 40);
+    let damaged = std::path::Path::new(&path).join(format::tile_key(1));
+    let mut b = std::fs::read(&damaged).unwrap();
+    let i = b.len() - 3;
+    b[i] ^= 0x40;
+    std::fs::write(&damaged, b).unwrap();
+    dir.run(&["verify", "--cache-dir", "cache", "ds"]).expect_code(1);
+    let read = deltacells::dataset::ReadOptions { cache_dir: Some(dir.join("cache")), ..Default::default() };
+    let ds = Dataset::from_storage_with(deltacells::storage::open(&path).unwrap(), &read).unwrap();
+    let tile_bytes = ds.manifest().tile_bytes[0];
+    assert_eq!(ds.read(Selection::List(&[5])).unwrap().row(0), m.row(5));
+    assert!(ds.storage().stats().snapshot().1 < tile_bytes, "tile 0 was read whole");
+    let e = ds.read(Selection::List(&[45])).unwrap_err();
+    assert!(deltacells::error_chain(&e).contains("crc32"), "{}", deltacells::error_chain(&e));
+}
+
 #[test]
 fn verify_reports_every_damaged_tile_and_names_it() {
     let dir = TestDir::new();
