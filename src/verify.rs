@@ -154,10 +154,8 @@ fn check_tiles(
             if let Err(e) = decoded {
                 add(e.rule(), format!("tile {t}: {e}"));
             }
-            // (the version read is the one seen before and after the read)
-            if let Some(version) = before.filter(|v| found.is_empty() && record.version(storage, t).as_ref() == Some(v))
-            {
-                record.add(t, &version);
+            if found.is_empty() {
+                record.add_if_unchanged(storage, t, before);
             }
             Ok((found, blob.len() as u64))
         })

@@ -137,11 +137,6 @@ type Of<K> = (u64, K);
 pub(super) struct GatherCache {
     indexes: Mutex<Budgeted<Of<usize>, PinnedIndex>>,
     chunks: Mutex<Budgeted<Of<(usize, usize)>, ChunkPlanes>>,
-    /// Tiles whose CRC this process has checked (local datasets read a
-    /// tile whole the first time a gather touches it), each with the
-    /// version of its file that was checked: a file a writer replaced is
-    /// checked again, one it left alone is not, whatever manifest is read.
-    checked: Mutex<std::collections::HashMap<usize, String>>,
     /// The oldest generation kept: what older reads put is not kept.
     oldest: std::sync::atomic::AtomicU64,
 }
@@ -151,7 +146,6 @@ impl GatherCache {
         GatherCache {
             indexes: Mutex::new(Budgeted::new(INDEX_BUDGET)),
             chunks: Mutex::new(Budgeted::new(options.cache_bytes)),
-            checked: Mutex::new(Default::default()),
             oldest: Default::default(),
         }
     }
@@ -198,16 +192,6 @@ impl GatherCache {
         }
         let size = planes.heap_bytes();
         self.chunks.lock().unwrap_or_else(|p| p.into_inner()).put((generation, (tile, chunk)), planes, size)
-    }
-
-    /// Whether the CRC of tile `tile`'s file, in the version `etag`
-    /// names, was checked.
-    pub(super) fn crc_checked(&self, tile: usize, etag: &str) -> bool {
-        self.checked.lock().unwrap_or_else(|p| p.into_inner()).get(&tile).is_some_and(|t| t == etag)
-    }
-
-    pub(super) fn set_crc_checked(&self, tile: usize, etag: String) {
-        self.checked.lock().unwrap_or_else(|p| p.into_inner()).insert(tile, etag);
     }
 
     /// A new budget for decompressed chunks.

@@ -31,17 +31,18 @@ use crate::storage::Storage;
 /// checked again) and not added to.
 const MAX_RECORD_BYTES: u64 = 64 << 20;
 
-/// The record of one open dataset's checked tiles (nothing, for a dataset
-/// that is not in a local folder or when remembering is turned off).
+/// The checked tiles of one open dataset: in memory always, and in the
+/// record file too for a dataset in a local folder, remembering on.
 pub(crate) struct CheckedRecord {
     file: Option<PathBuf>,
-    /// The record's lines, read the first time they are asked for.
+    /// The lines checked, those of the record file read the first time
+    /// they are asked for.
     known: Mutex<Option<HashSet<String>>>,
 }
 
 impl CheckedRecord {
     /// The record of the dataset in `storage`, in the cache folder
-    /// `options` name (none when they do not remember checks).
+    /// `options` name (in memory only when they do not remember checks).
     pub(crate) fn new(storage: &dyn Storage, options: &ReadOptions) -> Self {
         let cache_root = options.remember_checks.then(|| cache_root(options.cache_dir.as_deref()));
         let file = cache_root.filter(|_| storage.is_local()).and_then(|root| {
@@ -54,26 +55,36 @@ impl CheckedRecord {
     }
 
     /// The version of tile `tile`'s file in `storage` now, where checks
-    /// are remembered (a local dataset, remembering on): taken before and
-    /// after a tile is read and checked, the same version both times is
-    /// the one the check was of.
+    /// are written to the record file (a local dataset, remembering on),
+    /// taken before a tile is read whole for [`CheckedRecord::add_if_unchanged`].
     pub(crate) fn version(&self, storage: &dyn Storage, tile: usize) -> Option<String> {
         self.file.as_ref()?;
         storage.version(&crate::format::tile_key(tile)).ok().flatten().and_then(|v| v.etag)
     }
 
-    /// Whether tile `tile`'s file, in the version `etag` names, was checked.
-    pub(super) fn contains(&self, tile: usize, etag: &str) -> bool {
-        self.with_known(|known| known.contains(&line(tile, etag)))
+    /// Records tile `tile`, read whole and found sound, as checked when its
+    /// file is still the version `before` ([`CheckedRecord::version`] before
+    /// the read): the same version before and after is the one checked.
+    pub(crate) fn add_if_unchanged(&self, storage: &dyn Storage, tile: usize, before: Option<String>) {
+        if let Some(version) = before.filter(|v| self.version(storage, tile).as_ref() == Some(v)) {
+            self.add(tile, &version);
+        }
     }
 
-    /// Records that tile `tile`'s file, in the version `etag` names, was
+    /// Whether tile `tile`'s file, in the version `identity` names, was
     /// checked.
-    pub(crate) fn add(&self, tile: usize, etag: &str) {
-        let Some(file) = &self.file else { return };
-        let entry = line(tile, etag);
+    pub(super) fn contains(&self, tile: usize, identity: &str) -> bool {
+        self.with_known(|known| known.contains(&line(tile, identity)))
+    }
+
+    /// Records that tile `tile`'s file, in the version `identity` names, was
+    /// checked: in memory, and in the record file when `identity` is a
+    /// version the storage told (not a stand-in such as the file's size).
+    pub(super) fn add_checked(&self, tile: usize, identity: &str, told: bool) {
+        let entry = line(tile, identity);
         let new = self.with_known(|known| known.insert(entry.clone()));
-        if !new || file.metadata().is_ok_and(|m| m.len() > MAX_RECORD_BYTES) {
+        let Some(file) = self.file.as_ref().filter(|_| new && told) else { return };
+        if file.metadata().is_ok_and(|m| m.len() > MAX_RECORD_BYTES) {
             return;
         }
         let append = || -> std::io::Result<()> {
@@ -86,6 +97,10 @@ impl CheckedRecord {
             out.write_all(format!("{entry}\n").as_bytes())
         };
         let _ = append();
+    }
+
+    fn add(&self, tile: usize, version: &str) {
+        self.add_checked(tile, version, true);
     }
 
     fn with_known<T>(&self, f: impl FnOnce(&mut HashSet<String>) -> T) -> T {

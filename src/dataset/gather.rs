@@ -196,19 +196,19 @@ impl Dataset {
         }
         // (a store that tells no versions apart: its size stands for one)
         let identity = version.etag.clone().unwrap_or_else(|| format!("{} bytes", version.size));
-        if self.cache.crc_checked(tile, &identity) || self.checked.contains(tile, &identity) {
+        // (a file a writer replaced is checked again, one it left alone is
+        // not, whatever manifest is read)
+        if self.checked.contains(tile, &identity) {
             return Ok(self.indexes_from_prefixes(current, &[tile], &[version.etag])?.remove(0));
         }
+        let told = version.etag.is_some();
         let request = PinnedRequest { key, ranges: std::iter::once(0..want).collect(), etag: version.etag };
         let answer = self.storage.get_ranges_pinned(&[request]).pop().unwrap_or(Ok(None));
         let (mut parts, etag) = self.answer(current, tile, answer)?;
         let blob = parts.pop().unwrap_or_default();
         let parsed = format::ParsedTile::parse(&blob, Some(&current.expectation(tile)))
             .map_err(|source| self.tile_error(tile, source))?;
-        if let Some(checked) = &etag {
-            self.checked.add(tile, checked);
-        }
-        self.cache.set_crc_checked(tile, identity);
+        self.checked.add_checked(tile, &identity, told);
         Ok(Arc::new(PinnedIndex { index: parsed.index().clone(), etag }))
     }
 

@@ -69,7 +69,8 @@ pub struct Dataset {
     buffers: BufferPool,
     /// What gathers keep: tiles' indexes and decompressed chunks.
     cache: cache::GatherCache,
-    /// The tiles whose CRC a process on this machine checked.
+    /// The tiles whose CRC this process, or (remembered) another on this
+    /// machine, checked.
     checked: checked::CheckedRecord,
     /// Chunks' planes the cache did not keep, for the next gather (their
     /// buffers written over, not zeroed and faulted in again).
@@ -281,11 +282,7 @@ impl Dataset {
             let blob = self.tile_blob(current, tile)?.1;
             let expect = current.expectation(tile);
             format::ParsedTile::parse(&blob, Some(&expect)).map_err(|source| self.tile_error(tile, source))?;
-            if let Some(version) =
-                before.filter(|v| self.checked.version(self.storage.as_ref(), tile).as_ref() == Some(v))
-            {
-                self.checked.add(tile, &version);
-            }
+            self.checked.add_if_unchanged(self.storage.as_ref(), tile, before);
             Ok((blob, expect))
         })
     }
