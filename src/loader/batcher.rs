@@ -129,7 +129,13 @@ pub(super) fn cut_batches(
         }
         if drawn_cells.len() == size {
             let batch = new_batch(&writer);
-            let (cells, batch) = write_batch(&mut writer, &held, &drawn_cells, batch, pool);
+            let (cells, batch) = match write_batch(&mut writer, &held, &drawn_cells, batch, pool) {
+                Ok(written) => written,
+                Err(e) => {
+                    let _ = out.send(Err(e));
+                    return;
+                }
+            };
             drawn_cells.clear();
             for slot in spent.drain(..) {
                 // (its planes go back to their pool)
@@ -151,20 +157,28 @@ pub(super) fn cut_batches(
     }
     if !drawn_cells.is_empty() && sent < plan.n_batches {
         let batch = new_batch(&writer);
-        let (cells, batch) = write_batch(&mut writer, &held, &drawn_cells, batch, pool);
-        send(&writer, cells, batch);
+        match write_batch(&mut writer, &held, &drawn_cells, batch, pool) {
+            Ok((cells, batch)) => {
+                send(&writer, cells, batch);
+            }
+            Err(e) => {
+                let _ = out.send(Err(e));
+            }
+        }
     }
 }
 
 /// Writes the cells `drawn` (in that order) into `batch`, from the planes
-/// of the `held` chunks; returns their global indices and the batch.
+/// of the `held` chunks, each row's rules checked as it is written; returns
+/// their global indices and the batch, or the error of the first chunk
+/// found to break a rule.
 fn write_batch(
     writer: &mut CellWriter<'_>,
     held: &[Option<OpenChunk>],
     drawn: &[Drawn],
     mut batch: FormedBatch,
     pool: Option<&rayon::ThreadPool>,
-) -> (Vec<u64>, FormedBatch) {
+) -> Result<(Vec<u64>, FormedBatch), LoaderError> {
     let chunk = |d: &Drawn| held[d.chunk].as_ref().expect("a drawn cell's chunk is held until its batch is written");
     let cells: Vec<u64> = drawn.iter().map(|d| chunk(d).start + d.row).collect();
     // Buffers come back from earlier batches with old values: they are
@@ -191,12 +205,12 @@ fn write_batch(
         grow(&mut batch.x.indices, total);
         grow(&mut batch.x.data, total);
         let (indices, data) = (&mut batch.x.indices[..total], &mut batch.x.data[..total]);
-        on(pool, || write_rows(held, drawn, indices, data));
-        if drawn.iter().all(|d| chunk(d).genes.is_none()) {
+        on(pool, || write_rows(held, drawn, indices, data)).map_err(|slot| broken(held, slot))?;
+        if drawn.iter().all(|d| chunk(d).genes().is_none()) {
             for d in drawn {
                 writer.finish_cell_in(&mut batch, d.nnz, None);
             }
-            return (cells, batch);
+            return Ok((cells, batch));
         }
         let unsorted = output.unsorted;
         let kept = on(pool, || map_rows(held, drawn, indices, data, unsorted));
@@ -210,7 +224,7 @@ fn write_batch(
         for n in kept {
             writer.finish_cell_in(&mut batch, n, None);
         }
-        return (cells, batch);
+        return Ok((cells, batch));
     }
     for (k, d) in drawn.iter().enumerate() {
         if let Some(next) = drawn.get(k + 1) {
@@ -222,10 +236,20 @@ fn write_batch(
         grow(&mut batch.x.data, filled + d.nnz);
         let (indices, data) = (&mut batch.x.indices[filled..filled + d.nnz], &mut batch.x.data[filled..filled + d.nnz]);
         // (Cached stores: the writer reads the row again.)
-        chunk.planes.write_row_with(d.row, indices, data, false);
-        writer.finish_cell_in(&mut batch, d.nnz, chunk.genes.as_deref());
+        if !chunk.planes.write_row_checked(d.row, indices, data, false) {
+            return Err(broken(held, d.chunk));
+        }
+        writer.finish_cell_in(&mut batch, d.nnz, chunk.genes());
     }
-    (cells, batch)
+    Ok((cells, batch))
+}
+
+/// The error of the held chunk in `slot`, a row of which broke a rule.
+fn broken(held: &[Option<OpenChunk>], slot: usize) -> LoaderError {
+    held[slot].as_ref().map_or_else(
+        || LoaderError::Internal("a chunk was let go before its rows were written".into()),
+        OpenChunk::rule_error,
+    )
 }
 
 /// Maps each row of `drawn`, written one after another in `indices` and
@@ -245,7 +269,7 @@ fn map_rows(
         let (i, ri) = std::mem::take(&mut rest_i).split_at_mut(d.nnz);
         let (v, rv) = std::mem::take(&mut rest_d).split_at_mut(d.nnz);
         (rest_i, rest_d) = (ri, rv);
-        let genes = held[d.chunk].as_ref().and_then(|c| c.genes.as_deref());
+        let genes = held[d.chunk].as_ref().and_then(OpenChunk::genes);
         rows.push((genes, i, v));
     }
     rows.into_par_iter()
@@ -259,8 +283,9 @@ fn map_rows(
 
 /// Writes the rows `drawn` one after another into `indices` and `data`
 /// (exactly their nonzeros long), in parallel halves down to
-/// [`ROWS_PER_TASK`] rows.
-fn write_rows(held: &[Option<OpenChunk>], drawn: &[Drawn], indices: &mut [u32], data: &mut [u32]) {
+/// [`ROWS_PER_TASK`] rows, each checked as it is written; Err with the slot
+/// of a chunk whose row broke a rule.
+fn write_rows(held: &[Option<OpenChunk>], drawn: &[Drawn], indices: &mut [u32], data: &mut [u32]) -> Result<(), usize> {
     if drawn.len() <= ROWS_PER_TASK {
         // Each row's place, then the rows read chunk by chunk, in order
         // within each (the planes read forwards, not at random).
@@ -279,16 +304,19 @@ fn write_rows(held: &[Option<OpenChunk>], drawn: &[Drawn], indices: &mut [u32], 
                 planes(next_chunk).prefetch_row(next_row);
             }
             // (Streaming stores: the batch goes straight out.)
-            planes(chunk).write_row_with(row, &mut indices[at..at + n], &mut data[at..at + n], true);
+            if !planes(chunk).write_row_checked(row, &mut indices[at..at + n], &mut data[at..at + n], true) {
+                return Err(chunk);
+            }
         }
-        return;
+        return Ok(());
     }
     let (first, second) = drawn.split_at(drawn.len() / 2);
     let split = first.iter().map(|d| d.nnz).sum();
     let (indices_first, indices_second) = indices.split_at_mut(split);
     let (data_first, data_second) = data.split_at_mut(split);
-    rayon::join(
+    let (a, b) = rayon::join(
         || write_rows(held, first, indices_first, data_first),
         || write_rows(held, second, indices_second, data_second),
     );
+    a.and(b)
 }

@@ -1,6 +1,7 @@
 //! The decoding stage: a window of units whose chunks are chosen one at a
 //! time at random among all of the window's, each decompressed into its
-//! byte planes (checked) and handed on as an [`OpenChunk`] with the rows the
+//! byte planes (their values checked later, row by row, by the batcher that
+//! writes them) and handed on as an [`OpenChunk`] with the rows the
 //! share reads from it, a group of them at a time. It fetches nothing and
 //! writes no batch: the stages before and after it do.
 
@@ -16,21 +17,56 @@ use super::buffers::{PlanesPool, MAX_DECODE_GROUP, MAX_SMALL_GROUP};
 use super::fetch::Fetched;
 use super::options::LoaderError;
 use super::plan::{rng_for, EpochPlan, Unit};
+use super::source::OpenMember;
 use crate::format::tile::{ChunkPlanes, ParsedTile, TileIndex};
 use crate::vocabulary::GeneMap;
 
-/// A chunk decompressed for the batcher: its planes, the global index of its
-/// tile's first cell, and the rows of it this share reads, in the order they
-/// are to be written (the batcher pops them from the end). Its planes go
-/// back to their pool when it is dropped, wherever that is: spent in the
-/// batcher, or still open, queued or in flight when an epoch ends.
+/// A chunk decompressed for the batcher: its planes (decompressed, the
+/// rules of their values not checked yet: the batcher checks each row as it
+/// writes it), the global index of its tile's first cell, and the rows of
+/// it this share reads, in the order they are to be written (the batcher
+/// pops them from the end). Its planes go back to their pool when it is
+/// dropped, wherever that is: spent in the batcher, or still open, queued
+/// or in flight when an epoch ends.
 pub(super) struct OpenChunk {
     pub(super) planes: ChunkPlanes,
     pub(super) start: u64,
     pub(super) rows: Vec<u64>,
-    /// The map of its dataset's columns onto the batches'.
-    pub(super) genes: Option<Arc<GeneMap>>,
+    /// Its dataset, and the map of its columns onto the batches'.
+    pub(super) member: OpenMember,
+    /// Its tile and its place in it.
+    tile: usize,
+    chunk: usize,
     home: Arc<PlanesPool>,
+}
+
+impl OpenChunk {
+    /// The map of its dataset's columns onto the batches'.
+    pub(super) fn genes(&self) -> Option<&GeneMap> {
+        self.member.genes.as_deref()
+    }
+
+    /// The error of a chunk a row of which broke a rule when it was
+    /// written: its tile read again and the chunk decoded whole, which names
+    /// the rule and the place (the planes keep no copy of the compressed
+    /// bytes, which a tile's last open chunk would otherwise hold on to).
+    pub(super) fn rule_error(&self) -> LoaderError {
+        let dataset = &self.member.dataset;
+        let decoded = dataset.fetch_checked_tile(self.tile).map_err(LoaderError::from).and_then(|(blob, expect)| {
+            let tile = dataset.parse_tile_again_as(self.tile, &blob, &expect)?;
+            tile.decode_planes(self.chunk, &mut ChunkPlanes::default())
+                .map_err(|e| dataset.tile_error(self.tile, e))?;
+            Ok(())
+        });
+        match decoded {
+            Err(e) => e,
+            Ok(()) => LoaderError::Internal(format!(
+                "chunk {} of tile {} broke a rule when its rows were written, and none when it was read again \
+                 (was the dataset changed while it was read?)",
+                self.chunk, self.tile
+            )),
+        }
+    }
 }
 
 impl Drop for OpenChunk {
@@ -230,19 +266,22 @@ pub(super) fn decode_chunks(
                         let parsed = ParsedTile::of_chunk(index, piece.chunk, &fetched.blob, 0)
                             .map_err(|e| dataset.tile_error(tile, e))?;
                         let mut planes = pool_of_planes.take();
-                        parsed.decode_planes(piece.chunk, &mut planes).map_err(|e| dataset.tile_error(tile, e))?;
+                        // (The values' rules are checked row by row as the
+                        // batcher writes them: a pass over the planes here
+                        // read them all once more, 4% of an epoch.)
+                        parsed.decompress_planes(piece.chunk, &mut planes).map_err(|e| dataset.tile_error(tile, e))?;
                         Ok(planes)
                     })
                     .collect::<Result<Vec<ChunkPlanes>, LoaderError>>()
             })?;
             // (Read before any unit is let go: a group may hold several
             // chunks of one.)
-            let maps: Vec<Option<Arc<GeneMap>>> = chosen
-                .iter()
-                .map(|p| window.blobs[p.unit].as_ref().and_then(|(f, _)| f.member.genes.clone()))
-                .collect();
+            let members: Vec<Option<OpenMember>> =
+                chosen.iter().map(|p| window.blobs[p.unit].as_ref().map(|(f, _)| f.member.clone())).collect();
             let mut group_out = Vec::with_capacity(chosen.len());
-            for ((piece, planes), genes) in chosen.into_iter().zip(decoded).zip(maps) {
+            for ((piece, planes), member) in chosen.into_iter().zip(decoded).zip(members) {
+                let member = member
+                    .ok_or_else(|| LoaderError::Internal("a chunk was chosen after its tile was let go".into()))?;
                 if window.unchosen[piece.unit] == 0 {
                     window.blobs[piece.unit] = None;
                 }
@@ -252,8 +291,16 @@ pub(super) fn decode_chunks(
                 } else {
                     rows.reverse(); // popped from the end
                 }
-                let start = units[piece.unit].start;
-                group_out.push(OpenChunk { planes, start, rows, genes, home: pool_of_planes.clone() });
+                let unit = &units[piece.unit];
+                group_out.push(OpenChunk {
+                    planes,
+                    start: unit.start,
+                    rows,
+                    member,
+                    tile: unit.tile,
+                    chunk: piece.chunk,
+                    home: pool_of_planes.clone(),
+                });
             }
             // (One message a group: small chunks sent one by one woke the
             // batcher for each.)

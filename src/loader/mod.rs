@@ -10,10 +10,10 @@
 //! one keeps a window of `window_tiles` tiles, chooses their chunks one at a
 //! time at random among all of the window's (a tile leaves the window when its
 //! last chunk is chosen, and the next one comes in), and decompresses them
-//! into their byte planes ([`ChunkPlanes`](crate::format::tile::ChunkPlanes),
-//! checked); one keeps `mix_chunks` decompressed chunks open and writes each
-//! cell of a batch straight from the planes of one of them, chosen uniformly
-//! at random (so the open chunks give a batch about equal numbers of cells),
+//! into their byte planes ([`ChunkPlanes`](crate::format::tile::ChunkPlanes));
+//! one keeps `mix_chunks` decompressed chunks open and writes each cell of a
+//! batch straight from the planes of one of them (checking every rule of its
+//! values as it writes it), chosen uniformly at random (so the open chunks give a batch about equal numbers of cells),
 //! so that a batch draws on `mix_chunks` chunks from anywhere in the window.
 //! No decoded tile is ever made and copied from.
 //!

@@ -113,3 +113,38 @@ fn obs_kinds_info_lists_obs_and_var() {
     assert_eq!(order.len(), 40);
     assert_eq!(ds.var_names().unwrap().unwrap().len(), 40);
 }
+
+/// The loader checks a chunk's values row by row as it writes them, not when
+/// it decompresses the chunk: every corrupt tile of the vectors that can be
+/// opened must still end an epoch with the error a whole read gives, naming
+/// the same rule, tile and place.
+#[test]
+fn corrupt_tiles_end_a_loader_epoch_with_the_error_a_read_gives() {
+    use deltacells::loader::{Batches, EpochPlan, LoaderBuffers, LoaderOptions};
+    let Some(dir) = golden() else { return };
+    let (index, mut checked) = (index(&dir), Vec::new());
+    for d in index["datasets"].as_array().unwrap().iter().filter(|d| d["valid"] == false) {
+        let (name, rule) = (d["name"].as_str().unwrap(), d["expect_rule"].as_str().unwrap());
+        if !rule.starts_with("tile:") {
+            continue;
+        }
+        let Ok(ds) = Dataset::open(dir.join(name).to_str().unwrap()) else { continue };
+        let ds = std::sync::Arc::new(ds);
+        let read = ds.read(Selection::Range(0..ds.n_cells())).expect_err(name);
+        let expected = deltacells::error_chain(&read);
+        for shuffle in [false, true] {
+            let options = LoaderOptions { batch_size: 3, shuffle, ..LoaderOptions::default() };
+            let plan = EpochPlan::new(&ds, None, &options).unwrap();
+            let results: Vec<_> =
+                Batches::start(ds.clone(), plan, None, &LoaderBuffers::new(&options)).unwrap().collect();
+            let error = results.iter().find_map(|r| r.as_ref().err()).unwrap_or_else(|| panic!("{name}: no error"));
+            assert_eq!(deltacells::error_chain(error), expected, "{name}, shuffled: {shuffle}");
+            assert!(results.last().unwrap().is_err(), "{name}: batches after the error");
+        }
+        checked.push(rule);
+    }
+    // The rules of the values, which only the row-by-row check finds.
+    for rule in ["tile:zero-count", "tile:gene-index-range", "tile:gene-index-order", "tile:vexc-payload"] {
+        assert!(checked.contains(&rule), "{rule} was not checked: {checked:?}");
+    }
+}

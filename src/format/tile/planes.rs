@@ -4,10 +4,14 @@
 //! batch, instead of decoding the chunk into a matrix and copying rows out of
 //! it. The planes take 4 bytes per nonzero, half a decoded chunk.
 //!
-//! Every rule a reader checks is checked when the planes are made, by passes
-//! that read the planes without writing anything; when one finds a problem,
-//! the chunk is decoded by the ordinary decoder, which names the rule broken
-//! exactly as it does for whole tiles.
+//! Every rule a reader checks is checked either when the planes are made
+//! ([`ParsedTile::decode_planes`], by passes that read the planes without
+//! writing anything: for planes whose rows are written many times, as a
+//! gather's cache does) or row by row as they are written
+//! ([`ChunkPlanes::write_row_checked`], for rows written once, as the
+//! loader's are). When one finds a problem, the chunk is decoded by the
+//! ordinary decoder, which names the rule broken exactly as it does for
+//! whole tiles.
 
 use std::ops::Range;
 
@@ -193,6 +197,25 @@ impl ChunkPlanes {
         }
     }
 
+    /// [`ChunkPlanes::write_row_with`] for planes made by
+    /// [`ParsedTile::decompress_planes`] and not checked since: every rule
+    /// decoding checks is checked for this row as it is written, at about
+    /// the cost of writing it (a reader that writes each row of a chunk
+    /// once, as the loader does, so reads the planes once instead of twice).
+    /// False when a rule is broken, and `indices` and `data` then hold
+    /// nothing of use: [`ParsedTile::decode_planes`] of the chunk names the
+    /// rule.
+    ///
+    /// # Panics
+    /// As [`ChunkPlanes::write_row`].
+    #[must_use]
+    pub fn write_row_checked(&self, row: u64, indices: &mut [u32], data: &mut [u32], stream: bool) -> bool {
+        let cell = (row - self.cells.start) as usize;
+        let n = (self.offsets[cell + 1] - self.offsets[cell]) as usize;
+        assert!(indices.len() == n && data.len() == n, "row {row} has {n} nonzeros");
+        self.write_checked(cell..cell + 1, indices, data, stream)
+    }
+
     /// Appends tile rows `rows` (rows of this chunk) to `out` in one pass
     /// over their part of the planes, checking every rule decoding checks
     /// for those rows as it writes them: what [`ParsedTile::decode_planes`]
@@ -207,7 +230,7 @@ impl ChunkPlanes {
         let (a, b) = ((rows.start - self.cells.start) as usize, (rows.end - self.cells.start) as usize);
         let (s0, e0) = (self.offsets[a], self.offsets[b]);
         let (indices, data) = out.room((e0 - s0) as usize);
-        let written = self.write_checked(a..b, indices, data);
+        let written = self.write_checked(a..b, indices, data, true);
         store_fence();
         if written {
             out.end_rows(self.offsets[a + 1..=b].iter().map(|&o| o - s0));
@@ -216,8 +239,9 @@ impl ChunkPlanes {
     }
 
     /// Writes the cells `cells` (of the chunk) into `indices` and `data`
-    /// (exactly their nonzeros long), checking the rules; false when one is broken.
-    fn write_checked(&self, cells: Range<usize>, indices: &mut [u32], data: &mut [u32]) -> bool {
+    /// (exactly their nonzeros long), checking the rules; false when one is
+    /// broken. The counts go out with streaming stores when `stream`.
+    fn write_checked(&self, cells: Range<usize>, indices: &mut [u32], data: &mut [u32], stream: bool) -> bool {
         let n_genes = self.n_genes;
         let (s0, e0) = (self.offsets[cells.start] as usize, self.offsets[cells.end] as usize);
         let n = self.gaps.len() / 2;
@@ -254,7 +278,8 @@ impl ChunkPlanes {
         if bad || zero_gaps != zero_firsts {
             return false;
         }
-        if recombine_counts(&vlo[s0..e0], &vhi[s0..e0], data) {
+        let recombine = if stream { recombine_counts } else { recombine_counts_cached };
+        if recombine(&vlo[s0..e0], &vhi[s0..e0], data) {
             return false;
         }
         for &(p, payload) in within(&self.vexc, s0, e0) {

@@ -314,21 +314,42 @@ fn frame_rules_of_decision_4() {
 }
 
 /// The tile decoded through its chunks' planes, every row written out one by
-/// one (as the loader does), each row's planes prefetched first (a hint that
-/// must stay inside them whatever the row: empty, last, past an exception).
+/// one, each row's planes prefetched first (a hint that must stay inside
+/// them whatever the row: empty, last, past an exception), both ways planes
+/// are read: checked whole when decompressed, then written (as gathers do,
+/// which write a chunk's rows many times), and checked row by row as they
+/// are written (as the loader does, which writes each once). The two must
+/// give the same matrix, or the same error.
 fn via_planes(blob: &[u8]) -> Result<CsrMatrix, TileError> {
+    let checked_first = via_planes_checked(blob, false);
+    let checked_as_written = via_planes_checked(blob, true);
+    assert_eq!(checked_first, checked_as_written, "the planes checked whole, then those checked row by row");
+    checked_first
+}
+
+fn via_planes_checked(blob: &[u8], as_written: bool) -> Result<CsrMatrix, TileError> {
     let tile = ParsedTile::parse(blob, None)?;
     let mut out = CsrMatrix::empty(u32_at(blob, 32));
     let mut planes = ChunkPlanes::default();
     for (c, _) in tile.chunk_cells().enumerate() {
-        tile.decode_planes(c, &mut planes)?;
+        if as_written {
+            tile.decompress_planes(c, &mut planes)?;
+        } else {
+            tile.decode_planes(c, &mut planes)?;
+        }
         for row in planes.cells() {
             let n = planes.row_nnz(row);
             let at = out.indices.len();
             out.indices.resize(at + n, u32::MAX);
             out.data.resize(at + n, u32::MAX);
             planes.prefetch_row(row);
-            planes.write_row(row, &mut out.indices[at..], &mut out.data[at..]);
+            if !as_written {
+                planes.write_row(row, &mut out.indices[at..], &mut out.data[at..]);
+            } else if !planes.write_row_checked(row, &mut out.indices[at..], &mut out.data[at..], row % 2 == 0) {
+                // The chunk decoded whole names the rule.
+                tile.decode_planes(c, &mut ChunkPlanes::default())?;
+                panic!("row {row} of chunk {c} broke a rule that decoding the chunk does not find");
+            }
             out.indptr.push(out.indices.len() as u64);
         }
     }
