@@ -32,6 +32,7 @@
 
 use std::collections::HashSet;
 use std::ops::Range;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -169,8 +170,12 @@ struct Member {
 /// How each of `n` datasets of a collection reads, the collection's cache
 /// budget `total` shared among them: a collection of hundreds keeps no more
 /// than one dataset would.
-fn member_read_options(total: u64, n: usize) -> ReadOptions {
-    ReadOptions { cache_bytes: total / n.max(1) as u64, ..ReadOptions::default() }
+fn member_read_options(total: u64, n: usize, cache_dir: Option<&Path>) -> ReadOptions {
+    ReadOptions {
+        cache_bytes: total / n.max(1) as u64,
+        cache_dir: cache_dir.map(Path::to_path_buf),
+        ..ReadOptions::default()
+    }
 }
 
 /// Several datasets read as one. See the [module](self).
@@ -184,6 +189,9 @@ pub struct Collection {
     store: StoreOptions,
     /// Decompressed chunks kept, over all its datasets (each keeps its share).
     cache_bytes: AtomicU64,
+    /// Where its datasets remember the tiles whose CRC they checked (None:
+    /// the default cache folder).
+    cache_dir: Option<PathBuf>,
 }
 
 /// Checks the datasets' names and roots: some, each name and root once,
@@ -227,12 +235,25 @@ impl Collection {
         gene_column: Option<&str>,
         store: &StoreOptions,
     ) -> Result<Collection, CollectionError> {
+        Collection::open_in(members, genes, gene_column, store, None)
+    }
+
+    /// [`Collection::open`], its datasets remembering the tiles whose CRC
+    /// they checked in the cache folder `cache_dir` (None: the default one,
+    /// as [`ReadOptions::cache_dir`]).
+    pub fn open_in(
+        members: &[(String, String)],
+        genes: &GeneChoice,
+        gene_column: Option<&str>,
+        store: &StoreOptions,
+        cache_dir: Option<PathBuf>,
+    ) -> Result<Collection, CollectionError> {
         check_members(members)?;
         if let GeneChoice::List(names) = genes {
             // Checked before anything is opened.
             GeneMap::by_name(&[] as &[&str], names)?;
         }
-        let read = member_read_options(DEFAULT_CACHE_BYTES, members.len());
+        let read = member_read_options(DEFAULT_CACHE_BYTES, members.len(), cache_dir.as_deref());
         let names = Mutex::new(GeneIds::default());
         let opened: Vec<Opened> = members
             .par_iter()
@@ -283,12 +304,18 @@ impl Collection {
             let open = OpenMember { dataset: o.dataset, genes: (!in_vocabulary).then(|| Arc::new(map)) };
             built.push(Member { summary, limits, open: Mutex::new(Some(open)) });
         }
-        Ok(Collection::assemble(built, vocabulary, gene_column.map(str::to_string), store.clone()))
+        Ok(Collection::assemble(built, vocabulary, gene_column.map(str::to_string), store.clone(), cache_dir))
     }
 
     /// The collection `state` describes, with no dataset opened yet: each is
     /// opened when first read, and refused if its manifest changed.
     pub fn from_state(state: CollectionState) -> Result<Collection, CollectionError> {
+        Collection::from_state_in(state, None)
+    }
+
+    /// [`Collection::from_state`], its datasets remembering their checked
+    /// tiles in `cache_dir` (as [`Collection::open_in`]).
+    pub fn from_state_in(state: CollectionState, cache_dir: Option<PathBuf>) -> Result<Collection, CollectionError> {
         let pairs: Vec<(String, String)> = state.members.iter().map(|m| (m.name.clone(), m.root.clone())).collect();
         check_members(&pairs)?;
         if state.vocabulary.is_empty() {
@@ -306,7 +333,7 @@ impl Collection {
             members.push(Member { summary, limits, open: Mutex::new(None) });
         }
         let store = StoreOptions { anonymous: state.anonymous, endpoint: state.endpoint };
-        Ok(Collection::assemble(members, state.vocabulary, state.gene_column, store))
+        Ok(Collection::assemble(members, state.vocabulary, state.gene_column, store, cache_dir))
     }
 
     fn assemble(
@@ -314,6 +341,7 @@ impl Collection {
         vocabulary: Vec<String>,
         gene_column: Option<String>,
         store: StoreOptions,
+        cache_dir: Option<PathBuf>,
     ) -> Collection {
         let mut starts = Vec::with_capacity(members.len() + 1);
         let mut total = 0u64;
@@ -323,7 +351,7 @@ impl Collection {
         }
         starts.push(total);
         let cache_bytes = AtomicU64::new(DEFAULT_CACHE_BYTES);
-        Collection { members, starts, vocabulary: Arc::new(vocabulary), gene_column, store, cache_bytes }
+        Collection { members, starts, vocabulary: Arc::new(vocabulary), gene_column, store, cache_bytes, cache_dir }
     }
 
     /// What another process needs to make this collection again.
@@ -347,7 +375,7 @@ impl Collection {
     /// now and those opened later.
     pub fn set_cache_bytes(&self, total: u64) {
         self.cache_bytes.store(total, Ordering::Relaxed);
-        let share = member_read_options(total, self.members.len()).cache_bytes;
+        let share = member_read_options(total, self.members.len(), None).cache_bytes;
         for m in &self.members {
             if let Some(open) = &*m.open.lock().unwrap_or_else(|p| p.into_inner()) {
                 open.dataset.set_cache_bytes(share);
@@ -405,7 +433,11 @@ impl Collection {
         }
         let s = &m.summary;
         let failed = |source| CollectionError::Member { name: s.name.clone(), source };
-        let read = member_read_options(self.cache_bytes.load(Ordering::Relaxed), self.members.len());
+        let read = member_read_options(
+            self.cache_bytes.load(Ordering::Relaxed),
+            self.members.len(),
+            self.cache_dir.as_deref(),
+        );
         let dataset = storage::open_with(&s.root, &self.store)
             .map_err(DatasetError::from)
             .and_then(|store| match &s.manifest {

@@ -127,7 +127,7 @@ class Collection:
             genes = self._genes if isinstance(self._genes, str) else list(self._genes)
             self._handle = _deltacells.RawCollection.from_state(
                 self._state, genes, self._options.get("threads"),
-                self._options.get("cache_bytes", _deltacells.DEFAULT_CACHE_BYTES),
+                self._options.get("cache_bytes", _deltacells.DEFAULT_CACHE_BYTES), self._cache_dir,
             )
             self._pid = os.getpid()
             self._members = {}

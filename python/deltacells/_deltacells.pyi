@@ -161,10 +161,15 @@ class RawCollection:
         endpoint: str | None = None,
         digests: list[str | None] | None = None,
         cache_bytes: int = ...,
+        cache_dir: str | None = None,
     ) -> Self: ...
     @staticmethod
     def from_state(
-        state_json: str, genes: str | list[str], threads: int | None = None, cache_bytes: int = ...
+        state_json: str,
+        genes: str | list[str],
+        threads: int | None = None,
+        cache_bytes: int = ...,
+        cache_dir: str | None = None,
     ) -> RawCollection: ...
     def state_json(self) -> str: ...
     def file_json(self, weights: list[tuple[str, float]] | None = None) -> str: ...

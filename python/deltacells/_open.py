@@ -183,11 +183,12 @@ def open_collection(
     threads = thread_count("threads", threads)
     columns = None if obs_columns is None else column_names("obs_columns", obs_columns)
     cache_bytes = integer("cache_bytes", cache_bytes, 0, MAX_BYTES)
+    cache_dir = None if cache_dir is None else location("cache_dir", cache_dir)
     reaching = store_options(store)
     options: dict[str, Any] = dict(threads=threads, **reaching, cache_bytes=cache_bytes)
     raw = _deltacells.RawCollection(
         [n for n, _ in pairs], [r for _, r in pairs], choice, gene_column, threads, digests=digests,
-        cache_bytes=cache_bytes, **reaching,
+        cache_bytes=cache_bytes, cache_dir=cache_dir, **reaching,
     )
     collection = Collection(
         raw.state_json(), choice, options, cache_dir, weights if weights is not None else file_weights,

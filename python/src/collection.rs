@@ -2,7 +2,7 @@
 //! with its thread pool and loader buffers; `collection_file` reads a
 //! collection file.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1};
@@ -128,7 +128,7 @@ impl RawCollection {
     /// gene vocabulary `genes`; with `digests`, refuses a dataset whose
     /// manifest is not the one recorded.
     #[new]
-    #[pyo3(signature = (names, roots, genes, gene_column=None, threads=None, anonymous=false, endpoint=None, digests=None, cache_bytes=deltacells::dataset::DEFAULT_CACHE_BYTES))]
+    #[pyo3(signature = (names, roots, genes, gene_column=None, threads=None, anonymous=false, endpoint=None, digests=None, cache_bytes=deltacells::dataset::DEFAULT_CACHE_BYTES, cache_dir=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -141,6 +141,7 @@ impl RawCollection {
         endpoint: Option<String>,
         digests: Option<Vec<Option<String>>>,
         cache_bytes: u64,
+        cache_dir: Option<String>,
     ) -> PyResult<Self> {
         if names.len() != roots.len() {
             return Err(pyo3::exceptions::PyValueError::new_err("names and roots differ in length"));
@@ -160,7 +161,7 @@ impl RawCollection {
                 gene_column,
                 weights: None,
             };
-            let collection = pool.install(|| Ok::<_, Failure>(file.open(&store)?))?;
+            let collection = pool.install(|| Ok::<_, Failure>(file.open_in(&store, cache_dir.map(PathBuf::from))?))?;
             collection.set_cache_bytes(cache_bytes);
             Ok(collection)
         })?;
@@ -170,18 +171,19 @@ impl RawCollection {
     /// The collection `state_json` (from `state_json()`) describes, in this
     /// process: nothing is opened until it is read.
     #[staticmethod]
-    #[pyo3(signature = (state_json, genes, threads=None, cache_bytes=deltacells::dataset::DEFAULT_CACHE_BYTES))]
+    #[pyo3(signature = (state_json, genes, threads=None, cache_bytes=deltacells::dataset::DEFAULT_CACHE_BYTES, cache_dir=None))]
     fn from_state(
         py: Python<'_>,
         state_json: &str,
         genes: GenesArg,
         threads: Option<usize>,
         cache_bytes: u64,
+        cache_dir: Option<String>,
     ) -> PyResult<Self> {
         let collection = detached(py, || {
             let state: CollectionState = serde_json::from_str(state_json)
                 .map_err(|e| Failure { kind: Kind::Value, message: format!("not a collection's state: {e}") })?;
-            let collection = Collection::from_state(state)?;
+            let collection = Collection::from_state_in(state, cache_dir.map(PathBuf::from))?;
             collection.set_cache_bytes(cache_bytes);
             Ok(collection)
         })?;

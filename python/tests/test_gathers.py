@@ -157,6 +157,34 @@ def test_a_tiles_crc_check_is_remembered_in_the_cache_folder(small: str, tmp_pat
     assert fetched(deltacells.open_dataset(small, cache_dir=after_epoch)) < tile_bytes
 
 
+def test_a_collections_datasets_remember_their_checks_in_its_cache_folder(small: str, tmp_path: Path) -> None:
+    """open_collection(cache_dir=) is where its datasets record the tiles they
+    checked, in this process and in one that makes the collection again from
+    its state (a DataLoader worker), not the default cache folder."""
+    import shutil
+
+    other = shutil.copytree(small, tmp_path / "other")
+    n_tiles = len(json.loads((Path(small) / "manifest.json").read_text())["tile_bytes"])
+
+    def recorded(folder: Path) -> list[list[int]]:
+        records = sorted((folder / "checked-tiles").iterdir()) if folder.exists() else []
+        return [sorted(int(line.split()[0]) for line in r.read_text().splitlines()) for r in records]
+
+    here = tmp_path / "here"
+    coll = deltacells.open_collection([small, str(other)], cache_dir=here)
+    for _ in coll.batches(256):
+        pass
+    assert recorded(here) == [list(range(n_tiles))] * 2
+    # made again from its state, as in a worker
+    again = tmp_path / "again"
+    raw = deltacells._deltacells.RawCollection.from_state(coll.native.state_json(), "union", None, 0, str(again))
+    assert not recorded(again)
+    raw.member(1).get_batch(np.array([0, 5], dtype=np.int64))
+    assert len(recorded(again)) == 1
+    with pytest.raises(deltacells.InvalidArgumentError, match="cache_dir"):
+        deltacells.open_collection([small, str(other)], cache_dir="a\0b")
+
+
 def test_bad_arguments_are_refused_by_name(small: str) -> None:
     ds = deltacells.open_dataset(small)
     with pytest.raises(deltacells.CellIndexError, match="cell 1000"):

@@ -133,8 +133,18 @@ impl CollectionFile {
     /// Opens the collection the file describes, refusing (by name) a dataset
     /// whose manifest is not the one recorded.
     pub fn open(&self, store: &StoreOptions) -> Result<Collection, CollectionError> {
+        self.open_in(store, None)
+    }
+
+    /// [`CollectionFile::open`], its datasets remembering their checked
+    /// tiles in `cache_dir` (see [`Collection::open_in`]).
+    pub fn open_in(
+        &self,
+        store: &StoreOptions,
+        cache_dir: Option<std::path::PathBuf>,
+    ) -> Result<Collection, CollectionError> {
         let pairs: Vec<(String, String)> = self.datasets.iter().map(|(n, r, _)| (n.clone(), r.clone())).collect();
-        let collection = Collection::open(&pairs, &self.genes, self.gene_column.as_deref(), store)?;
+        let collection = Collection::open_in(&pairs, &self.genes, self.gene_column.as_deref(), store, cache_dir)?;
         for ((name, root, recorded), member) in self.datasets.iter().zip(collection.members()) {
             if let Some(was) = recorded {
                 if *was != member.manifest_sha256 {

@@ -360,3 +360,20 @@ fn the_cache_budget_is_shared_among_the_datasets() {
     lazy.read_cells_formed(&cells, &BatchOutput::default()).unwrap();
     assert!(kept(&lazy).iter().all(|&b| b <= 1_000), "{:?}", kept(&lazy));
 }
+
+#[test]
+fn its_datasets_remember_their_checked_tiles_in_its_cache_folder() {
+    let t = three();
+    let records = |dir: &std::path::Path| std::fs::read_dir(dir.join("checked-tiles")).map_or(0, |d| d.count());
+    let cache = tempfile::tempdir().unwrap();
+    let store = StoreOptions::default();
+    let c = Collection::open_in(&pairs(&t), &GeneChoice::Union, None, &store, Some(cache.path().into())).unwrap();
+    c.read_cells_formed(&[5, 400], &BatchOutput::default()).unwrap();
+    assert_eq!(records(cache.path()), 2, "one record for each dataset read");
+    // made again from its state (a worker), nothing opened until it is read
+    let again = tempfile::tempdir().unwrap();
+    let c = Collection::from_state_in(c.state(), Some(again.path().into())).unwrap();
+    assert_eq!(records(again.path()), 0);
+    c.read_cells_formed(&[700], &BatchOutput::default()).unwrap();
+    assert_eq!(records(again.path()), 1);
+}
