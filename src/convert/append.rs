@@ -482,11 +482,10 @@ fn plan_staged(
             progress.phase("rewriting obs", first_cell);
             for s in 0..first_shard {
                 let mut writer = ShardWriter::starting_at(plan.arrow_schema().clone(), per_file as u64, s);
-                let rows = StoredObsRows::open(ds.as_ref(), s, &stored.schema)?;
+                let rows = StoredObsRows::open(ds.as_ref(), s, &stored.schema, &manifest)?;
                 for i in 0..rows.len() {
-                    let batch = rows.restated(i, plan)?;
-                    writer.add_tile(&batch, &staging)?;
-                    progress.advance(batch.num_rows() as u64);
+                    let n = writer.add_kept(&rows, i, plan, &staging)?;
+                    progress.advance(n);
                 }
                 kept_obs.extend(writer.finish(&staging)?);
             }

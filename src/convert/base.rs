@@ -77,13 +77,27 @@ pub(crate) struct StoredObsRows {
 }
 
 impl StoredObsRows {
-    /// Obs shard `s` of `base`, whose stored schema is `old`: its footer
-    /// read, no row yet.
-    pub(crate) fn open(base: &dyn Storage, s: usize, old: &format::obs_schema::ObsSchema) -> Result<Self> {
+    /// Obs shard `s` of `base`, whose stored schema is `old`: its bytes
+    /// checked against the SHA-256 `manifest` records for it (they may be
+    /// copied into the new shard as they are), its footer read, no row yet.
+    pub(crate) fn open(
+        base: &dyn Storage,
+        s: usize,
+        old: &format::obs_schema::ObsSchema,
+        manifest: &Manifest,
+    ) -> Result<Self> {
         let key = format::obs_shard_key(s);
         let location = base.location(&key);
         let bytes =
             base.get(&key)?.ok_or_else(|| ConvertError::invalid(&location, "missing (the manifest lists it)"))?;
+        let recorded = manifest.obs_shard_sha256.as_deref().and_then(|h| h.get(s));
+        if recorded.is_some_and(|h| *h != fingerprint::sha256_hex(&bytes)) {
+            return Err(ConvertError::invalid(
+                &location,
+                "its SHA-256 is not the one the manifest records (the shard was damaged or replaced); \
+                 `deltacells verify` the dataset",
+            ));
+        }
         let groups = crate::obs::RowGroups::open(bytes)
             .map_err(|e| ConvertError::Unreadable { location: location.clone(), source: Box::new(e) })?;
         let count = groups.len();
@@ -102,6 +116,33 @@ impl StoredObsRows {
             .get(i)
             .map_err(|e| ConvertError::Unreadable { location: self.location.clone(), source: Box::new(e) })?;
         plan.restate(&self.old, &batch).map_err(|e| ConvertError::invalid(&self.location, e))
+    }
+
+    /// Whether the shard's rows need no restating into `plan`'s schema: every
+    /// column keeps its name, kind and type, so the row groups' encoded
+    /// bytes can be copied into a shard of that schema as they are.
+    pub(crate) fn unchanged_in(&self, plan: &ObsPlan) -> bool {
+        let (stored, planned) = (self.groups.arrow_schema(), plan.arrow_schema());
+        let kinds = self.old.columns.iter().zip(&plan.schema().columns);
+        stored.fields().len() == planned.fields().len()
+            && self.old.columns.len() == plan.schema().columns.len()
+            && kinds.clone().all(|(was, now)| was.kind == now.kind && was.arrow_type == now.arrow_type)
+            && stored
+                .fields()
+                .iter()
+                .zip(planned.fields())
+                .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type())
+    }
+
+    /// The shard's bytes and the footer's record of its tile `i`'s row group,
+    /// for copying it as it is.
+    pub(crate) fn encoded(&self, i: usize) -> Option<(&bytes::Bytes, &parquet::file::metadata::RowGroupMetaData)> {
+        (i < self.count).then(|| self.groups.encoded(i)).flatten()
+    }
+
+    /// Where the shard is, for messages.
+    pub(crate) fn location(&self) -> &str {
+        &self.location
     }
 
     /// Keeps the first `n` tiles' rows only.
@@ -128,7 +169,7 @@ pub(crate) fn kept_rows(
     if let Some(obs_plan) = obs_plan {
         if !a.first_tile.is_multiple_of(per) || tail_tile.is_some() {
             let old = crate::obs::read_schema(base)?;
-            let mut rows = StoredObsRows::open(base, shard, &old.schema)?;
+            let mut rows = StoredObsRows::open(base, shard, &old.schema, &manifest)?;
             let in_shard = a.first_tile - shard * per;
             if tail_tile.is_some() {
                 if in_shard >= rows.len() {

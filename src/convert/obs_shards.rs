@@ -6,14 +6,19 @@
 //! put when complete: a shard of a thousand tiles of 10,000 cells is tens of
 //! megabytes of Parquet that a conversion need not hold in memory.
 
-use super::error::Result;
+use super::base::StoredObsRows;
+use super::error::{ConvertError, Result};
+use super::obs_merge::ObsPlan;
 use std::io::{BufWriter, Write};
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
+use parquet::arrow::arrow_writer::{compute_leaves, ArrowRowGroupWriterFactory};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
+use parquet::column::writer::ColumnCloseResult;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::file::writer::SerializedFileWriter;
 use sha2::{Digest, Sha256};
 
 use crate::format;
@@ -31,10 +36,17 @@ pub struct ShardRecord {
 pub struct ShardWriter {
     schema: SchemaRef,
     tiles_per_file: u64,
-    current: Option<ArrowWriter<Hashed>>,
+    current: Option<OpenShard>,
     tiles_in_current: u64,
     first_shard: usize,
     shards: Vec<ShardRecord>,
+}
+
+/// The shard being written: the Parquet file (with the Arrow schema in its
+/// footer, as an `ArrowWriter` writes it) and the encoders of its columns.
+struct OpenShard {
+    file: SerializedFileWriter<Hashed>,
+    columns: ArrowRowGroupWriterFactory,
 }
 
 fn properties() -> WriterProperties {
@@ -61,16 +73,85 @@ impl ShardWriter {
         }
     }
 
-    /// Adds the next tile's rows as one row group.
-    pub fn add_tile(&mut self, batch: &RecordBatch, storage: &dyn Storage) -> Result<()> {
+    /// The shard being written, started when there is none.
+    fn open(&mut self, storage: &dyn Storage) -> Result<&mut OpenShard> {
         if self.current.is_none() {
             let spool = storage.spool(&self.next_key())?;
             let out = Hashed { out: BufWriter::with_capacity(1 << 20, spool), hash: Sha256::new(), bytes: 0 };
-            self.current = Some(ArrowWriter::try_new(out, self.schema.clone(), Some(properties()))?);
+            let (file, columns) =
+                ArrowWriter::try_new(out, self.schema.clone(), Some(properties()))?.into_serialized_writer()?;
+            self.current = Some(OpenShard { file, columns });
         }
-        let writer = self.current.as_mut().expect("set above");
-        writer.write(batch)?;
-        writer.flush()?;
+        Ok(self.current.as_mut().expect("set above"))
+    }
+
+    /// Adds the next tile's rows as one row group.
+    pub fn add_tile(&mut self, batch: &RecordBatch, storage: &dyn Storage) -> Result<()> {
+        let schema = self.schema.clone();
+        let shard = self.open(storage)?;
+        // (what ArrowWriter's write and flush do, a row group at a time)
+        let mut encoders = shard.columns.create_column_writers(shard.file.flushed_row_groups().len())?.into_iter();
+        let mut used = Vec::new();
+        for (field, column) in schema.fields().iter().zip(batch.columns()) {
+            for leaf in compute_leaves(field, column)? {
+                let mut encoder = encoders.next().ok_or_else(|| {
+                    ConvertError::Stopped(format!("obs column {:?}: more leaves than the schema's", field.name()))
+                })?;
+                encoder.write(&leaf)?;
+                used.push(encoder);
+            }
+        }
+        let mut group = shard.file.next_row_group()?;
+        for encoder in used {
+            encoder.close()?.append_to_row_group(&mut group)?;
+        }
+        group.close()?;
+        self.tile_added(storage)
+    }
+
+    /// Adds tile `i` of a stored shard, `kept`, as the next row group: its
+    /// encoded bytes copied as they are when its columns are those of `plan`
+    /// (an append to a dataset whose last shard is not full rewrites that
+    /// shard; copying its tiles instead of decoding and encoding them again
+    /// keeps an append's time from growing with the shard), else its rows
+    /// restated into `plan`'s schema. Returns the tile's rows.
+    pub fn add_kept(&mut self, kept: &StoredObsRows, i: usize, plan: &ObsPlan, storage: &dyn Storage) -> Result<u64> {
+        let copied = match kept.encoded(i) {
+            Some((bytes, group)) if kept.unchanged_in(plan) => {
+                let shard = self.open(storage)?;
+                let mut out = shard.file.next_row_group()?;
+                for column in group.columns() {
+                    let close = ColumnCloseResult {
+                        bytes_written: column.compressed_size().max(0) as u64,
+                        rows_written: group.num_rows().max(0) as u64,
+                        metadata: column.clone(),
+                        bloom_filter: None,
+                        column_index: None,
+                        offset_index: None,
+                    };
+                    out.append_column(bytes, close)
+                        .map_err(|e| ConvertError::invalid(kept.location(), format!("row group {i}: {e}")))?;
+                }
+                out.close()?;
+                Some(group.num_rows().max(0) as u64)
+            }
+            _ => None,
+        };
+        match copied {
+            Some(rows) => {
+                self.tile_added(storage)?;
+                Ok(rows)
+            }
+            None => {
+                let batch = kept.restated(i, plan)?;
+                self.add_tile(&batch, storage)?;
+                Ok(batch.num_rows() as u64)
+            }
+        }
+    }
+
+    /// Counts the tile just added, and puts the shard when it is full.
+    fn tile_added(&mut self, storage: &dyn Storage) -> Result<()> {
         self.tiles_in_current += 1;
         if self.tiles_in_current == self.tiles_per_file {
             self.finish_shard(storage)?;
@@ -83,8 +164,8 @@ impl ShardWriter {
     }
 
     fn finish_shard(&mut self, storage: &dyn Storage) -> Result<()> {
-        let Some(writer) = self.current.take() else { return Ok(()) };
-        let Hashed { out, hash, bytes } = writer.into_inner()?;
+        let Some(OpenShard { file, .. }) = self.current.take() else { return Ok(()) };
+        let Hashed { out, hash, bytes } = file.into_inner()?;
         let key = self.next_key();
         let spool = out.into_inner().map_err(|e| crate::storage::StorageError::Io {
             location: storage.location(&key),

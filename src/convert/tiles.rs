@@ -124,10 +124,7 @@ pub(crate) fn write_tiles(
             let mut cleaned = Cleaned::default();
             if let (Some(shards), Some(prefix), Some(plan)) = (&mut shard_writer, job.obs_prefix, obs_plan) {
                 for i in 0..prefix.len() {
-                    prefix
-                        .restated(i, plan)
-                        .and_then(|batch| shards.add_tile(&batch, writer.storage()))
-                        .map_err(|e| (0, TileFailure::Other(e)))?;
+                    shards.add_kept(prefix, i, plan, writer.storage()).map_err(|e| (0, TileFailure::Other(e)))?;
                 }
             }
             for (next, tile) in pending.into_iter().enumerate() {

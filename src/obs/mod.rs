@@ -190,7 +190,11 @@ pub(crate) struct RowGroups {
 impl RowGroups {
     /// Reads the footer of the shard `bytes`.
     pub(crate) fn open(bytes: Bytes) -> Result<Self, UnreadableParquet> {
-        let meta = parquet::arrow::arrow_reader::ArrowReaderMetadata::load(&bytes, Default::default())
+        // (the pages' encoding statistics kept whole, not as a mask: a row
+        // group copied as it is keeps its footer's record of them, so that
+        // the new shard is the one a conversion writes, byte for byte)
+        let options = parquet::arrow::arrow_reader::ArrowReaderOptions::new().with_encoding_stats_as_mask(false);
+        let meta = parquet::arrow::arrow_reader::ArrowReaderMetadata::load(&bytes, options)
             .map_err(|e| UnreadableParquet(Whole(e)))?;
         Ok(RowGroups { bytes, meta })
     }
@@ -198,6 +202,16 @@ impl RowGroups {
     /// The number of row groups.
     pub(crate) fn len(&self) -> usize {
         self.meta.metadata().num_row_groups()
+    }
+
+    /// The Arrow schema the rows are read in.
+    pub(crate) fn arrow_schema(&self) -> &arrow_schema::SchemaRef {
+        self.meta.schema()
+    }
+
+    /// The file's bytes and row group `g`'s metadata (None past the last).
+    pub(crate) fn encoded(&self, g: usize) -> Option<(&Bytes, &parquet::file::metadata::RowGroupMetaData)> {
+        (g < self.len()).then(|| (&self.bytes, self.meta.metadata().row_group(g)))
     }
 
     /// Row group `g`'s rows, as one batch.

@@ -543,3 +543,82 @@ fn an_append_to_a_dataset_without_obs_says_the_inputs_obs_are_not_stored() {
     assert_eq!(tiles("ds"), tiles("one"), "the tiles of one convert of both, without obs");
     assert!(!t.join("ds/obs").exists());
 }
+
+/// The row groups of `shard`, decoded, and each one's compression codec.
+fn shard_groups(shard: &Path) -> (Vec<arrow_array::RecordBatch>, Vec<parquet::basic::Compression>) {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    let bytes = bytes::Bytes::from(std::fs::read(shard).unwrap());
+    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).unwrap();
+    let codecs = builder.metadata().row_groups().iter().map(|g| g.column(0).compression()).collect();
+    let mut batches = Vec::new();
+    for g in 0..builder.metadata().num_row_groups() {
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())
+            .unwrap()
+            .with_row_groups(vec![g])
+            .with_batch_size(1 << 20)
+            .build()
+            .unwrap();
+        batches.extend(reader.map(Result::unwrap));
+    }
+    (batches, codecs)
+}
+
+/// An append rewrites the dataset's last obs shard when it is not full: the
+/// tiles it keeps of it are copied as they are encoded (here by another
+/// writer, uncompressed), not decoded and encoded again, so that an append's
+/// cost does not grow with the shard; the rows are those one convert writes.
+#[test]
+fn an_append_copies_the_kept_obs_row_groups_as_they_are_encoded() {
+    let t = TestDir::new();
+    let genes = h5::genes(30);
+    let tb = vec!["T".to_string(), "B".to_string()];
+    input(&t.join("a.h5ad"), 1200, 1, &genes, &tb, Score::Int8);
+    input(&t.join("b.h5ad"), 300, 2, &genes, &tb, Score::Int8);
+    let layout = ["--level", "3", "--tile-size", "500", "--obs-tiles-per-file", "4"];
+    t.run_env(&[&["convert", "-q"][..], &layout, &["a.h5ad", "ds"]].concat(), &EPOCH).expect_code(0);
+    t.run_env(&[&["convert", "-q"][..], &layout, &["a.h5ad", "b.h5ad", "ref"]].concat(), &EPOCH).expect_code(0);
+    // The one obs shard (tiles 0-2, the last of 200 cells), written again
+    // uncompressed, a row group per tile, and recorded in the manifest.
+    let shard = t.join("ds/obs/obs_0000.parquet");
+    let (groups, _) = shard_groups(&shard);
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_compression(parquet::basic::Compression::UNCOMPRESSED)
+        .build();
+    let mut out = Vec::new();
+    let mut writer = parquet::arrow::ArrowWriter::try_new(&mut out, groups[0].schema(), Some(props)).unwrap();
+    for g in &groups {
+        writer.write(g).unwrap();
+        writer.flush().unwrap();
+    }
+    writer.close().unwrap();
+    std::fs::write(&shard, &out).unwrap();
+    let manifest_path = t.join("ds/manifest.json");
+    // Not the shard the manifest records: refused, nothing changed.
+    let before = std::fs::read(&manifest_path).unwrap();
+    let refused = t.run_env(&["append", "-q", "ds", "b.h5ad"], &EPOCH).expect_code(2);
+    assert!(
+        refused.stderr().contains("obs/obs_0000.parquet") && refused.stderr().contains("SHA-256"),
+        "{}",
+        refused.stderr()
+    );
+    assert_eq!(std::fs::read(&manifest_path).unwrap(), before);
+    let mut m: Value = serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
+    m["obs_shard_bytes"] = serde_json::json!([out.len()]);
+    let sha = vec![deltacells::format::fingerprint::sha256_hex(&out)];
+    let schema = std::fs::read_to_string(t.join("ds/obs/schema.json")).unwrap();
+    let tile_cells: Vec<u64> = serde_json::from_value(m["tile_cells"].clone()).unwrap();
+    m["obs_fingerprint"] = deltacells::format::fingerprint::obs_fingerprint(&schema, &tile_cells, &sha).into();
+    m["obs_shard_sha256"] = serde_json::json!(sha);
+    std::fs::write(&manifest_path, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+    t.run(&["verify", "-q", "ds"]).expect_code(0);
+
+    t.run_env(&["append", "-q", "ds", "b.h5ad"], &EPOCH).expect_code(0);
+    t.run(&["verify", "-q", "ds"]).expect_code(0);
+    let (appended, codecs) = shard_groups(&shard);
+    use parquet::basic::Compression::{UNCOMPRESSED, ZSTD};
+    // tiles 0 and 1 kept as they were; tile 2 (its 200 cells and b's 300)
+    // encoded now
+    assert!(matches!(codecs[..], [UNCOMPRESSED, UNCOMPRESSED, ZSTD(_)]), "{codecs:?}");
+    let (expected, _) = shard_groups(&t.join("ref/obs/obs_0000.parquet"));
+    assert_eq!(appended, expected, "the rows one convert writes");
+}
