@@ -5,6 +5,11 @@
 //! gives (beside the shard, for a local folder), hashed as it is written, and
 //! put when complete: a shard of a thousand tiles of 10,000 cells is tens of
 //! megabytes of Parquet that a conversion need not hold in memory.
+//!
+//! Each tile's rows are encoded by the Arrow writer's column encoders into a
+//! row group of their own (what `ArrowWriter` writes, byte for byte), or, for
+//! the tiles an append keeps of the shard it rewrites, copied from the stored
+//! shard as they are encoded when their columns are unchanged.
 
 use super::base::StoredObsRows;
 use super::error::{ConvertError, Result};
