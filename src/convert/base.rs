@@ -123,10 +123,14 @@ impl StoredObsRows {
     /// bytes can be copied into a shard of that schema as they are.
     pub(crate) fn unchanged_in(&self, plan: &ObsPlan) -> bool {
         let (stored, planned) = (self.groups.arrow_schema(), plan.arrow_schema());
-        let kinds = self.old.columns.iter().zip(&plan.schema().columns);
         stored.fields().len() == planned.fields().len()
             && self.old.columns.len() == plan.schema().columns.len()
-            && kinds.clone().all(|(was, now)| was.kind == now.kind && was.arrow_type == now.arrow_type)
+            && self
+                .old
+                .columns
+                .iter()
+                .zip(&plan.schema().columns)
+                .all(|(was, now)| was.kind == now.kind && was.arrow_type == now.arrow_type)
             && stored
                 .fields()
                 .iter()

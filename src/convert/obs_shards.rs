@@ -121,38 +121,28 @@ impl ShardWriter {
     /// keeps an append's time from growing with the shard), else its rows
     /// restated into `plan`'s schema. Returns the tile's rows.
     pub fn add_kept(&mut self, kept: &StoredObsRows, i: usize, plan: &ObsPlan, storage: &dyn Storage) -> Result<u64> {
-        let copied = match kept.encoded(i) {
-            Some((bytes, group)) if kept.unchanged_in(plan) => {
-                let shard = self.open(storage)?;
-                let mut out = shard.file.next_row_group()?;
-                for column in group.columns() {
-                    let close = ColumnCloseResult {
-                        bytes_written: column.compressed_size().max(0) as u64,
-                        rows_written: group.num_rows().max(0) as u64,
-                        metadata: column.clone(),
-                        bloom_filter: None,
-                        column_index: None,
-                        offset_index: None,
-                    };
-                    out.append_column(bytes, close)
-                        .map_err(|e| ConvertError::invalid(kept.location(), format!("row group {i}: {e}")))?;
-                }
-                out.close()?;
-                Some(group.num_rows().max(0) as u64)
-            }
-            _ => None,
+        let Some((bytes, group)) = kept.encoded(i).filter(|_| kept.unchanged_in(plan)) else {
+            let batch = kept.restated(i, plan)?;
+            self.add_tile(&batch, storage)?;
+            return Ok(batch.num_rows() as u64);
         };
-        match copied {
-            Some(rows) => {
-                self.tile_added(storage)?;
-                Ok(rows)
-            }
-            None => {
-                let batch = kept.restated(i, plan)?;
-                self.add_tile(&batch, storage)?;
-                Ok(batch.num_rows() as u64)
-            }
+        let rows = group.num_rows().max(0) as u64;
+        let mut out = self.open(storage)?.file.next_row_group()?;
+        for column in group.columns() {
+            let close = ColumnCloseResult {
+                bytes_written: column.compressed_size().max(0) as u64,
+                rows_written: rows,
+                metadata: column.clone(),
+                bloom_filter: None,
+                column_index: None,
+                offset_index: None,
+            };
+            out.append_column(bytes, close)
+                .map_err(|e| ConvertError::invalid(kept.location(), format!("row group {i}: {e}")))?;
         }
+        out.close()?;
+        self.tile_added(storage)?;
+        Ok(rows)
     }
 
     /// Counts the tile just added, and puts the shard when it is full.
